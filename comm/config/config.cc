@@ -1,0 +1,230 @@
+#include "comm/config/config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string_view>
+
+namespace collie::config {
+
+Env process_env() {
+  return [](const char* name) -> const char* { return std::getenv(name); };
+}
+
+namespace {
+
+Error bad(const std::string& msg) { return Error(ErrorCode::invalid_argument, msg); }
+
+std::optional<long long> parse_int(const char* name, const char* value) {
+  if (!value) return std::nullopt;
+  std::string_view v(value);
+  if (v.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(value, &end, 10);
+  if (*end != '\0' || errno == ERANGE)
+    throw bad(std::string(name) + "='" + value + "' is not an integer; set it to a whole number");
+  return x;
+}
+
+std::optional<double> parse_double(const char* name, const char* value) {
+  if (!value || !*value) return std::nullopt;
+  char* end = nullptr;
+  double x = std::strtod(value, &end);
+  if (*end != '\0' || !std::isfinite(x))
+    throw bad(std::string(name) + "='" + value + "' is not a number");
+  return x;
+}
+
+// One launcher's names for the same four integers and the rendezvous.
+struct Source {
+  const char* label;
+  const char* rank;
+  const char* world;
+  const char* local_rank;
+  const char* local_world;
+  const char* addr;
+  const char* port;
+};
+
+constexpr Source kSources[] = {
+    {"collie", "COLLIE_RANK", "COLLIE_WORLD_SIZE", "COLLIE_LOCAL_RANK", "COLLIE_LOCAL_WORLD_SIZE",
+     "COLLIE_MASTER_ADDR", "COLLIE_MASTER_PORT"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+     "MASTER_PORT"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr, nullptr},
+    {"SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, nullptr, nullptr},
+};
+
+// The first source (in order) that defines `field`, with its variable name.
+template <typename Field>
+std::optional<std::pair<long long, std::string>> first_int(const Env& env, Field field) {
+  for (const Source& s : kSources) {
+    const char* name = s.*field;
+    if (!name) continue;
+    if (auto v = parse_int(name, env(name))) return std::make_pair(*v, std::string(name));
+  }
+  return std::nullopt;
+}
+
+// A port both sides can compute when mpirun/srun give no MASTER_PORT: derived
+// from the job id, so that two jobs on one host are unlikely to collide.
+std::optional<int> port_from_job_id(const Env& env) {
+  for (const char* name : {"OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_JOBID"}) {
+    if (const char* v = env(name); v && *v) {
+      unsigned long long h = 1469598103934665603ull;
+      for (const char* p = v; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+      return 20000 + static_cast<int>(h % 20000);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Launch resolve_launch(const Options& o, const Env& env) {
+  Launch l;
+  auto rank = first_int(env, &Source::rank);
+  auto world = first_int(env, &Source::world);
+  std::string rank_name = o.rank >= 0 ? "Options::rank" : rank ? rank->second : "RANK";
+  std::string world_name =
+      o.world_size >= 0 ? "Options::world_size" : world ? world->second : "WORLD_SIZE";
+
+  if (o.rank >= 0) l.rank = o.rank;
+  else if (rank) l.rank = static_cast<int>(rank->first);
+  if (o.world_size >= 0) l.world_size = o.world_size;
+  else if (world) l.world_size = static_cast<int>(world->first);
+
+  bool have_rank = o.rank >= 0 || rank;
+  bool have_world = o.world_size >= 0 || world;
+  if (have_rank && !have_world)
+    throw bad(rank_name + " is set but no world size is: set WORLD_SIZE (or COLLIE_WORLD_SIZE) "
+                          "to the number of ranks");
+  if (have_world && !have_rank)
+    throw bad(world_name + " is set but no rank is: set RANK (or COLLIE_RANK) to 0 .. " +
+              world_name + "-1");
+  if (world && o.world_size < 0 && (world->first < 1 || world->first > 1 << 20))
+    throw bad(world->second + "=" + std::to_string(world->first) +
+              " is not a valid world size; it must be at least 1");
+  if (l.world_size < 1) throw bad(world_name + " must be at least 1");
+  if (l.rank < 0 || l.rank >= l.world_size)
+    throw bad(rank_name + "=" + std::to_string(l.rank) + " is not below " + world_name + "=" +
+              std::to_string(l.world_size) + ": ranks count from 0 to " +
+              std::to_string(l.world_size - 1));
+  l.source = o.rank >= 0 ? "options" : rank ? rank->second.substr(0, rank->second.find('_')) : "none";
+
+  auto local_rank = first_int(env, &Source::local_rank);
+  auto local_world = first_int(env, &Source::local_world);
+  l.local_rank = o.local_rank >= 0 ? o.local_rank : local_rank ? int(local_rank->first) : l.rank;
+  l.local_world_size = o.local_world_size >= 0 ? o.local_world_size
+                       : local_world             ? int(local_world->first)
+                       : local_rank              ? l.world_size
+                                                 : l.world_size;
+  if (l.local_world_size < 1 || l.local_rank < 0 || l.local_rank >= l.local_world_size)
+    throw bad("local rank " + std::to_string(l.local_rank) + " is not below the local world size " +
+              std::to_string(l.local_world_size) + ": check LOCAL_RANK / LOCAL_WORLD_SIZE");
+
+  // Rendezvous address.
+  l.master_addr = o.master_addr;
+  for (const Source& s : kSources)
+    if (l.master_addr.empty() && s.addr)
+      if (const char* v = env(s.addr); v && *v) l.master_addr = v;
+  l.master_port = o.master_port;
+  for (const Source& s : kSources)
+    if (l.master_port < 0 && s.port)
+      if (auto v = parse_int(s.port, env(s.port))) {
+        if (*v < 1 || *v > 65535)
+          throw bad(std::string(s.port) + "=" + std::to_string(*v) +
+                    " is not a TCP port; use a number in 1..65535");
+        l.master_port = static_cast<int>(*v);
+      }
+  if (auto fd = parse_int("COLLIE_STORE_FD", env("COLLIE_STORE_FD"))) l.store_fd = int(*fd);
+  if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;
+  if (l.world_size > 1 && !o.store && l.store_file.empty()) {
+    if (l.master_addr.empty()) {
+      if (l.local_world_size == l.world_size) l.master_addr = "127.0.0.1";
+      else
+        throw bad("no rendezvous address: set MASTER_ADDR to rank 0's host name or address "
+                  "(the ranks span several hosts)");
+    }
+    if (l.master_port < 0) {
+      if (auto p = port_from_job_id(env)) l.master_port = *p;
+      else if (l.store_fd < 0)
+        throw bad("no rendezvous port: set MASTER_PORT (e.g. MASTER_PORT=29500), or launch with "
+                  "collie-run, which picks a free one");
+    }
+  }
+
+  l.secret = o.secret;
+  if (l.secret.empty())
+    if (const char* v = env("COLLIE_JOB_SECRET")) l.secret = v;
+  if (l.secret.empty()) {
+    // No secret given (torchrun, mpirun): derive one from the job's identity
+    // so that at least a stray client cannot join by accident.
+    for (const char* name : {"TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"})
+      if (const char* v = env(name); v && *v) {
+        l.secret = std::string(name) + "=" + v;
+        break;
+      }
+  }
+  if (l.secret.empty()) l.secret = "collie-default-secret";
+
+  if (o.timeout.count() > 0) {
+    l.timeout = o.timeout;
+  } else if (auto t = parse_double("COLLIE_TIMEOUT", env("COLLIE_TIMEOUT"))) {
+    if (*t <= 0)
+      throw bad("COLLIE_TIMEOUT=" + std::string(env("COLLIE_TIMEOUT")) +
+                " must be a positive number of seconds");
+    l.timeout = std::chrono::milliseconds(static_cast<long long>(*t * 1000.0 + 0.5));
+  }
+  return l;
+}
+
+TcpTuning tcp_tuning(const Env& env) {
+  TcpTuning t;
+  if (const char* v = env("COLLIE_ALLREDUCE_ALGO"); v && *v) {
+    std::string a(v);
+    if (a != "auto" && a != "ring" && a != "rd")
+      throw bad("COLLIE_ALLREDUCE_ALGO='" + a + "' is not one of auto, ring, rd");
+    t.allreduce_algo = a;
+  }
+  auto positive = [&](const char* name, double fallback) {
+    auto v = parse_double(name, env(name));
+    if (!v) return fallback;
+    if (*v <= 0) throw bad(std::string(name) + " must be positive");
+    return *v;
+  };
+  t.latency_us = positive("COLLIE_TCP_LATENCY_US", t.latency_us);
+  t.bandwidth_gbps = positive("COLLIE_TCP_GBPS", t.bandwidth_gbps);
+  t.reduce_gbps = positive("COLLIE_REDUCE_GBPS", t.reduce_gbps);
+  if (auto v = parse_int("COLLIE_TCP_CHUNK_BYTES", env("COLLIE_TCP_CHUNK_BYTES"))) {
+    if (*v < 4096) throw bad("COLLIE_TCP_CHUNK_BYTES must be at least 4096");
+    t.chunk_bytes = static_cast<size_t>(*v);
+  }
+  if (auto v = parse_int("COLLIE_SPIN_US", env("COLLIE_SPIN_US"))) {
+    if (*v < 0) throw bad("COLLIE_SPIN_US must be 0 or more");
+    t.spin_us = static_cast<int>(*v);
+  }
+  if (auto v = parse_int("COLLIE_SOCKET_BUFFER", env("COLLIE_SOCKET_BUFFER")))
+    t.socket_buffer_bytes = static_cast<int>(*v);
+  return t;
+}
+
+std::string backend(const Options& o, const Env& env) {
+  if (o.backend != "auto" && !o.backend.empty()) return o.backend;
+  if (const char* v = env("COLLIE_BACKEND"); v && *v) return v;
+  return "auto";
+}
+
+int log_level(const Env& env) {
+  const char* v = env("COLLIE_DEBUG");
+  if (!v) return 0;
+  std::string s(v);
+  if (s == "INFO" || s == "info") return 1;
+  if (s == "DEBUG" || s == "debug" || s == "TRACE") return 2;
+  return 0;
+}
+
+}  // namespace collie::config

@@ -1,0 +1,60 @@
+// comm/config/config.h: the one place collie reads environment variables.
+//
+// Launch settings (rank, world size, rendezvous address, secret) resolve in
+// this order: explicit Options; collie's variables (COLLIE_RANK, ...);
+// torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT); Open MPI's (OMPI_COMM_WORLD_*); SLURM's (SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID). Tuning knobs (COLLIE_TIMEOUT,
+// COLLIE_ALLREDUCE_ALGO, ...) are read here too, so that a test can hand in
+// a fake environment.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include "collie/comm.h"
+
+namespace collie::config {
+
+// Returns the value of a variable or nullptr; std::getenv by default.
+using Env = std::function<const char*(const char*)>;
+Env process_env();
+
+struct Launch {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;  // empty only when world_size == 1
+  int master_port = -1;
+  std::string secret;
+  int store_fd = -1;        // listening socket handed down by collie-run (rank 0)
+  std::string store_file;   // COLLIE_STORE_FILE: rendezvous through a shared file instead
+  std::string source;       // which launcher's variables were used, for messages
+  std::chrono::milliseconds timeout{300000};
+};
+
+Launch resolve_launch(const Options& options, const Env& env);
+
+// Settings of the TCP backend's algorithm choice and progress loop.
+struct TcpTuning {
+  std::string allreduce_algo = "auto";  // auto | ring | rd (recursive doubling)
+  double latency_us = 20.0;             // cost model: time per message step
+  double bandwidth_gbps = 1.5;          // cost model: per-direction bandwidth
+  double reduce_gbps = 8.0;             // cost model: reduction throughput
+  size_t chunk_bytes = 512 * 1024;      // ring pipelining granularity
+  int spin_us = -1;                     // busy-poll before sleeping; -1: auto
+  int socket_buffer_bytes = 0;          // 0: kernel autotuning
+};
+
+TcpTuning tcp_tuning(const Env& env);
+
+// COLLIE_BACKEND, when Options::backend is "auto".
+std::string backend(const Options& options, const Env& env);
+
+// COLLIE_DEBUG: WARN (default), INFO, DEBUG.
+int log_level(const Env& env);
+
+}  // namespace collie::config

@@ -1,0 +1,55 @@
+#include "comm/core/validate.h"
+
+#include <cstdint>
+
+#include "collie/error.h"
+
+namespace collie::validate {
+
+namespace {
+Error bad(const std::string& what, const std::string& msg) {
+  return Error(ErrorCode::invalid_argument, what + ": " + msg);
+}
+}  // namespace
+
+void cpu_tensor(const TensorView& t, const std::string& what, const char* name) {
+  if (!t.device.is_cpu())
+    throw bad(what, std::string(name) + " is on " + to_string(t.device) +
+                        "; this backend moves CPU memory only (CUDA tensors need the nccl backend)");
+  if (t.numel > 0 && t.data == nullptr)
+    throw bad(what, std::string(name) + " has " + std::to_string(t.numel) +
+                        " elements but a null data pointer");
+  if (static_cast<unsigned>(t.dtype) >= static_cast<unsigned>(kNumDTypes))
+    throw bad(what, std::string(name) + " has an unknown dtype code " +
+                        std::to_string(static_cast<int>(t.dtype)));
+}
+
+void same_dtype(const TensorView& a, const TensorView& b, const std::string& what) {
+  if (a.dtype != b.dtype)
+    throw bad(what, "input is " + std::string(to_string(a.dtype)) + " but output is " +
+                        std::string(to_string(b.dtype)) + "; they must match");
+}
+
+void op_on(ReduceOp op, DType t, const std::string& what) {
+  if (static_cast<unsigned>(op) >= static_cast<unsigned>(kNumReduceOps))
+    throw bad(what, "unknown reduce op code " + std::to_string(static_cast<int>(op)));
+  if (!supports(op, t))
+    throw bad(what, std::string(to_string(op)) + " is not defined on " +
+                        std::string(to_string(t)) +
+                        " (it would truncate); use sum and divide, or a floating dtype");
+}
+
+void rank_in(int r, int size, const std::string& what, const char* name) {
+  if (r < 0 || r >= size)
+    throw bad(what, std::string(name) + " " + std::to_string(r) + " is not a rank of this " +
+                        "communicator (0.." + std::to_string(size - 1) + ")");
+}
+
+void same_or_disjoint(const TensorView& a, const TensorView& b, const std::string& what) {
+  auto a0 = reinterpret_cast<uintptr_t>(a.data), a1 = a0 + a.nbytes();
+  auto b0 = reinterpret_cast<uintptr_t>(b.data), b1 = b0 + b.nbytes();
+  if (a0 == b0 || a0 >= b1 || b0 >= a1 || a.nbytes() == 0 || b.nbytes() == 0) return;
+  throw bad(what, "input and output overlap without being the same buffer");
+}
+
+}  // namespace collie::validate

@@ -1,0 +1,416 @@
+#include "comm/tcp/tcp_mesh.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace collie::tcp {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x434c4c31;  // "CLL1"
+constexpr size_t kMaxAbortText = 4096;
+
+enum class FrameKind : uint8_t { data = 1, abort = 2, bye = 3 };
+
+}  // namespace
+
+struct FrameHeader {
+  uint32_t magic;
+  uint8_t kind;
+  uint8_t op;
+  uint8_t dtype;
+  uint8_t redop;  // for abort frames: the ErrorCode
+  uint32_t seq;
+  int32_t tag;
+  uint64_t count;
+  uint64_t bytes;
+};
+static_assert(sizeof(FrameHeader) == 32);
+
+std::string_view to_string(OpKind k) {
+  switch (k) {
+    case OpKind::allreduce: return "allreduce";
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::allgather: return "allgather";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::barrier: return "barrier";
+    case OpKind::p2p: return "send/recv";
+    case OpKind::split: return "split";
+  }
+  return "unknown op";
+}
+
+std::string OpDesc::describe() const {
+  std::string s(to_string(op));
+  s += " #" + std::to_string(seq) + " (" + std::string(to_string(dtype)) + " x " +
+       std::to_string(count);
+  if (op == OpKind::allreduce || op == OpKind::reduce_scatter)
+    s += ", " + std::string(to_string(redop));
+  if (op == OpKind::broadcast) s += ", root " + std::to_string(tag);
+  if (op == OpKind::p2p) s += ", tag " + std::to_string(tag);
+  return s + ")";
+}
+
+struct Mesh::Peer {
+  net::Fd fd;
+  bool watch = true;      // report hang-ups while this peer has nothing for us
+  bool departed = false;  // peeked a bye frame
+  // State of the current run.
+  std::vector<size_t> send_q, recv_q;
+  size_t send_pos = 0, recv_pos = 0;
+  FrameHeader send_hdr{};
+  size_t send_done = 0;  // bytes of the current frame written (header + payload)
+  FrameHeader recv_hdr{};
+  size_t recv_hdr_got = 0;
+  size_t recv_got = 0;
+};
+
+Mesh::Mesh(int rank, int size, std::vector<net::Fd> peers, const config::TcpTuning& tuning,
+           bool spin_allowed)
+    : rank_(rank), size_(size), peers_(static_cast<size_t>(size)), tuning_(tuning) {
+  for (int q = 0; q < size; ++q) {
+    peers_[q].fd = std::move(peers[q]);
+    if (peers_[q].fd.valid()) {
+      net::set_nonblocking(peers_[q].fd.get(), true);
+      if (tuning.socket_buffer_bytes > 0)
+        net::set_buffer_sizes(peers_[q].fd.get(), tuning.socket_buffer_bytes);
+    }
+  }
+  spin_us_ = tuning.spin_us >= 0 ? tuning.spin_us : (spin_allowed ? 50 : 0);
+}
+
+Mesh::~Mesh() { close(); }
+
+namespace {
+
+FrameHeader make_header(FrameKind kind, const OpDesc& d, uint64_t bytes) {
+  FrameHeader h{};
+  h.magic = kMagic;
+  h.kind = static_cast<uint8_t>(kind);
+  h.op = static_cast<uint8_t>(d.op);
+  h.dtype = static_cast<uint8_t>(d.dtype);
+  h.redop = static_cast<uint8_t>(d.redop);
+  h.seq = d.seq;
+  h.tag = d.tag;
+  h.count = d.count;
+  h.bytes = bytes;
+  return h;
+}
+
+OpDesc desc_of(const FrameHeader& h) {
+  OpDesc d;
+  d.op = static_cast<OpKind>(h.op);
+  d.dtype = static_cast<DType>(h.dtype < kNumDTypes ? h.dtype : 0);
+  d.redop = static_cast<ReduceOp>(h.redop < kNumReduceOps ? h.redop : 0);
+  d.seq = h.seq;
+  d.tag = h.tag;
+  d.count = h.count;
+  return d;
+}
+
+std::string rank_str(int r) { return "rank " + std::to_string(r); }
+
+// Reads the text of an abort frame whose header is already consumed.
+std::string read_abort_text(int fd, uint64_t bytes) {
+  size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, kMaxAbortText));
+  std::string text(n, '\0');
+  try {
+    net::read_full(fd, text.data(), n, net::deadline_after(std::chrono::seconds(2)), "abort frame");
+  } catch (const Error&) {
+    text = "(its message was cut off)";
+  }
+  return text;
+}
+
+ErrorCode code_of(uint8_t v) {
+  if (v >= 1 && v <= 6) return static_cast<ErrorCode>(v);
+  return ErrorCode::internal;
+}
+
+}  // namespace
+
+void Mesh::fail_from_frame(int peer, const FrameHeader& h, const OpDesc& expected) {
+  std::string me = rank_str(rank_);
+  if (h.magic != kMagic)
+    throw Error(ErrorCode::mismatch, expected.describe() + " on " + me + ": the connection from " +
+                                         rank_str(peer) +
+                                         " carried bytes that are not a collie frame "
+                                         "(different collie versions, or a corrupted stream)");
+  if (h.kind == static_cast<uint8_t>(FrameKind::abort)) {
+    std::string text = read_abort_text(peers_[peer].fd.get(), h.bytes);
+    throw Error(code_of(h.redop), rank_str(peer) + " aborted the communicator: " + text);
+  }
+  if (h.kind == static_cast<uint8_t>(FrameKind::bye))
+    throw Error(ErrorCode::peer_lost, expected.describe() + " on " + me + ": " + rank_str(peer) +
+                                          " has already destroyed its communicator (or exited)");
+  OpDesc theirs = desc_of(h);
+  throw Error(ErrorCode::mismatch, expected.describe() + " on " + me + " does not match " +
+                                       rank_str(peer) + ", which called " + theirs.describe() +
+                                       ": every rank must issue the same collectives in the same "
+                                       "order with the same counts, dtypes and ops");
+}
+
+void Mesh::check_hangup(int q, const OpDesc& desc) {
+  Peer& p = peers_[q];
+  FrameHeader h{};
+  ssize_t n = ::recv(p.fd.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (n <= 0)
+    throw Error(ErrorCode::peer_lost,
+                desc.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) +
+                    " (its connection closed: the process died, was killed, or aborted)");
+  if (static_cast<size_t>(n) == sizeof h && h.magic == kMagic &&
+      h.kind == static_cast<uint8_t>(FrameKind::abort)) {
+    ::recv(p.fd.get(), &h, sizeof h, MSG_DONTWAIT);
+    std::string text = read_abort_text(p.fd.get(), h.bytes);
+    throw Error(code_of(h.redop), rank_str(q) + " aborted the communicator: " + text);
+  }
+  if (static_cast<size_t>(n) == sizeof h && h.magic == kMagic &&
+      h.kind == static_cast<uint8_t>(FrameKind::bye))
+    p.departed = true;
+  // Data ahead of us (the peer ran on to a later op and then left): it is
+  // read, and any loss reported, when this rank gets to that op.
+  p.watch = false;
+}
+
+void Mesh::run(const OpDesc& desc, std::vector<SendItem>& sends, std::vector<RecvItem>& recvs,
+               net::Deadline deadline) {
+  run_impl(&desc, sends, nullptr, recvs, nullptr, deadline);
+}
+
+void Mesh::run_p2p(std::vector<SendItem>& sends, std::vector<OpDesc>& send_desc,
+                   std::vector<RecvItem>& recvs, std::vector<OpDesc>& recv_desc,
+                   net::Deadline deadline) {
+  run_impl(nullptr, sends, &send_desc, recvs, &recv_desc, deadline);
+}
+
+void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
+                    const std::vector<OpDesc>* send_desc, std::vector<RecvItem>& recvs,
+                    const std::vector<OpDesc>* recv_desc, net::Deadline deadline) {
+  if (closed_)
+    throw Error(ErrorCode::internal, "the communicator on " + rank_str(rank_) + " is closed");
+  for (Peer& p : peers_) {
+    p.send_q.clear();
+    p.recv_q.clear();
+    p.send_pos = p.recv_pos = 0;
+    p.send_done = p.recv_hdr_got = p.recv_got = 0;
+    if (!p.departed) p.watch = true;
+  }
+  for (size_t i = 0; i < sends.size(); ++i) peers_[sends[i].peer].send_q.push_back(i);
+  for (size_t i = 0; i < recvs.size(); ++i) peers_[recvs[i].peer].recv_q.push_back(i);
+  std::vector<int> active;
+  for (int q = 0; q < size_; ++q)
+    if (!peers_[q].send_q.empty() || !peers_[q].recv_q.empty()) active.push_back(q);
+  size_t pending = sends.size() + recvs.size();
+  auto send_desc_of = [&](size_t i) -> const OpDesc& { return common ? *common : (*send_desc)[i]; };
+  auto recv_desc_of = [&](size_t i) -> const OpDesc& { return common ? *common : (*recv_desc)[i]; };
+
+  auto pump_send = [&](int q) {
+    Peer& p = peers_[q];
+    bool progressed = false;
+    while (p.send_pos < p.send_q.size()) {
+      size_t idx = p.send_q[p.send_pos];
+      SendItem& it = sends[idx];
+      if (!it.ready) break;
+      if (p.send_done == 0) p.send_hdr = make_header(FrameKind::data, send_desc_of(idx), it.bytes);
+      iovec iov[2];
+      int niov = 0;
+      if (p.send_done < sizeof(FrameHeader)) {
+        iov[niov++] = {reinterpret_cast<uint8_t*>(&p.send_hdr) + p.send_done,
+                       sizeof(FrameHeader) - p.send_done};
+        if (it.bytes) iov[niov++] = {const_cast<void*>(it.data), it.bytes};
+      } else {
+        size_t off = p.send_done - sizeof(FrameHeader);
+        iov[niov++] = {static_cast<uint8_t*>(const_cast<void*>(it.data)) + off, it.bytes - off};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(niov);
+      ssize_t n = ::sendmsg(p.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        if (errno == EINTR) continue;
+        throw system_error(ErrorCode::peer_lost,
+                           send_desc_of(idx).describe() + " on " + rank_str(rank_) +
+                               ": lost " + rank_str(q) + " while sending to it",
+                           errno);
+      }
+      progressed = true;
+      p.send_done += static_cast<size_t>(n);
+      if (p.send_done == sizeof(FrameHeader) + it.bytes) {
+        p.send_done = 0;
+        ++p.send_pos;
+        --pending;
+      }
+    }
+    return progressed;
+  };
+
+  auto pump_recv = [&](int q) {
+    Peer& p = peers_[q];
+    bool progressed = false;
+    while (p.recv_pos < p.recv_q.size()) {
+      size_t idx = p.recv_q[p.recv_pos];
+      RecvItem& it = recvs[idx];
+      const OpDesc& want = recv_desc_of(idx);
+      if (p.recv_hdr_got < sizeof(FrameHeader)) {
+        ssize_t n = ::recv(p.fd.get(), reinterpret_cast<uint8_t*>(&p.recv_hdr) + p.recv_hdr_got,
+                           sizeof(FrameHeader) - p.recv_hdr_got, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+          throw Error(ErrorCode::peer_lost,
+                      want.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) +
+                          " (its connection closed: the process died, was killed, or aborted)");
+        progressed = true;
+        p.recv_hdr_got += static_cast<size_t>(n);
+        if (p.recv_hdr_got < sizeof(FrameHeader)) continue;
+        const FrameHeader& h = p.recv_hdr;
+        FrameHeader expect = make_header(FrameKind::data, want, it.bytes);
+        if (std::memcmp(&h, &expect, sizeof h) != 0) {
+          if (h.magic == kMagic && h.kind == expect.kind && desc_of(h).describe() == want.describe())
+            throw Error(ErrorCode::mismatch,
+                        want.describe() + " on " + rank_str(rank_) + ": " + rank_str(q) +
+                            " sent a step of " + std::to_string(h.bytes) + " bytes where " +
+                            std::to_string(it.bytes) +
+                            " were expected: the ranks use different COLLIE_* algorithm settings");
+          fail_from_frame(q, h, want);
+        }
+      }
+      while (p.recv_got < it.bytes) {
+        ssize_t n = ::recv(p.fd.get(), static_cast<uint8_t*>(it.data) + p.recv_got,
+                           it.bytes - p.recv_got, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return progressed;
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+          throw Error(ErrorCode::peer_lost,
+                      want.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) +
+                          " in the middle of a message (the process died or was killed)");
+        progressed = true;
+        p.recv_got += static_cast<size_t>(n);
+      }
+      p.recv_hdr_got = p.recv_got = 0;
+      ++p.recv_pos;
+      --pending;
+      if (it.on_done) it.on_done();
+    }
+    return progressed;
+  };
+
+  const OpDesc& any_desc =
+      common ? *common : (!send_desc->empty() ? send_desc->front() : recv_desc->front());
+  std::vector<pollfd> pfds;
+  std::vector<int> pfd_peer;
+  auto spin = std::chrono::microseconds(spin_us_);
+  auto spin_until = net::Clock::now() + spin;
+  while (pending > 0) {
+    bool progressed = false;
+    for (int q : active) {
+      progressed |= pump_send(q);
+      progressed |= pump_recv(q);
+    }
+    if (pending == 0) break;
+    auto now = net::Clock::now();
+    if (progressed) {
+      spin_until = now + spin;
+      continue;
+    }
+    if (now < spin_until) continue;  // busy-poll the sockets: ~4 us vs ~40 us to wake
+
+    pfds.clear();
+    pfd_peer.clear();
+    for (int q = 0; q < size_; ++q) {
+      Peer& p = peers_[q];
+      if (q == rank_ || !p.fd.valid()) continue;
+      bool want_in = p.recv_pos < p.recv_q.size();
+      bool want_out = p.send_pos < p.send_q.size() && sends[p.send_q[p.send_pos]].ready;
+      short ev = 0;
+      if (want_in) ev |= POLLIN;
+      if (want_out) ev |= POLLOUT;
+      if (p.watch && !want_in) ev |= POLLRDHUP;
+      if (ev == 0) continue;
+      pfds.push_back({p.fd.get(), ev, 0});
+      pfd_peer.push_back(q);
+    }
+    int n = ::poll(pfds.data(), pfds.size(), net::poll_timeout_ms(deadline));
+    if (n < 0 && errno != EINTR)
+      throw system_error(ErrorCode::internal, "poll on " + rank_str(rank_), errno);
+    if (n == 0 && net::Clock::now() >= deadline) {
+      std::string who;
+      for (int q : active) {
+        Peer& p = peers_[q];
+        if (p.recv_pos < p.recv_q.size()) {
+          who = "waiting for " + rank_str(q) + " to send";
+          break;
+        }
+        if (p.send_pos < p.send_q.size() && sends[p.send_q[p.send_pos]].ready)
+          who = "waiting for " + rank_str(q) + " to receive";
+      }
+      throw Error(ErrorCode::timeout,
+                  any_desc.describe() + " on " + rank_str(rank_) + " timed out " + who +
+                      " (that rank is stalled, or is not calling the same collective; "
+                      "COLLIE_TIMEOUT sets the deadline)");
+    }
+    for (size_t i = 0; i < pfds.size(); ++i) {
+      int q = pfd_peer[i];
+      Peer& p = peers_[q];
+      bool recv_pending = p.recv_pos < p.recv_q.size();
+      if (!recv_pending && (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+        check_hangup(q, any_desc);
+    }
+    spin_until = net::Clock::now() + spin;
+  }
+}
+
+void Mesh::abort(const Error& e) noexcept {
+  if (closed_) return;
+  std::string text = std::string(e.what()).substr(0, kMaxAbortText);
+  for (int q = 0; q < size_; ++q) {
+    Peer& p = peers_[q];
+    if (!p.fd.valid()) continue;
+    // Only at a frame boundary: in the middle of a frame the peer would read
+    // the abort as payload; there the plain close below tells it instead.
+    if (p.send_done == 0) {
+      FrameHeader h{};
+      h.magic = kMagic;
+      h.kind = static_cast<uint8_t>(FrameKind::abort);
+      h.redop = static_cast<uint8_t>(e.code());
+      h.bytes = text.size();
+      std::string frame(reinterpret_cast<const char*>(&h), sizeof h);
+      frame += text;
+      [[maybe_unused]] ssize_t n =
+          ::send(p.fd.get(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    // Half-close: the peer reads what was sent, then end-of-stream. Closing
+    // outright could turn into a reset that discards the abort frame.
+    ::shutdown(p.fd.get(), SHUT_WR);
+  }
+  closed_ = true;
+}
+
+void Mesh::close() noexcept {
+  if (closed_) {
+    for (Peer& p : peers_) p.fd.reset();
+    return;
+  }
+  for (int q = 0; q < size_; ++q) {
+    Peer& p = peers_[q];
+    if (!p.fd.valid()) continue;
+    if (p.send_done == 0) {
+      FrameHeader h{};
+      h.magic = kMagic;
+      h.kind = static_cast<uint8_t>(FrameKind::bye);
+      [[maybe_unused]] ssize_t n = ::send(p.fd.get(), &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    ::shutdown(p.fd.get(), SHUT_WR);
+    p.fd.reset();
+  }
+  closed_ = true;
+}
+
+}  // namespace collie::tcp

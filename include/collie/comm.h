@@ -1,0 +1,83 @@
+// collie/comm.h: the backend-neutral communicator.
+//
+// One API over every transport. connect() reads the rank, the world size and
+// the rendezvous address (from Options, else the launcher's variables: see
+// docs/architecture.md), picks a backend by name and returns a Communicator.
+// Every operation is asynchronous (returns a Work) and runs in the order it
+// was issued; every rank must issue the same collectives in the same order
+// with the same counts, dtypes and ops. A rank that does not gets an error
+// (mismatch), as does every rank when a peer dies (peer_lost) or stalls past
+// the deadline (timeout): never a hang.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collie/error.h"
+#include "collie/store.h"
+#include "collie/types.h"
+#include "collie/work.h"
+
+namespace collie {
+
+struct Options {
+  // -1 / empty: taken from the environment (collie's, torchrun's, Open MPI's,
+  // SLURM's variables, in that order).
+  int rank = -1;
+  int world_size = -1;
+  int local_rank = -1;
+  int local_world_size = -1;
+  std::string master_addr;
+  int master_port = -1;
+  // "tcp", "auto" (the best built backend for these ranks); later "shm",
+  // "mpi", "nccl". COLLIE_BACKEND overrides "auto".
+  std::string backend = "auto";
+  // Deadline of every blocking step. 0: COLLIE_TIMEOUT (seconds), else 300 s.
+  std::chrono::milliseconds timeout{0};
+  // Peers present this before they may join. Empty: COLLIE_JOB_SECRET.
+  std::string secret;
+  // Rendezvous through this store instead of a TCP store served by rank 0.
+  std::shared_ptr<Store> store;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // out = op over ranks of in. In place when in.data == out.data.
+  virtual Work allreduce(TensorView in, TensorView out, ReduceOp op) = 0;
+  Work allreduce(TensorView inout, ReduceOp op) { return allreduce(inout, inout, op); }
+  // Every rank's `buf` becomes root's.
+  virtual Work broadcast(TensorView buf, int root) = 0;
+  // out (size() * in.numel elements) = every rank's `in`, in rank order.
+  // In place when in.data == out.data + rank() * in.nbytes().
+  virtual Work allgather(TensorView in, TensorView out) = 0;
+  // in has size() * out.numel elements; rank r gets block r of op over ranks.
+  virtual Work reduce_scatter(TensorView in, TensorView out, ReduceOp op) = 0;
+  virtual Work barrier() = 0;
+  // Point to point. Messages between two ranks arrive in the order they were
+  // sent; the receiver's count, dtype and tag must match the sender's.
+  // Sends and receives issued back to back progress together, so a pairwise
+  // exchange (both send, then both receive) does not deadlock.
+  virtual Work send(TensorView buf, int peer, int tag = 0) = 0;
+  virtual Work recv(TensorView buf, int peer, int tag = 0) = 0;
+
+  // Collective over this communicator: ranks passing the same color form a
+  // new communicator, ordered by (key, rank). color < 0: this rank joins
+  // none and gets nullptr.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+std::unique_ptr<Communicator> connect(const Options& options = {});
+
+// Backends this build has, by name.
+std::vector<std::string> available_backends();
+
+}  // namespace collie

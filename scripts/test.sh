@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds collie in BUILD (default build/) and runs its test suite; the last
+# line is "N passed, N failed", counted from meson's test log.
+#   scripts/test.sh                  release build, every test
+#   BUILD=build-asan SANITIZE=address,undefined scripts/test.sh
+#   BUILD=build-tsan SANITIZE=thread SUITE=mp scripts/test.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+SANITIZE=${SANITIZE:-none}
+args=(-Dbuildtype=release)
+if [ "$SANITIZE" != none ]; then
+  args=(-Dbuildtype=debugoptimized -Db_sanitize="$SANITIZE" -Db_lundef=false
+        -Dcpp_args=-fno-sanitize-recover=all -Dbenchmarks=false)
+fi
+if [ ! -f "$BUILD/build.ninja" ]; then
+  meson setup "$BUILD" "${args[@]}" >/dev/null || { echo "0 passed, 1 failed"; exit 1; }
+fi
+ninja -C "$BUILD" >/dev/null || { ninja -C "$BUILD" | tail -40; echo "0 passed, 1 failed"; exit 1; }
+suite_args=()
+[ -n "${SUITE:-}" ] && suite_args=(--suite "$SUITE")
+meson test -C "$BUILD" --print-errorlogs "${suite_args[@]}" 2>&1 | tail -n 60
+python3 - "$BUILD/meson-logs/testlog.json" <<'PY'
+import json, sys
+passed = failed = skipped = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)["result"]
+    if r in ("OK", "EXPECTEDFAIL"): passed += 1
+    elif r == "SKIP": skipped += 1
+    else: failed += 1
+print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
+sys.exit(1 if failed or passed == 0 else 0)
+PY

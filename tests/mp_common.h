@@ -1,0 +1,84 @@
+// tests/mp_common.h: what the multi-process tests share: deterministic
+// per-rank inputs that every rank can recompute for every other rank, so each
+// rank checks its result against a serial float64 reference, and typed
+// element access for any dtype.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "collie/types.h"
+#include "comm/core/reduce.h"
+
+namespace collie::testing {
+
+inline void put(DType t, void* buf, size_t i, double v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
+    case DType::f64: static_cast<double*>(buf)[i] = v; break;
+    case DType::f16:
+      static_cast<uint16_t*>(buf)[i] = kernels::float_to_half(static_cast<float>(v));
+      break;
+    case DType::bf16:
+      static_cast<uint16_t*>(buf)[i] = kernels::float_to_bf16(static_cast<float>(v));
+      break;
+    case DType::i32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); break;
+    case DType::i64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
+    case DType::u8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v); break;
+  }
+}
+
+inline double get(DType t, const void* buf, size_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(buf)[i];
+    case DType::f64: return static_cast<const double*>(buf)[i];
+    case DType::f16: return kernels::half_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DType::bf16: return kernels::bf16_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DType::i32: return static_cast<const int32_t*>(buf)[i];
+    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case DType::u8: return static_cast<const uint8_t*>(buf)[i];
+  }
+  return 0;
+}
+
+// Small integers and quarter steps: exact in every dtype, and sums,
+// products, minima and maxima of up to 4 ranks stay exact too (products are
+// kept to {1, 2} so that 4 ranks cannot overflow u8).
+inline double exact_value(ReduceOp op, int rank, size_t i, uint64_t salt) {
+  uint64_t h = (static_cast<uint64_t>(rank) * 1000003u + i * 7919u + salt * 104729u) % 9973u;
+  if (op == ReduceOp::prod) return 1.0 + static_cast<double>(h % 2);
+  return static_cast<double>(h % 11);
+}
+
+// Random values in [-1, 1): not representable exactly in narrow types, for
+// the rounding tests. Seeded by rank so every rank can regenerate any rank's.
+inline std::vector<double> random_values(int rank, size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed * 1315423911u + static_cast<uint64_t>(rank));
+  std::uniform_real_distribution<double> d(-1.0, 1.0);
+  std::vector<double> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+inline double combine(ReduceOp op, double a, double b) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return a + b;
+    case ReduceOp::prod: return a * b;
+    case ReduceOp::min: return std::min(a, b);
+    case ReduceOp::max: return std::max(a, b);
+  }
+  return 0;
+}
+
+// The value dtype t stores for v (what a rank actually contributes).
+inline double rounded(DType t, double v) {
+  uint8_t buf[8];
+  put(t, buf, 0, v);
+  return get(t, buf, 0);
+}
+
+}  // namespace collie::testing

@@ -1,0 +1,330 @@
+// tests/test_collectives.cc: every collective over real processes.
+//
+// Run under collie-run at 1, 2, 3 and 4 ranks (see tests/meson.build); every
+// rank runs every test in the same order, so the collectives line up, and
+// checks its own result against a serial float64 reference computed from all
+// ranks' (regenerated) inputs. Tests use EXPECT, not ASSERT, around
+// collectives so that a failing rank still issues the same calls as the rest.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "collie/comm.h"
+#include "mp_common.h"
+
+namespace collie {
+namespace {
+
+using testing::combine;
+using testing::exact_value;
+using testing::get;
+using testing::put;
+
+Communicator& comm() {
+  static std::unique_ptr<Communicator> c = connect();
+  return *c;
+}
+
+const std::vector<size_t> kCounts = {0, 1, 2, 3, 7, 13, 97, 1000, 4099, 65537};
+constexpr DType kDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
+                             DType::i32, DType::i64, DType::u8};
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
+                             ReduceOp::prod};
+
+std::string label(DType t, ReduceOp op, size_t count, bool in_place) {
+  return std::string(to_string(t)) + " " + std::string(to_string(op)) + " x" +
+         std::to_string(count) + (in_place ? " in place" : " out of place");
+}
+
+// Every dtype, op, awkward count, in place and out of place, against the
+// exact reference (the inputs are chosen so that every result is exact).
+TEST(Allreduce, EveryDtypeOpAndCountMatchesSerialReference) {
+  const int n = comm().size(), r = comm().rank();
+  uint64_t salt = 0;
+  for (DType t : kDTypes)
+    for (ReduceOp op : kOps) {
+      if (!supports(op, t)) continue;
+      for (size_t count : kCounts)
+        for (bool in_place : {false, true}) {
+          ++salt;
+          size_t es = dtype_size(t);
+          std::vector<uint8_t> in(count * es + 1), out(count * es + 1);
+          for (size_t i = 0; i < count; ++i) put(t, in.data(), i, exact_value(op, r, i, salt));
+          TensorView vin{in.data(), t, count, Device::cpu()};
+          TensorView vout{in_place ? in.data() : out.data(), t, count, Device::cpu()};
+          comm().allreduce(vin, vout, op).wait();
+          size_t wrong = 0;
+          double first_got = 0, first_want = 0;
+          for (size_t i = 0; i < count; ++i) {
+            double want = exact_value(op, 0, i, salt);
+            for (int q = 1; q < n; ++q) want = combine(op, want, exact_value(op, q, i, salt));
+            if (op == ReduceOp::avg) want = testing::rounded(t, want / n);
+            double got = get(t, vout.data, i);
+            if (got != want && wrong++ == 0) {
+              first_got = got;
+              first_want = want;
+            }
+          }
+          EXPECT_EQ(wrong, 0u) << label(t, op, count, in_place) << ": first wrong value "
+                               << first_got << ", expected " << first_want;
+        }
+    }
+}
+
+// fp16/bf16 with values that round: partial sums are formed in f32 and
+// rounded once per step, so the error is bounded by (steps + 1) roundings of
+// the narrow format, relative to the sum of magnitudes.
+TEST(Allreduce, HalfPrecisionErrorWithinFormatBound) {
+  const int n = comm().size(), r = comm().rank();
+  const size_t count = 50021;
+  for (DType t : {DType::f16, DType::bf16}) {
+    double unit = t == DType::f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      std::vector<std::vector<double>> all;
+      for (int q = 0; q < n; ++q) all.push_back(testing::random_values(q, count, 42));
+      std::vector<uint16_t> buf(count);
+      for (size_t i = 0; i < count; ++i) put(t, buf.data(), i, all[r][i]);
+      comm().allreduce(TensorView{buf.data(), t, count, Device::cpu()}, op).wait();
+      double worst = 0;
+      for (size_t i = 0; i < count; ++i) {
+        double want = 0, mag = 0;
+        for (int q = 0; q < n; ++q) {
+          double x = testing::rounded(t, all[q][i]);
+          want += x;
+          mag += std::abs(x);
+        }
+        if (op == ReduceOp::avg) {
+          want /= n;
+          mag /= n;
+        }
+        double bound = (n + 1) * unit * mag + 1e-30;
+        worst = std::max(worst, std::abs(get(t, buf.data(), i) - want) / bound);
+      }
+      EXPECT_LE(worst, 1.0) << to_string(t) << " " << to_string(op);
+    }
+  }
+}
+
+// Every rank must hold the same bits: DDP replicas drift apart otherwise.
+TEST(Allreduce, ResultsAreBitIdenticalOnEveryRank) {
+  const int n = comm().size(), r = comm().rank();
+  for (size_t count : {size_t{5}, size_t{4099}, size_t{300007}}) {
+    auto v = testing::random_values(r, count, 7);
+    std::vector<float> x(v.begin(), v.end());
+    comm().allreduce(view_of(x.data(), count), ReduceOp::sum).wait();
+    std::vector<float> gathered(count * n);
+    comm().allgather(view_of(x.data(), count), view_of(gathered.data(), gathered.size())).wait();
+    for (int q = 0; q < n; ++q)
+      EXPECT_EQ(0, std::memcmp(gathered.data() + q * count, x.data(), count * sizeof(float)))
+          << "rank " << q << " differs from rank " << r << " at count " << count;
+  }
+}
+
+TEST(Allreduce, ManyOutstandingOpsCompleteInAnyWaitOrder) {
+  const int n = comm().size(), r = comm().rank();
+  constexpr int kOps = 16;
+  std::vector<std::vector<int64_t>> bufs(kOps, std::vector<int64_t>(1000));
+  std::vector<Work> works;
+  for (int k = 0; k < kOps; ++k) {
+    for (size_t i = 0; i < 1000; ++i) bufs[k][i] = (r + 1) * (k + 1) + static_cast<int64_t>(i);
+    works.push_back(comm().allreduce(view_of(bufs[k].data(), 1000), ReduceOp::sum));
+  }
+  for (int k = kOps - 1; k >= 0; --k) works[k].wait();
+  for (int k = 0; k < kOps; ++k)
+    for (size_t i = 0; i < 1000; i += 97)
+      EXPECT_EQ(bufs[k][i], (k + 1) * n * (n + 1) / 2 + n * static_cast<int64_t>(i));
+}
+
+TEST(Broadcast, EveryRootAndCount) {
+  const int n = comm().size(), r = comm().rank();
+  for (int root = 0; root < n; ++root)
+    for (size_t count : {size_t{0}, size_t{1}, size_t{13}, size_t{4099}, size_t{1u << 20}}) {
+      std::vector<int32_t> buf(count);
+      for (size_t i = 0; i < count; ++i)
+        buf[i] = r == root ? static_cast<int32_t>(i * 31 + root) : -1;
+      comm().broadcast(view_of(buf.data(), count), root).wait();
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i) wrong += buf[i] != static_cast<int32_t>(i * 31 + root);
+      EXPECT_EQ(wrong, 0u) << "root " << root << " count " << count;
+    }
+}
+
+TEST(Allgather, InPlaceAndOutOfPlace) {
+  const int n = comm().size(), r = comm().rank();
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{65537}})
+    for (bool in_place : {false, true}) {
+      std::vector<double> out(count * n, -1.0), in(count);
+      double* mine = in_place ? out.data() + count * r : in.data();
+      for (size_t i = 0; i < count; ++i) mine[i] = r * 1e6 + static_cast<double>(i);
+      comm().allgather(view_of(mine, count), view_of(out.data(), out.size())).wait();
+      size_t wrong = 0;
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < count; ++i)
+          wrong += out[q * count + i] != q * 1e6 + static_cast<double>(i);
+      EXPECT_EQ(wrong, 0u) << "count " << count << (in_place ? " in place" : "");
+    }
+}
+
+TEST(ReduceScatter, EveryOpAgainstSerialReference) {
+  const int n = comm().size(), r = comm().rank();
+  uint64_t salt = 1000;
+  for (DType t : {DType::f32, DType::bf16, DType::i64})
+    for (ReduceOp op : kOps) {
+      if (!supports(op, t)) continue;
+      for (size_t count : {size_t{0}, size_t{1}, size_t{3}, size_t{4099}, size_t{200003}}) {
+        ++salt;
+        size_t es = dtype_size(t);
+        std::vector<uint8_t> in(count * n * es + 1), out(count * es + 1);
+        for (size_t i = 0; i < count * n; ++i) put(t, in.data(), i, exact_value(op, r, i, salt));
+        comm()
+            .reduce_scatter(TensorView{in.data(), t, count * n, Device::cpu()},
+                            TensorView{out.data(), t, count, Device::cpu()}, op)
+            .wait();
+        size_t wrong = 0;
+        for (size_t i = 0; i < count; ++i) {
+          size_t g = r * count + i;
+          double want = exact_value(op, 0, g, salt);
+          for (int q = 1; q < n; ++q) want = combine(op, want, exact_value(op, q, g, salt));
+          if (op == ReduceOp::avg) want = testing::rounded(t, want / n);
+          wrong += get(t, out.data(), i) != want;
+        }
+        EXPECT_EQ(wrong, 0u) << label(t, op, count, false);
+      }
+    }
+}
+
+// After a barrier, every rank has done what it did before it: each rank
+// leaves a file, then checks that all ranks' files exist.
+TEST(Barrier, NoRankPassesBeforeAllArrive) {
+  const int n = comm().size(), r = comm().rank();
+  const char* port = std::getenv("COLLIE_MASTER_PORT");
+  auto dir = std::filesystem::temp_directory_path() /
+             ("collie-barrier-" + std::string(port ? port : "solo"));
+  std::filesystem::create_directories(dir);
+  for (int round = 0; round < 3; ++round) {
+    std::ofstream(dir / (std::to_string(round) + "-" + std::to_string(r))) << r;
+    comm().barrier().wait();
+    for (int q = 0; q < n; ++q)
+      EXPECT_TRUE(std::filesystem::exists(dir / (std::to_string(round) + "-" + std::to_string(q))))
+          << "round " << round << ": rank " << q << " had not arrived";
+  }
+  comm().barrier().wait();
+  if (r == 0) std::filesystem::remove_all(dir);
+}
+
+// Both neighbours send first and receive second, with messages far larger
+// than the socket buffers: back-to-back point-to-point ops progress together.
+TEST(SendRecv, RingExchangeOfLargeMessagesDoesNotDeadlock) {
+  const int n = comm().size(), r = comm().rank();
+  if (n == 1) GTEST_SKIP() << "needs two ranks";
+  const size_t count = 3u << 20;
+  int right = (r + 1) % n, left = (r + n - 1) % n;
+  std::vector<float> out(count), in(count, -1.0f);
+  for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(r * 10 + (i % 1000));
+  Work s = comm().send(view_of(out.data(), count), right, 5);
+  Work v = comm().recv(view_of(in.data(), count), left, 5);
+  s.wait();
+  v.wait();
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) wrong += in[i] != static_cast<float>(left * 10 + (i % 1000));
+  EXPECT_EQ(wrong, 0u);
+}
+
+TEST(SendRecv, MessagesBetweenAPairArriveInOrder) {
+  const int n = comm().size(), r = comm().rank();
+  if (n == 1) GTEST_SKIP() << "needs two ranks";
+  if (r < 2) {
+    int peer = 1 - r;
+    for (int k = 0; k < 20; ++k) {
+      int64_t x = r == 0 ? k * 100 : -1;
+      if (r == 0) comm().send(view_of(&x, 1), peer, k).wait();
+      else comm().recv(view_of(&x, 1), peer, k).wait();
+      EXPECT_EQ(x, k * 100);
+    }
+  }
+  comm().barrier().wait();
+}
+
+TEST(Split, EvenAndOddRanksReduceSeparately) {
+  const int n = comm().size(), r = comm().rank();
+  // Rank 0 of a 3+ rank job stays out (color -1) to cover joining no group.
+  int color = (n >= 3 && r == 0) ? -1 : r % 2;
+  auto sub = comm().split(color, /*key=*/-r);  // reversed order inside each group
+  if (color < 0) {
+    EXPECT_EQ(sub, nullptr);
+    return;
+  }
+  ASSERT_NE(sub, nullptr);
+  std::vector<int> members;
+  for (int q = 0; q < n; ++q)
+    if (!(n >= 3 && q == 0) && q % 2 == color) members.push_back(q);
+  EXPECT_EQ(sub->size(), static_cast<int>(members.size()));
+  // Keys are -rank, so the highest world rank is rank 0 of the group.
+  int expect_rank = 0;
+  for (int q : members)
+    if (q > r) ++expect_rank;
+  EXPECT_EQ(sub->rank(), expect_rank);
+  int64_t x = r, want = 0;
+  for (int q : members) want += q;
+  sub->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+  EXPECT_EQ(x, want);
+}
+
+TEST(Work, ThenRunsAfterCompletionAndChainsAnotherOp) {
+  const int n = comm().size();
+  std::vector<double> a(1000, 1.0);
+  bool saw_done = false;
+  Work w = comm()
+               .allreduce(view_of(a.data(), a.size()), ReduceOp::sum)
+               .then([&](const Work& prev) {
+                 saw_done = prev.done() && !prev.error();
+                 for (auto& x : a) x *= 2;
+               });
+  w.wait();
+  EXPECT_TRUE(saw_done);
+  EXPECT_EQ(a[0], 2.0 * n);
+  Work chained = comm()
+                     .allreduce(view_of(a.data(), a.size()), ReduceOp::sum)
+                     .then_work([&](const Work&) {
+                       return comm().allreduce(view_of(a.data(), a.size()), ReduceOp::sum);
+                     });
+  chained.wait();
+  EXPECT_EQ(a[999], 2.0 * n * n * n);
+}
+
+TEST(Errors, BadArgumentsAreRefusedAtTheCallNamingTheRank) {
+  const int n = comm().size(), r = comm().rank();
+  std::vector<float> a(10), b(11);
+  std::vector<int32_t> ints(10);
+  auto expect_invalid = [&](auto fn, const std::string& needle) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("rank " + std::to_string(r)), std::string::npos) << msg;
+      EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    }
+  };
+  expect_invalid([&] { comm().allreduce(view_of(a.data(), 10), view_of(b.data(), 11), ReduceOp::sum); },
+                 "elements");
+  expect_invalid([&] { comm().allreduce(view_of(ints.data(), 10), ReduceOp::avg); }, "avg");
+  expect_invalid([&] { comm().broadcast(view_of(a.data(), 10), n); }, "root");
+  expect_invalid([&] { comm().allgather(view_of(a.data(), 10), view_of(b.data(), 11)); }, "output");
+  expect_invalid([&] { comm().send(view_of(a.data(), 10), r, 0); }, "itself");
+  expect_invalid([&] {
+    comm().allreduce(TensorView{a.data(), DType::f32, 10, Device::cuda(0)}, ReduceOp::sum);
+  }, "cuda:0");
+  // The communicator is still usable after refused calls.
+  float x = 1.0f;
+  comm().allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+  EXPECT_EQ(x, static_cast<float>(n));
+}
+
+}  // namespace
+}  // namespace collie

@@ -1,0 +1,296 @@
+// tests/test_core.cc: unit tests of the pieces under the communicator:
+// dtype conversions and reduction kernels against float64 references, launch
+// variable resolution against a fake environment, the algorithm cost model,
+// and Work's completion, chaining and timeout semantics.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "collie/work.h"
+#include "comm/config/config.h"
+#include "comm/core/reduce.h"
+#include "comm/tcp/algorithm.h"
+#include "mp_common.h"
+
+namespace collie {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(Half, KnownEncodings) {
+  EXPECT_EQ(kernels::float_to_half(1.0f), 0x3c00);
+  EXPECT_EQ(kernels::float_to_half(-2.0f), 0xc000);
+  EXPECT_EQ(kernels::float_to_half(65504.0f), 0x7bff);
+  EXPECT_EQ(kernels::float_to_half(65520.0f), 0x7c00);       // rounds up to inf
+  EXPECT_EQ(kernels::float_to_half(0x1p-24f), 0x0001);       // smallest subnormal
+  EXPECT_EQ(kernels::float_to_half(0x1p-25f), 0x0000);       // ties to even: 0
+  EXPECT_EQ(kernels::float_to_half(1.0f + 0x1p-11f), 0x3c00);  // tie, to even
+  EXPECT_EQ(kernels::float_to_half(1.0f + 0x1p-10f + 0x1p-11f), 0x3c02);
+  EXPECT_TRUE(std::isnan(kernels::half_to_float(kernels::float_to_half(NAN))));
+  EXPECT_EQ(kernels::half_to_float(0x0001), 0x1p-24f);
+  EXPECT_EQ(kernels::half_to_float(0x7bff), 65504.0f);
+}
+
+TEST(Half, EveryHalfRoundTripsExactly) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = kernels::half_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(kernels::float_to_half(f), h) << std::hex << h;
+  }
+}
+
+TEST(Half, RoundingIsToNearestAgainstDoubleReference) {
+  std::mt19937 g(1);
+  std::uniform_real_distribution<float> d(-70000.f, 70000.f);
+  for (int k = 0; k < 200000; ++k) {
+    float f = d(g) * (k % 3 == 0 ? 1e-6f : 1.0f);
+    float r = kernels::half_to_float(kernels::float_to_half(f));
+    if (std::isinf(r)) {
+      EXPECT_GE(std::abs(f), 65520.0f);
+      continue;
+    }
+    // No representable half is nearer: check the neighbours.
+    uint16_t h = kernels::float_to_half(f);
+    for (int delta : {-1, 1}) {
+      float nb = kernels::half_to_float(static_cast<uint16_t>(h + delta));
+      if (std::isnan(nb) || std::isinf(nb) || ((h + delta) & 0x7fff) == 0x7fff) continue;
+      EXPECT_LE(std::abs(double(r) - f), std::abs(double(nb) - f) + 1e-30) << f;
+    }
+  }
+}
+
+TEST(BFloat16, KnownEncodingsAndRounding) {
+  EXPECT_EQ(kernels::float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(kernels::float_to_bf16(-1.0f), 0xbf80);
+  EXPECT_EQ(kernels::float_to_bf16(1.0f + 0x1p-8f), 0x3f80);          // tie, to even
+  EXPECT_EQ(kernels::float_to_bf16(1.0f + 0x1p-7f + 0x1p-8f), 0x3f82);  // tie, to even
+  EXPECT_EQ(kernels::bf16_to_float(0x4049), 3.140625f);
+  EXPECT_TRUE(std::isnan(kernels::bf16_to_float(kernels::float_to_bf16(NAN))));
+}
+
+TEST(Kernels, EveryDtypeAndOpAgainstDoubleReference) {
+  const size_t n = 3001;  // not a multiple of the f16 block
+  for (int ti = 0; ti < kNumDTypes; ++ti)
+    for (int oi = 0; oi < kNumReduceOps; ++oi) {
+      DType t = static_cast<DType>(ti);
+      ReduceOp op = static_cast<ReduceOp>(oi);
+      if (!supports(op, t)) continue;
+      size_t es = dtype_size(t);
+      std::vector<uint8_t> a(n * es), b(n * es), out(n * es);
+      for (size_t i = 0; i < n; ++i) {
+        testing::put(t, a.data(), i, testing::exact_value(op, 0, i, 3));
+        testing::put(t, b.data(), i, testing::exact_value(op, 1, i, 3));
+      }
+      int divisor = op == ReduceOp::avg ? 2 : 0;
+      kernels::reduce(t, op, out.data(), a.data(), b.data(), n, divisor);
+      for (size_t i = 0; i < n; ++i) {
+        double want = testing::combine(op, testing::get(t, a.data(), i), testing::get(t, b.data(), i));
+        if (divisor) want = testing::rounded(t, want / divisor);
+        ASSERT_EQ(testing::get(t, out.data(), i), want)
+            << to_string(t) << " " << to_string(op) << " at " << i;
+      }
+    }
+}
+
+TEST(Kernels, MinMaxPropagateNanWhicheverSideItIsOn) {
+  float a[2] = {NAN, 1.0f}, b[2] = {1.0f, NAN}, o[2];
+  for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
+    kernels::reduce(DType::f32, op, o, a, b, 2);
+    EXPECT_TRUE(std::isnan(o[0]) && std::isnan(o[1])) << to_string(op);
+  }
+}
+
+// The kernel may use the F16C instructions; they must agree bit for bit with
+// the portable conversion (round to nearest even) on every finite input.
+TEST(Kernels, HalfKernelAgreesWithPortableConversion) {
+  std::vector<uint16_t> a, b;
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00) continue;  // inf and nan
+    a.push_back(static_cast<uint16_t>(h));
+    b.push_back(static_cast<uint16_t>((h * 40503u) & 0xfbff));
+  }
+  std::vector<uint16_t> out(a.size());
+  kernels::reduce(DType::f16, ReduceOp::sum, out.data(), a.data(), b.data(), a.size());
+  size_t wrong = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    float sum = kernels::half_to_float(a[i]) + kernels::half_to_float(b[i]);
+    wrong += out[i] != kernels::float_to_half(sum);
+  }
+  EXPECT_EQ(wrong, 0u);
+}
+
+config::Env fake(std::map<std::string, std::string> vars) {
+  auto shared = std::make_shared<std::map<std::string, std::string>>(std::move(vars));
+  return [shared](const char* name) -> const char* {
+    auto it = shared->find(name);
+    return it == shared->end() ? nullptr : it->second.c_str();
+  };
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return std::string(to_string(e.code())) + ": " + e.what();
+  }
+  return "no error";
+}
+
+TEST(Config, SourcesInPrecedenceOrder) {
+  Options none;
+  auto l = config::resolve_launch(none, fake({{"RANK", "1"}, {"WORLD_SIZE", "4"},
+                                             {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"},
+                                             {"OMPI_COMM_WORLD_RANK", "3"},
+                                             {"OMPI_COMM_WORLD_SIZE", "8"}}));
+  EXPECT_EQ(l.rank, 1);
+  EXPECT_EQ(l.world_size, 4);
+  EXPECT_EQ(l.master_addr, "node0");
+  EXPECT_EQ(l.master_port, 29500);
+
+  l = config::resolve_launch(none, fake({{"COLLIE_RANK", "2"}, {"COLLIE_WORLD_SIZE", "3"},
+                                        {"RANK", "0"}, {"WORLD_SIZE", "3"},
+                                        {"COLLIE_MASTER_PORT", "1234"}}));
+  EXPECT_EQ(l.rank, 2);
+  EXPECT_EQ(l.master_port, 1234);
+  EXPECT_EQ(l.master_addr, "127.0.0.1");  // all ranks local: loopback
+
+  l = config::resolve_launch(none, fake({{"OMPI_COMM_WORLD_RANK", "3"},
+                                        {"OMPI_COMM_WORLD_SIZE", "4"},
+                                        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                        {"MASTER_ADDR", "n0"},
+                                        {"OMPI_MCA_ess_base_jobid", "12345"}}));
+  EXPECT_EQ(l.rank, 3);
+  EXPECT_EQ(l.local_rank, 1);
+  EXPECT_EQ(l.local_world_size, 2);
+  EXPECT_GE(l.master_port, 20000);  // derived from the job id
+
+  l = config::resolve_launch(none, fake({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"},
+                                        {"SLURM_LOCALID", "1"}, {"MASTER_ADDR", "n0"},
+                                        {"MASTER_PORT", "4000"}}));
+  EXPECT_EQ(l.rank, 5);
+  EXPECT_EQ(l.world_size, 6);
+  EXPECT_EQ(l.local_rank, 1);
+
+  Options explicit_opts;
+  explicit_opts.rank = 0;
+  explicit_opts.world_size = 2;
+  explicit_opts.master_port = 999;
+  l = config::resolve_launch(explicit_opts, fake({{"RANK", "1"}, {"WORLD_SIZE", "4"}}));
+  EXPECT_EQ(l.rank, 0);
+  EXPECT_EQ(l.world_size, 2);
+  EXPECT_EQ(l.master_port, 999);
+
+  l = config::resolve_launch(none, fake({}));
+  EXPECT_EQ(l.rank, 0);
+  EXPECT_EQ(l.world_size, 1);  // no launcher: a single process
+}
+
+TEST(Config, BadValuesSayWhatToChange) {
+  Options none;
+  EXPECT_EQ(error_of([&] { config::resolve_launch(none, fake({{"RANK", "0"}, {"WORLD_SIZE", "abc"}})); }),
+            "invalid_argument: WORLD_SIZE='abc' is not an integer; set it to a whole number");
+  auto msg = error_of([&] { config::resolve_launch(none, fake({{"RANK", "4"}, {"WORLD_SIZE", "4"}})); });
+  EXPECT_NE(msg.find("RANK=4 is not below WORLD_SIZE=4"), std::string::npos) << msg;
+  msg = error_of([&] { config::resolve_launch(none, fake({{"RANK", "1"}})); });
+  EXPECT_NE(msg.find("WORLD_SIZE"), std::string::npos) << msg;
+  msg = error_of([&] {
+    config::resolve_launch(none, fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}));
+  });
+  EXPECT_NE(msg.find("MASTER_PORT=70000"), std::string::npos) << msg;
+  msg = error_of([&] {
+    config::resolve_launch(none, fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}, {"COLLIE_TIMEOUT", "-3"}}));
+  });
+  EXPECT_NE(msg.find("COLLIE_TIMEOUT"), std::string::npos) << msg;
+  msg = error_of([&] { config::tcp_tuning(fake({{"COLLIE_ALLREDUCE_ALGO", "fast"}})); });
+  EXPECT_NE(msg.find("auto, ring, rd"), std::string::npos) << msg;
+}
+
+TEST(Config, TimeoutFromEnvironmentInSeconds) {
+  Options none;
+  auto l = config::resolve_launch(none, fake({{"COLLIE_TIMEOUT", "2.5"}}));
+  EXPECT_EQ(l.timeout, 2500ms);
+  Options o;
+  o.timeout = 7s;
+  EXPECT_EQ(config::resolve_launch(o, fake({{"COLLIE_TIMEOUT", "2.5"}})).timeout, 7s);
+  EXPECT_EQ(config::resolve_launch(none, fake({})).timeout, 300s);
+}
+
+TEST(Algorithm, CostModelPicksLatencyForSmallAndRingForLarge) {
+  config::TcpTuning t;
+  for (int n : {2, 3, 4, 8}) {
+    EXPECT_EQ(tcp::choose_allreduce(8, n, t), tcp::AllreduceAlgo::recursive_doubling) << n;
+    EXPECT_EQ(tcp::choose_allreduce(64 << 20, n, t), tcp::AllreduceAlgo::ring) << n;
+    EXPECT_EQ(tcp::choose_broadcast(8, n, t), tcp::BroadcastAlgo::binomial_tree) << n;
+  }
+  EXPECT_EQ(tcp::choose_broadcast(64 << 20, 8, t), tcp::BroadcastAlgo::chain);
+  // The switch point follows the model: the crossover is where the costs meet.
+  size_t lo = 8, hi = 64 << 20;
+  while (hi - lo > 1) {
+    size_t mid = (lo + hi) / 2;
+    (tcp::choose_allreduce(mid, 4, t) == tcp::AllreduceAlgo::ring ? hi : lo) = mid;
+  }
+  EXPECT_LE(tcp::allreduce_cost(tcp::AllreduceAlgo::ring, hi, 4, t),
+            tcp::allreduce_cost(tcp::AllreduceAlgo::recursive_doubling, hi, 4, t));
+  EXPECT_GT(tcp::allreduce_cost(tcp::AllreduceAlgo::ring, lo, 4, t),
+            tcp::allreduce_cost(tcp::AllreduceAlgo::recursive_doubling, lo, 4, t));
+  t.allreduce_algo = "ring";
+  EXPECT_EQ(tcp::choose_allreduce(8, 4, t), tcp::AllreduceAlgo::ring);
+  t.allreduce_algo = "rd";
+  EXPECT_EQ(tcp::choose_allreduce(64 << 20, 4, t), tcp::AllreduceAlgo::recursive_doubling);
+}
+
+TEST(WorkHandle, CompletionErrorAndTimeout) {
+  Work w = Work::pending("op #1", 5s);
+  EXPECT_FALSE(w.done());
+  std::thread t([w] {
+    std::this_thread::sleep_for(20ms);
+    w.complete();
+  });
+  w.wait();
+  t.join();
+  EXPECT_TRUE(w.done());
+  EXPECT_FALSE(w.error());
+
+  Work f = Work::pending("op #2", 5s);
+  f.fail(Error(ErrorCode::peer_lost, "rank 3 lost"));
+  EXPECT_TRUE(f.done());
+  EXPECT_EQ(f.error()->code(), ErrorCode::peer_lost);
+  EXPECT_THROW(f.wait(), Error);
+
+  Work slow = Work::pending("op #3", 5s);
+  try {
+    slow.wait(30ms);
+    ADD_FAILURE() << "wait returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::timeout);
+    EXPECT_NE(std::string(e.what()).find("op #3"), std::string::npos);
+  }
+  slow.complete();
+}
+
+TEST(WorkHandle, ThenChainsAndPropagatesErrors) {
+  Work a = Work::pending("a", 5s);
+  int order = 0, ran_at = -1;
+  Work b = a.then([&](const Work&) { ran_at = order++; });
+  EXPECT_FALSE(b.done());
+  a.complete();
+  EXPECT_TRUE(b.done());
+  EXPECT_EQ(ran_at, 0);
+
+  Work inner = Work::pending("inner", 5s);
+  Work c = Work().then_work([&](const Work&) { return inner; });
+  EXPECT_FALSE(c.done());
+  inner.fail(Error(ErrorCode::mismatch, "inner failed"));
+  EXPECT_TRUE(c.done());
+  EXPECT_EQ(c.error()->code(), ErrorCode::mismatch);
+
+  Work d = Work().then([](const Work&) { throw Error(ErrorCode::invalid_argument, "hook said no"); });
+  EXPECT_EQ(d.error()->code(), ErrorCode::invalid_argument);
+}
+
+}  // namespace
+}  // namespace collie

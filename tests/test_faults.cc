@@ -1,0 +1,352 @@
+// tests/test_faults.cc: failure is an error, never a hang.
+//
+// Each test forks real rank processes (not threads) that rendezvous through a
+// store whose listening socket the test process bound first, like
+// collie-run does; one rank misbehaves (dies, stalls, never joins, calls a
+// different collective, presents the wrong secret) and every other rank must
+// come back with an error whose code and text name the problem and the rank.
+// The harness kills any rank still running after a generous limit and
+// reports it as hung, so a regression fails instead of blocking the suite.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collie/comm.h"
+#include "comm/config/config.h"
+#include "comm/tcp/socket.h"
+
+namespace collie {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Outcome {
+  bool exited = false;   // false: killed by a signal, or hung and killed
+  bool hung = false;
+  std::string report;    // "OK ...", or "ERR <code>|<message>"
+
+  bool ok() const { return report.rfind("OK", 0) == 0; }
+  std::string code() const {
+    if (report.rfind("ERR ", 0) != 0) return "";
+    return report.substr(4, report.find('|') - 4);
+  }
+  std::string message() const {
+    auto bar = report.find('|');
+    return bar == std::string::npos ? report : report.substr(bar + 1);
+  }
+};
+
+using RankFn = std::function<std::string(int rank, Options opt)>;
+
+// Runs fn in `n` forked ranks. `skip` ranks are never started.
+std::vector<Outcome> run_ranks(int n, RankFn fn, std::chrono::milliseconds timeout,
+                               std::vector<int> skip = {}, std::chrono::seconds limit = 60s) {
+  net::Fd listener = net::listen_tcp("127.0.0.1", 0, "test store");
+  int port = net::local_port(listener.get());
+  std::vector<pid_t> pids(n, -1);
+  std::vector<int> pipes(n, -1);
+  for (int r = 0; r < n; ++r) {
+    if (std::find(skip.begin(), skip.end(), r) != skip.end()) continue;
+    int p[2];
+    if (pipe(p) != 0) throw std::runtime_error("pipe failed");
+    pid_t pid = fork();
+    if (pid == 0) {
+      ::close(p[0]);
+      if (r == 0) {
+        net::set_cloexec(listener.get(), false);
+        setenv("COLLIE_STORE_FD", std::to_string(listener.get()).c_str(), 1);
+      } else {
+        listener.reset();
+      }
+      Options opt;
+      opt.rank = r;
+      opt.world_size = n;
+      opt.local_rank = r;
+      opt.local_world_size = n;
+      opt.master_addr = "127.0.0.1";
+      opt.master_port = port;
+      opt.secret = "test-secret";
+      opt.timeout = timeout;
+      std::string report;
+      try {
+        report = "OK " + fn(r, opt);
+      } catch (const Error& e) {
+        report = "ERR " + std::string(to_string(e.code())) + "|" + e.what();
+      } catch (const std::exception& e) {
+        report = std::string("ERR other|") + e.what();
+      }
+      [[maybe_unused]] ssize_t w = ::write(p[1], report.data(), report.size());
+      ::close(p[1]);
+      _exit(0);
+    }
+    ::close(p[1]);
+    pids[r] = pid;
+    pipes[r] = p[0];
+  }
+  listener.reset();
+  std::vector<Outcome> out(n);
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int r = 0; r < n; ++r) {
+    if (pids[r] < 0) continue;
+    int status = 0;
+    for (;;) {
+      pid_t w = waitpid(pids[r], &status, WNOHANG);
+      if (w == pids[r]) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &status, 0);
+        out[r].hung = true;
+        break;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    out[r].exited = WIFEXITED(status) && !out[r].hung;
+    char buf[8192];
+    ssize_t k;
+    while ((k = ::read(pipes[r], buf, sizeof buf)) > 0) out[r].report.append(buf, k);
+    ::close(pipes[r]);
+  }
+  return out;
+}
+
+std::string describe(const std::vector<Outcome>& v) {
+  std::string s;
+  for (size_t r = 0; r < v.size(); ++r)
+    s += "\n  rank " + std::to_string(r) + (v[r].hung ? " HUNG" : "") + ": " + v[r].report;
+  return s;
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+// A rank killed with SIGKILL in the middle of a stream of all-reduces: every
+// survivor gets peer_lost naming that rank. Run at 3 and 4 ranks, with large
+// (ring) and small (recursive doubling) messages.
+void kill_mid_allreduce(int n, size_t count) {
+  const int victim = 1;
+  auto out = run_ranks(
+      n,
+      [&](int rank, Options opt) {
+        auto c = connect(opt);
+        std::vector<float> buf(count, 1.0f);
+        if (rank == victim) {
+          std::thread([] {
+            std::this_thread::sleep_for(200ms);
+            raise(SIGKILL);
+          }).detach();
+        }
+        for (int it = 0; it < 1000000; ++it) c->allreduce(view_of(buf.data(), count), ReduceOp::sum).wait();
+        return std::string("finished without noticing");
+      },
+      30s);
+  EXPECT_FALSE(out[victim].exited) << describe(out);
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "peer_lost") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "rank " + std::to_string(victim))) << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "allreduce")) << describe(out);
+  }
+}
+
+TEST(Faults, RankKilledDuringLargeAllreduceIsReportedByEverySurvivor3) {
+  kill_mid_allreduce(3, 1 << 20);
+}
+TEST(Faults, RankKilledDuringLargeAllreduceIsReportedByEverySurvivor4) {
+  kill_mid_allreduce(4, 1 << 20);
+}
+TEST(Faults, RankKilledDuringSmallAllreduceIsReportedByEverySurvivor4) {
+  kill_mid_allreduce(4, 3);
+}
+
+TEST(Faults, RankThatNeverJoinsIsNamedInARendezvousTimeout) {
+  auto out = run_ranks(
+      4, [](int, Options opt) { connect(opt); return std::string("joined"); }, 2s, {2});
+  for (int r : {0, 1, 3}) {
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "timeout") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "rank 2")) << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "never joined")) << describe(out);
+  }
+}
+
+// Ranks that disagree about the call: an error on every rank, not a hang and
+// not a silently wrong buffer.
+void expect_mismatch_everywhere(int n, const std::function<void(Communicator&, int)>& call) {
+  auto out = run_ranks(
+      n,
+      [&](int rank, Options opt) {
+        auto c = connect(opt);
+        call(*c, rank);
+        return std::string("completed");
+      },
+      20s);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "mismatch") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "rank 1")) << describe(out);
+  }
+}
+
+TEST(Faults, DifferentCountsOnOneRankFailEveryRank) {
+  for (size_t base : {size_t{5}, size_t{1} << 18})
+    expect_mismatch_everywhere(4, [base](Communicator& c, int rank) {
+      std::vector<float> buf(base + 1, 1.0f);
+      c.allreduce(view_of(buf.data(), rank == 1 ? base + 1 : base), ReduceOp::sum).wait();
+    });
+}
+
+TEST(Faults, DifferentDtypesFailEveryRank) {
+  expect_mismatch_everywhere(3, [](Communicator& c, int rank) {
+    std::vector<double> buf(1000, 1.0);
+    TensorView v = rank == 1 ? TensorView{buf.data(), DType::i64, 1000, Device::cpu()}
+                             : view_of(buf.data(), 1000);
+    c.allreduce(v, ReduceOp::sum).wait();
+  });
+}
+
+TEST(Faults, DifferentCollectivesFailEveryRank) {
+  expect_mismatch_everywhere(3, [](Communicator& c, int rank) {
+    std::vector<float> buf(64, 1.0f);
+    if (rank == 1) c.broadcast(view_of(buf.data(), 64), 0).wait();
+    else c.allreduce(view_of(buf.data(), 64), ReduceOp::sum).wait();
+  });
+}
+
+TEST(Faults, StalledRankTimesOutItsPartnerNamingIt) {
+  auto out = run_ranks(
+      2,
+      [](int rank, Options opt) {
+        auto c = connect(opt);
+        float x = 1;
+        if (rank == 1) std::this_thread::sleep_for(6s);  // stalls past the deadline
+        else c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+        return std::string("done");
+      },
+      1500ms);
+  EXPECT_FALSE(out[0].hung) << describe(out);
+  EXPECT_EQ(out[0].code(), "timeout") << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "rank 1")) << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "COLLIE_TIMEOUT")) << describe(out);
+}
+
+TEST(Faults, AfterAFailureLaterOpsFailAtOnceWithTheCause) {
+  auto out = run_ranks(
+      2,
+      [](int rank, Options opt) {
+        auto c = connect(opt);
+        float x = 1;
+        if (rank == 1) {
+          std::this_thread::sleep_for(3s);
+          return std::string("left");
+        }
+        try {
+          c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+        } catch (const Error&) {
+        }
+        c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+        return std::string("second op succeeded");
+      },
+      1s);
+  EXPECT_EQ(out[0].code(), "timeout") << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "failed earlier")) << describe(out);
+}
+
+TEST(Faults, WrongSecretIsRefused) {
+  auto out = run_ranks(
+      2,
+      [](int rank, Options opt) {
+        if (rank == 1) opt.secret = "not-the-secret";
+        connect(opt);
+        return std::string("joined");
+      },
+      2s);
+  EXPECT_NE(out[1].code(), "") << describe(out);
+  EXPECT_TRUE(contains(out[1].message(), "COLLIE_JOB_SECRET")) << describe(out);
+  EXPECT_FALSE(out[0].ok()) << describe(out);
+}
+
+TEST(Faults, StrayClientsOnTheStorePortDoNotDisturbTheJob) {
+  // The strays connect before the ranks start: one sends garbage, one sends
+  // nothing and stays connected through the whole job.
+  auto out = run_ranks(
+      3,
+      [&](int rank, Options opt) {
+        if (rank == 1) {
+          // Connect two strays to the store port before joining ourselves.
+          auto ep = net::Endpoint{"127.0.0.1", opt.master_port};
+          auto garbage = net::connect_tcp(ep, net::deadline_after(5s), "stray");
+          const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n\xff\xff\xff\xff\x7f";
+          net::write_full(garbage.get(), junk, sizeof junk, net::deadline_after(5s), "stray");
+          auto silent = net::connect_tcp(ep, net::deadline_after(5s), "stray");
+          auto c = connect(opt);
+          int64_t x = rank + 1;
+          c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+          return std::to_string(x);
+        }
+        auto c = connect(opt);
+        int64_t x = rank + 1;
+        c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+        return std::to_string(x);
+      },
+      20s);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(out[r].report, "OK 6") << describe(out);
+}
+
+TEST(Faults, PortAlreadyInUseSaysWhatToChange) {
+  net::Fd busy = net::listen_tcp("", 0, "squatter");
+  int port = net::local_port(busy.get());
+  Options opt;
+  opt.rank = 0;
+  opt.world_size = 2;
+  opt.master_addr = "127.0.0.1";
+  opt.master_port = port;
+  opt.timeout = 2s;
+  try {
+    connect(opt);
+    ADD_FAILURE() << "connect succeeded on a busy port";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_TRUE(contains(e.what(), "already in use")) << e.what();
+    EXPECT_TRUE(contains(e.what(), std::to_string(port))) << e.what();
+  }
+}
+
+TEST(Faults, BadLaunchVariablesSayWhatToChange) {
+  auto out = run_ranks(
+      1,
+      [](int, Options) {
+        setenv("WORLD_SIZE", "abc", 1);
+        setenv("RANK", "0", 1);
+        connect();
+        return std::string("connected");
+      },
+      2s);
+  EXPECT_EQ(out[0].code(), "invalid_argument") << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "WORLD_SIZE='abc'")) << describe(out);
+
+  out = run_ranks(
+      1,
+      [](int, Options) {
+        setenv("WORLD_SIZE", "4", 1);
+        setenv("RANK", "4", 1);
+        connect();
+        return std::string("connected");
+      },
+      2s);
+  EXPECT_EQ(out[0].code(), "invalid_argument") << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "RANK=4 is not below WORLD_SIZE=4")) << describe(out);
+}
+
+}  // namespace
+}  // namespace collie
