@@ -172,9 +172,13 @@ TEST(Faults, RankKilledDuringSmallAllreduceIsReportedByEverySurvivor4) {
 TEST(Faults, RankThatNeverJoinsIsNamedInARendezvousTimeout) {
   auto out = run_ranks(
       4, [](int, Options opt) { connect(opt); return std::string("joined"); }, 2s, {2});
+  // Rank 0 times out; a rank whose deadline falls a moment later may find the
+  // store (which rank 0 serves) gone first: that is peer_lost, still naming
+  // the rank that never came.
+  EXPECT_EQ(out[0].code(), "timeout") << describe(out);
   for (int r : {0, 1, 3}) {
     EXPECT_FALSE(out[r].hung) << describe(out);
-    EXPECT_EQ(out[r].code(), "timeout") << describe(out);
+    EXPECT_TRUE(out[r].code() == "timeout" || out[r].code() == "peer_lost") << describe(out);
     EXPECT_TRUE(contains(out[r].message(), "rank 2")) << describe(out);
     EXPECT_TRUE(contains(out[r].message(), "never joined")) << describe(out);
   }

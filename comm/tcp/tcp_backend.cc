@@ -1,9 +1,11 @@
 #include "comm/tcp/tcp_backend.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -53,6 +55,12 @@ Hello make_hello(int from, int to, const std::string& key, const std::string& se
 
 std::string rank_str(int r) { return "rank " + std::to_string(r); }
 
+std::string seconds(milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", ms.count() / 1000.0);
+  return buf;
+}
+
 std::string join_ranks(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -72,23 +80,49 @@ std::vector<net::Fd> build_mesh(const Setup& s) {
                          .str();
   s.store->set(s.key + "/addr/" + std::to_string(rank), to_bytes(addr));
 
-  // Wait until every rank has published its address; name the missing ones.
+  // Wait until every rank has published its address. The wait goes in
+  // slices, noting who has arrived after each, so that a timeout can name the
+  // missing ranks without asking the store again: by then rank 0, timing out
+  // too, may have taken the store down with it.
   std::vector<std::string> keys;
   for (int q = 0; q < n; ++q) keys.push_back(s.key + "/addr/" + std::to_string(q));
-  try {
-    s.store->wait(keys, s.launch.timeout);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::timeout) throw;
+  std::vector<bool> seen(n, false);
+  seen[rank] = true;
+  auto missing_ranks = [&] {
     std::vector<int> missing;
     for (int q = 0; q < n; ++q)
-      if (!s.store->check({keys[q]})) missing.push_back(q);
-    throw Error(ErrorCode::timeout,
-                "rendezvous timed out on " + who + " after " +
-                    std::to_string(s.launch.timeout.count() / 1000.0) + " s: rank" +
-                    (missing.size() > 1 ? "s " : " ") + join_ranks(missing) + " of " +
-                    std::to_string(n) +
-                    " never joined (not started, crashed before connecting, or pointed at "
-                    "another MASTER_ADDR/MASTER_PORT)");
+      if (!seen[q]) missing.push_back(q);
+    return (missing.size() > 1 ? "ranks " : "rank ") + join_ranks(missing) + " of " +
+           std::to_string(n) + " never joined";
+  };
+  for (;;) {
+    std::vector<std::string> missing_keys;
+    for (int q = 0; q < n; ++q)
+      if (!seen[q]) missing_keys.push_back(keys[q]);
+    if (missing_keys.empty()) break;
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - net::Clock::now());
+    if (left.count() <= 0)
+      throw Error(ErrorCode::timeout,
+                  "rendezvous timed out on " + who + " after " + seconds(s.launch.timeout) +
+                      ": " + missing_ranks() +
+                      " (not started, crashed before connecting, or pointed at another "
+                      "MASTER_ADDR/MASTER_PORT)");
+    try {
+      s.store->wait(missing_keys, std::min(left, milliseconds(1000)));
+      for (int q = 0; q < n; ++q) seen[q] = true;
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::peer_lost)
+        throw Error(ErrorCode::peer_lost,
+                    "rendezvous on " + who + " lost the store that rank 0 serves (rank 0 exited, "
+                    "perhaps at its own deadline) while " + missing_ranks() + ": " + e.what());
+      if (e.code() != ErrorCode::timeout) throw;
+      try {
+        for (int q = 0; q < n; ++q)
+          if (!seen[q]) seen[q] = s.store->check({keys[q]});
+      } catch (const Error&) {
+        // The store went away: the next round reports the timeout or the loss.
+      }
+    }
   }
 
   for (int q = 0; q < rank; ++q) {
@@ -205,7 +239,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
         mesh(setup.launch.rank, setup.launch.world_size, std::move(peers), setup.tuning,
              spin_allowed),
         send_seq(static_cast<size_t>(setup.launch.world_size), 0),
-        recv_seq(static_cast<size_t>(setup.launch.world_size), 0) {}
+        recv_seq(static_cast<size_t>(setup.launch.world_size), 0),
+        wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    mesh.set_wake_fd(wake_.get());
+  }
 
   void start() {
     thread_ = std::thread([self = shared_from_this()] { self->loop(); });
@@ -220,6 +257,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
                              setup.launch.timeout);
       w = t.work;
       queue_.push_back(std::move(t));
+      // A running point-to-point batch takes in later sends and receives;
+      // wake its loop if it is asleep in poll().
+      if (busy_ && queue_.back().p2p) {
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
+      }
     }
     std::weak_ptr<Engine> weak = weak_from_this();
     w.set_inline_runner([weak, w] {
@@ -339,7 +382,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::vector<SendItem> sends;
     std::vector<RecvItem> recvs;
     std::vector<OpDesc> sd, rd;
-    for (auto& t : batch) {
+    auto add = [&](Task& t) {
       OpDesc d = t.desc;
       if (t.is_send) {
         d.seq = ++send_seq[t.peer];
@@ -350,8 +393,21 @@ class Engine : public std::enable_shared_from_this<Engine> {
         recvs.push_back({t.peer, t.buf.data, t.buf.nbytes(), nullptr});
         rd.push_back(d);
       }
-    }
-    mesh.run_p2p(sends, sd, recvs, rd, deadline);
+    };
+    for (auto& t : batch) add(t);
+    // Sends and receives issued while this batch runs join it: the classic
+    // exchange (send, then receive, on both sides) must not wait for the
+    // send to finish before the receive starts.
+    Mesh::Refill refill = [&](std::vector<SendItem>&, std::vector<OpDesc>&,
+                              std::vector<RecvItem>&, std::vector<OpDesc>&) {
+      std::lock_guard lk(mu_);
+      while (!queue_.empty() && queue_.front().p2p) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        add(batch.back());
+      }
+    };
+    mesh.run_p2p(sends, sd, recvs, rd, deadline, refill);
   }
 
   std::mutex mu_;
@@ -361,6 +417,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool stop_ = false;
   uint32_t coll_seq_ = 0;
   std::optional<Error> broken_;  // touched only by whoever holds busy_
+  net::Fd wake_;
   std::thread thread_;
 };
 

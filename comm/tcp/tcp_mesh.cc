@@ -180,18 +180,19 @@ void Mesh::check_hangup(int q, const OpDesc& desc) {
 
 void Mesh::run(const OpDesc& desc, std::vector<SendItem>& sends, std::vector<RecvItem>& recvs,
                net::Deadline deadline) {
-  run_impl(&desc, sends, nullptr, recvs, nullptr, deadline);
+  run_impl(&desc, sends, nullptr, recvs, nullptr, deadline, nullptr);
 }
 
 void Mesh::run_p2p(std::vector<SendItem>& sends, std::vector<OpDesc>& send_desc,
                    std::vector<RecvItem>& recvs, std::vector<OpDesc>& recv_desc,
-                   net::Deadline deadline) {
-  run_impl(nullptr, sends, &send_desc, recvs, &recv_desc, deadline);
+                   net::Deadline deadline, const Refill& refill) {
+  run_impl(nullptr, sends, &send_desc, recvs, &recv_desc, deadline, &refill);
 }
 
 void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
-                    const std::vector<OpDesc>* send_desc, std::vector<RecvItem>& recvs,
-                    const std::vector<OpDesc>* recv_desc, net::Deadline deadline) {
+                    std::vector<OpDesc>* send_desc, std::vector<RecvItem>& recvs,
+                    std::vector<OpDesc>* recv_desc, net::Deadline deadline,
+                    const Refill* refill) {
   if (closed_)
     throw Error(ErrorCode::internal, "the communicator on " + rank_str(rank_) + " is closed");
   for (Peer& p : peers_) {
@@ -201,12 +202,23 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
     p.send_done = p.recv_hdr_got = p.recv_got = 0;
     if (!p.departed) p.watch = true;
   }
-  for (size_t i = 0; i < sends.size(); ++i) peers_[sends[i].peer].send_q.push_back(i);
-  for (size_t i = 0; i < recvs.size(); ++i) peers_[recvs[i].peer].recv_q.push_back(i);
   std::vector<int> active;
-  for (int q = 0; q < size_; ++q)
-    if (!peers_[q].send_q.empty() || !peers_[q].recv_q.empty()) active.push_back(q);
-  size_t pending = sends.size() + recvs.size();
+  std::vector<bool> is_active(static_cast<size_t>(size_), false);
+  size_t pending = 0, queued_sends = 0, queued_recvs = 0;
+  // Queues the items from the given positions on (all of them at first,
+  // the ones a refill appended later).
+  auto enqueue = [&] {
+    for (; queued_sends < sends.size(); ++queued_sends, ++pending)
+      peers_[sends[queued_sends].peer].send_q.push_back(queued_sends);
+    for (; queued_recvs < recvs.size(); ++queued_recvs, ++pending)
+      peers_[recvs[queued_recvs].peer].recv_q.push_back(queued_recvs);
+    for (int q = 0; q < size_; ++q)
+      if (!is_active[q] && (!peers_[q].send_q.empty() || !peers_[q].recv_q.empty())) {
+        is_active[q] = true;
+        active.push_back(q);
+      }
+  };
+  enqueue();
   auto send_desc_of = [&](size_t i) -> const OpDesc& { return common ? *common : (*send_desc)[i]; };
   auto recv_desc_of = [&](size_t i) -> const OpDesc& { return common ? *common : (*recv_desc)[i]; };
 
@@ -302,7 +314,7 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
     return progressed;
   };
 
-  const OpDesc& any_desc =
+  const OpDesc any_desc =
       common ? *common : (!send_desc->empty() ? send_desc->front() : recv_desc->front());
   std::vector<pollfd> pfds;
   std::vector<int> pfd_peer;
@@ -320,6 +332,14 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
       spin_until = now + spin;
       continue;
     }
+    if (refill) {
+      size_t before = sends.size() + recvs.size();
+      (*refill)(sends, *send_desc, recvs, *recv_desc);
+      if (sends.size() + recvs.size() != before) {
+        enqueue();
+        continue;
+      }
+    }
     if (now < spin_until) continue;  // busy-poll the sockets: ~4 us vs ~40 us to wake
 
     pfds.clear();
@@ -336,6 +356,10 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
       if (ev == 0) continue;
       pfds.push_back({p.fd.get(), ev, 0});
       pfd_peer.push_back(q);
+    }
+    if (refill && wake_fd_ >= 0) {
+      pfds.push_back({wake_fd_, POLLIN, 0});
+      pfd_peer.push_back(-1);
     }
     int n = ::poll(pfds.data(), pfds.size(), net::poll_timeout_ms(deadline));
     if (n < 0 && errno != EINTR)
@@ -358,6 +382,11 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
     }
     for (size_t i = 0; i < pfds.size(); ++i) {
       int q = pfd_peer[i];
+      if (q < 0) {
+        uint64_t count;
+        if (pfds[i].revents & POLLIN) [[maybe_unused]] ssize_t r = ::read(wake_fd_, &count, sizeof count);
+        continue;
+      }
       Peer& p = peers_[q];
       bool recv_pending = p.recv_pos < p.recv_q.size();
       if (!recv_pending && (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))

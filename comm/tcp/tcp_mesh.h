@@ -79,10 +79,18 @@ class Mesh {
   // may set SendItem::ready on items of `sends`.
   void run(const OpDesc& desc, std::vector<SendItem>& sends, std::vector<RecvItem>& recvs,
            net::Deadline deadline);
-  // p2p batches: each item carries its own description.
+  // Point-to-point batches: each item carries its own description, and
+  // `refill` (called whenever the loop is about to wait) may append more
+  // items, so that sends and receives issued while the batch runs join it.
+  using Refill = std::function<void(std::vector<SendItem>&, std::vector<OpDesc>&,
+                                    std::vector<RecvItem>&, std::vector<OpDesc>&)>;
   void run_p2p(std::vector<SendItem>& sends, std::vector<OpDesc>& send_desc,
                std::vector<RecvItem>& recvs, std::vector<OpDesc>& recv_desc,
-               net::Deadline deadline);
+               net::Deadline deadline, const Refill& refill);
+
+  // A descriptor whose readability interrupts the loop's sleep (an eventfd
+  // the owner signals when it queues work that a refill should pick up).
+  void set_wake_fd(int fd) { wake_fd_ = fd; }
 
   // Tells every peer (where a frame boundary allows) and closes all sockets.
   void abort(const Error& e) noexcept;
@@ -92,8 +100,8 @@ class Mesh {
  private:
   struct Peer;
   void run_impl(const OpDesc* common, std::vector<SendItem>& sends,
-                const std::vector<OpDesc>* send_desc, std::vector<RecvItem>& recvs,
-                const std::vector<OpDesc>* recv_desc, net::Deadline deadline);
+                std::vector<OpDesc>* send_desc, std::vector<RecvItem>& recvs,
+                std::vector<OpDesc>* recv_desc, net::Deadline deadline, const Refill* refill);
   void check_hangup(int peer, const OpDesc& desc);
   [[noreturn]] void fail_from_frame(int peer, const struct FrameHeader& h, const OpDesc& expected);
 
@@ -102,6 +110,7 @@ class Mesh {
   std::vector<Peer> peers_;
   config::TcpTuning tuning_;
   int spin_us_;
+  int wake_fd_ = -1;
   bool closed_ = false;
 };
 

@@ -80,6 +80,9 @@ class TcpStore : public Store {
   // The local address of the connection to the server: the interface this
   // host uses to reach rank 0, which is the one its peers can reach it on.
   virtual std::string local_address() const = 0;
+
+ protected:
+  explicit TcpStore(Millis timeout) : Store(timeout) {}
 };
 
 // A store kept in one file on a file system every rank sees. Operations take
