@@ -177,7 +177,15 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> in(a.max_bytes / es * es + es), out(in.size());
     double bw_sum = 0;
     int bw_count = 0;
-    for (size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes *= a.factor) {
+    // The x-factor ladder from -b, plus -e itself when the ladder misses it
+    // (8 x 4^k never lands on 256 MiB).
+    std::vector<size_t> sizes;
+    for (size_t b = std::max<size_t>(a.min_bytes, 1); b <= a.max_bytes; b *= a.factor) {
+      sizes.push_back(b);
+      if (b > a.max_bytes / a.factor) break;
+    }
+    if (sizes.empty() || sizes.back() != a.max_bytes) sizes.push_back(a.max_bytes);
+    for (size_t bytes : sizes) {
       size_t count = std::max<size_t>(1, bytes / es);
       size_t nbytes = count * es;
       for (size_t i = 0; i < count; ++i) put(a.dtype, in.data(), i, contribution(rank, i));
@@ -218,7 +226,6 @@ int main(int argc, char** argv) {
                     a.check ? std::to_string(wrong).c_str() : "N/A");
         std::fflush(stdout);
       }
-      if (bytes > a.max_bytes / a.factor) break;
     }
     if (rank == 0) std::printf("# Avg bus bandwidth    : %.3f GB/s\n", bw_sum / std::max(1, bw_count));
   } catch (const collie::Error& e) {

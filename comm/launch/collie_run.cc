@@ -252,6 +252,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (pid == 0) {
+      // Each rank leads its own process group, so that ending a rank also
+      // ends whatever it started (a shell's children, say).
+      setpgid(0, 0);
       signal(SIGPIPE, SIG_DFL);
       for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
       if (a.prefix) {
@@ -289,6 +292,7 @@ int main(int argc, char** argv) {
       _exit(127);
     }
     r.pid = pid;
+    setpgid(pid, pid);  // also here: no window in which a signal misses the group
     if (a.prefix) {
       close(out[1]);
       close(err[1]);
@@ -303,10 +307,13 @@ int main(int argc, char** argv) {
   int first_status = 0;
   bool terminating = false;
   collie::net::Deadline kill_at{};
+  // Signals go to each rank's process group; after a rank has exited, its
+  // leftover children may still hold its output pipe, so they are signalled too.
   auto signal_all = [&](int sig) {
     for (auto& r : ranks)
-      if (!r.exited) kill(r.pid, sig);
+      if (!r.exited || r.out >= 0 || r.err >= 0) kill(-r.pid, sig);
   };
+  collie::net::Deadline pipes_deadline = collie::net::Clock::time_point::max();
 
   for (;;) {
     // Reap whoever has exited.
@@ -334,6 +341,21 @@ int main(int argc, char** argv) {
       pipes_open = pipes_open || r.out >= 0 || r.err >= 0;
     }
     if (all_exited && !pipes_open) break;
+    if (all_exited && pipes_deadline == collie::net::Clock::time_point::max())
+      pipes_deadline = collie::net::deadline_after(std::chrono::seconds(2));
+    if (all_exited && collie::net::Clock::now() >= pipes_deadline) {
+      // Every rank is gone but something they started keeps their output
+      // open: end it rather than wait for it.
+      signal_all(SIGKILL);
+      for (auto& r : ranks) {
+        for (int* fd : {&r.out, &r.err})
+          if (*fd >= 0) {
+            close(*fd);
+            *fd = -1;
+          }
+      }
+      break;
+    }
     if (terminating && collie::net::Clock::now() >= kill_at) {
       signal_all(SIGKILL);
       kill_at = collie::net::deadline_after(std::chrono::hours(1));
