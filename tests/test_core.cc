@@ -168,6 +168,12 @@ TEST(Config, SourcesInPrecedenceOrder) {
   EXPECT_EQ(l.local_world_size, 2);
   EXPECT_GE(l.master_port, 20000);  // derived from the job id
 
+  // Under torchrun the agent's own store holds MASTER_PORT: collie uses the next.
+  l = config::resolve_launch(none, fake({{"RANK", "1"}, {"WORLD_SIZE", "2"},
+                                        {"MASTER_PORT", "29500"},
+                                        {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+  EXPECT_EQ(l.master_port, 29501);
+
   l = config::resolve_launch(none, fake({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"},
                                         {"SLURM_LOCALID", "1"}, {"MASTER_ADDR", "n0"},
                                         {"MASTER_PORT", "4000"}}));

@@ -233,11 +233,11 @@ TEST(Faults, StalledRankTimesOutItsPartnerNamingIt) {
       [](int rank, Options opt) {
         auto c = connect(opt);
         float x = 1;
-        if (rank == 1) std::this_thread::sleep_for(6s);  // stalls past the deadline
+        if (rank == 1) std::this_thread::sleep_for(8s);  // stalls past the deadline
         else c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
         return std::string("done");
       },
-      1500ms);
+      3s);
   EXPECT_FALSE(out[0].hung) << describe(out);
   EXPECT_EQ(out[0].code(), "timeout") << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "rank 1")) << describe(out);
@@ -251,7 +251,7 @@ TEST(Faults, AfterAFailureLaterOpsFailAtOnceWithTheCause) {
         auto c = connect(opt);
         float x = 1;
         if (rank == 1) {
-          std::this_thread::sleep_for(3s);
+          std::this_thread::sleep_for(6s);
           return std::string("left");
         }
         try {
@@ -261,7 +261,7 @@ TEST(Faults, AfterAFailureLaterOpsFailAtOnceWithTheCause) {
         c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
         return std::string("second op succeeded");
       },
-      1s);
+      3s);
   EXPECT_EQ(out[0].code(), "timeout") << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "failed earlier")) << describe(out);
 }

@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -27,9 +29,10 @@ std::string launcher() {
   return p ? p : "";
 }
 
-// Runs collie-run with `args`; optionally sends `sig` to it after `delay`.
+// Runs collie-run with `args`; optionally sends `sig` to it once
+// `ready()` holds (checked every 10 ms, for at most 20 s).
 Result run(const std::vector<std::string>& args, int sig = 0,
-           std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
+           const std::function<bool()>& ready = nullptr) {
   int out[2], err[2];
   EXPECT_EQ(pipe(out), 0);
   EXPECT_EQ(pipe(err), 0);
@@ -50,7 +53,8 @@ Result run(const std::vector<std::string>& args, int sig = 0,
   close(out[1]);
   close(err[1]);
   if (sig) {
-    std::this_thread::sleep_for(delay);
+    for (int i = 0; i < 2000 && ready && !ready(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     kill(pid, sig);
   }
   Result r;
@@ -155,9 +159,18 @@ TEST_F(Launcher, ARankKilledBySignalIsReportedAs128PlusSignal) {
 }
 
 TEST_F(Launcher, SigtermIsForwardedToEveryRank) {
+  // Each rank marks a file once its handler is in place; the signal goes to
+  // the launcher only after both marks exist.
+  std::string dir = "/tmp/collie-launcher-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
   auto r = run({"-n", "2", "sh", "-c",
-                "trap 'echo got-term; exit 0' TERM; echo ready; while :; do sleep 0.05; done"},
-               SIGTERM, std::chrono::milliseconds(700));
+                "trap 'echo got-term; exit 0' TERM; touch " + dir +
+                    "/ready.$RANK; while :; do sleep 0.05; done"},
+               SIGTERM, [&] {
+                 return std::filesystem::exists(dir + "/ready.0") &&
+                        std::filesystem::exists(dir + "/ready.1");
+               });
+  std::filesystem::remove_all(dir);
   EXPECT_NE(r.out.find("[0] got-term"), std::string::npos) << r.out << r.err;
   EXPECT_NE(r.out.find("[1] got-term"), std::string::npos) << r.out << r.err;
 }

@@ -139,6 +139,11 @@ Launch resolve_launch(const Options& o, const Env& env) {
           throw bad(std::string(s.port) + "=" + std::to_string(*v) +
                     " is not a TCP port; use a number in 1..65535");
         l.master_port = static_cast<int>(*v);
+        // torchrun's agent already serves its own store on MASTER_PORT;
+        // collie's rank 0 then serves on the next port (every rank agrees).
+        const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
+        if (std::string_view(s.port) == "MASTER_PORT" && agent && std::string_view(agent) == "True")
+          l.master_port = l.master_port == 65535 ? l.master_port - 1 : l.master_port + 1;
       }
   if (auto fd = parse_int("COLLIE_STORE_FD", env("COLLIE_STORE_FD"))) l.store_fd = int(*fd);
   if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;

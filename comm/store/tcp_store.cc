@@ -1,24 +1,36 @@
 // comm/store/tcp_store.cc: the TCP key-value store ranks rendezvous through.
 //
 // The server is one thread with a poll() loop over the listening socket,
-// every client and a wake-up pipe: no thread per client, no spinning. A
-// request that must wait (get, wait) is parked on its client and answered
-// when a later set, add or compare_set makes its keys exist; the client
-// enforces the deadline. Every message is a length-prefixed record with hard
-// caps, and a client must present the job secret in its first message,
-// within a few seconds, or it is dropped: garbage or silence on the port
-// costs the server one socket for a moment, and nothing else.
+// every connection and a wake-up pipe: no thread per client, no spinning, no
+// periodic tick (poll sleeps until I/O, shutdown, or the next handshake
+// deadline). A request that must wait (get, wait) is parked on its
+// connection and answered when a later set, add or compare_set makes its
+// keys exist; the client enforces the deadline. Every message is a
+// length-prefixed record with hard caps, and a client must present the job
+// secret in its first message, within 10 s, or it is dropped: garbage or
+// silence on the port costs the server one socket for a moment, and nothing
+// else.
 //
 // Wire format, both ways: u32 length (little-endian), then the record.
 // Request record: u8 op, then fields, each u32 length + bytes.
-// Reply record: u8 status (0 ok, 1 error, 2 refused), then fields.
+// Reply record: u8 status (0 ok, 1 failed, 2 refused), then fields.
+//   HELLO magic secret          -> ok | refused(reason)
+//   SET key value               -> ok
+//   GET key                     -> ok(value), once the key exists
+//   ADD key delta               -> ok(new value), both decimal int64
+//   WAIT key...                 -> ok, once every key exists
+//   COMPARE_SET key exp desired -> ok(value now stored)
+//   DELETE key                  -> ok("1" existed | "0")
+//   CHECK key...                -> ok(the keys that are missing, none if all exist)
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
-#include <cstring>
+#include <cerrno>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -30,35 +42,56 @@ namespace collie {
 
 namespace {
 
+using net::Clock;
 using net::Deadline;
 
 enum Op : uint8_t { kHello = 1, kSet, kGet, kAdd, kWait, kCompareSet, kDelete, kCheck };
 enum Status : uint8_t { kOk = 0, kFailed = 1, kRefused = 2 };
 
-constexpr const char* kMagic = "collie-store-1";
+// The magic names the protocol version too: a client of another version is
+// dropped at the handshake instead of misreading replies.
+constexpr std::string_view kMagic = "collie-store-1";
 constexpr size_t kMaxKey = 4096;
-constexpr size_t kMaxRecord = (64u << 20) + 64 * 1024;  // a 64 MiB value plus keys
-constexpr size_t kMaxHello = 1024;                      // before the secret is shown
+constexpr size_t kMaxValue = size_t{64} << 20;
+// compare_set carries two values; a wait may carry many keys.
+constexpr size_t kMaxRecord = 2 * kMaxValue + (size_t{64} << 10);
+// Before the secret is shown a connection may make the server buffer no more.
+constexpr size_t kMaxHello = 1024;
 constexpr auto kHandshakeTime = std::chrono::seconds(10);
+// How long to pause accepting when the process is out of file descriptors:
+// the listener stays readable, so polling it would spin.
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 
 void put_u32(std::string& s, uint32_t v) {
   for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
-uint32_t get_u32(const uint8_t* p) {
+uint32_t get_u32(const char* c) {
+  auto p = reinterpret_cast<const uint8_t*>(c);
   return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
 }
-void put_field(std::string& s, std::string_view f) {
-  put_u32(s, static_cast<uint32_t>(f.size()));
-  s.append(f);
+
+// A whole message: length, then a record of `head` and the fields.
+std::string message(uint8_t head, const std::vector<std::string_view>& fields) {
+  size_t len = 1;
+  for (auto f : fields) len += 4 + f.size();
+  std::string msg;
+  msg.reserve(4 + len);
+  put_u32(msg, static_cast<uint32_t>(len));
+  msg.push_back(static_cast<char>(head));
+  for (auto f : fields) {
+    put_u32(msg, static_cast<uint32_t>(f.size()));
+    msg.append(f);
+  }
+  return msg;
 }
 
-// Reads the fields of a record after its op/status byte.
+// Splits the fields of a record after its head byte; false when malformed.
 bool parse_fields(std::string_view rec, std::vector<std::string>& out) {
   out.clear();
   size_t at = 1;
   while (at < rec.size()) {
     if (rec.size() - at < 4) return false;
-    uint32_t len = get_u32(reinterpret_cast<const uint8_t*>(rec.data()) + at);
+    uint32_t len = get_u32(rec.data() + at);
     at += 4;
     if (len > rec.size() - at) return false;
     out.emplace_back(rec.substr(at, len));
@@ -67,16 +100,24 @@ bool parse_fields(std::string_view rec, std::vector<std::string>& out) {
   return true;
 }
 
-std::string framed(std::string rec) {
-  std::string msg;
-  put_u32(msg, static_cast<uint32_t>(rec.size()));
-  return msg + rec;
+// A decimal int64 and nothing else.
+bool parse_i64(const std::string& s, int64_t& v) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(s.c_str(), &end, 10);
+  if (*end != '\0' || errno == ERANGE) return false;
+  v = x;
+  return true;
 }
 
-std::string reply(Status st, std::initializer_list<std::string_view> fields) {
-  std::string rec(1, static_cast<char>(st));
-  for (auto f : fields) put_field(rec, f);
-  return framed(std::move(rec));
+std::vector<std::string_view> views(const std::vector<std::string>& v) { return {v.begin(), v.end()}; }
+
+std::string list_keys(const std::vector<std::string>& keys) {
+  std::string s;
+  for (size_t i = 0; i < keys.size() && i < 8; ++i) s += (i ? ", " : "") + keys[i];
+  if (keys.size() > 8) s += ", ... (" + std::to_string(keys.size()) + " in all)";
+  return s;
 }
 
 class Server final : public TcpStoreServer {
@@ -87,7 +128,7 @@ class Server final : public TcpStoreServer {
     net::set_nonblocking(listener_.get(), true);
     int p[2];
     if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0)
-      throw system_error(ErrorCode::internal, "store: pipe", errno);
+      throw system_error(ErrorCode::internal, "store server: pipe", errno);
     wake_r_.reset(p[0]);
     wake_w_.reset(p[1]);
     thread_ = std::thread([this] { loop(); });
@@ -97,63 +138,88 @@ class Server final : public TcpStoreServer {
     stop_ = true;
     [[maybe_unused]] ssize_t n = ::write(wake_w_.get(), "x", 1);
     thread_.join();
+    // The members close the listener and every connection.
   }
 
   int port() const override { return port_; }
 
  private:
-  struct Client {
+  struct Conn {
     net::Fd fd;
-    std::string in, out;
+    std::string in;       // bytes received, not yet a whole record
+    std::string out;      // replies not yet sent, from out_at on
+    size_t out_at = 0;
     bool authed = false;
-    bool closing = false;  // close once `out` is flushed
+    bool closing = false;  // refused: close once `out` is sent
     Deadline hello_deadline;
-    std::vector<std::string> parked;  // keys a parked get/wait needs
-    uint8_t parked_op = 0;
+    uint8_t parked_op = 0;             // a get or wait waiting for keys
+    std::vector<std::string> parked;   // the keys it waits for
+    bool has_output() const { return out_at < out.size(); }
   };
 
   void loop() {
     std::vector<pollfd> pfds;
+    Deadline accept_resume{};
     while (!stop_) {
+      auto now = Clock::now();
+      Deadline wake = now + std::chrono::hours(1);
+      bool accepting = now >= accept_resume;
+      if (!accepting) wake = std::min(wake, accept_resume);
       pfds.clear();
-      pfds.push_back({listener_.get(), POLLIN, 0});
+      pfds.push_back({listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
       pfds.push_back({wake_r_.get(), POLLIN, 0});
-      Deadline wake = net::Clock::now() + std::chrono::seconds(60);
-      for (auto& c : clients_) {
+      for (auto& c : conns_) {
         short ev = c.closing ? 0 : POLLIN;
-        if (!c.out.empty()) ev |= POLLOUT;
+        if (c.has_output()) ev |= POLLOUT;
         pfds.push_back({c.fd.get(), ev, 0});
         if (!c.authed) wake = std::min(wake, c.hello_deadline);
       }
       int n = ::poll(pfds.data(), pfds.size(), net::poll_timeout_ms(wake));
-      if (n < 0 && errno != EINTR) return;
-      if (pfds[0].revents & POLLIN) accept_all();
-      auto now = net::Clock::now();
-      for (size_t i = 0; i < clients_.size() && i + 2 < pfds.size(); ++i) {
-        Client& c = clients_[i];
-        short re = pfds[i + 2].revents;
-        if (!c.authed && now >= c.hello_deadline) c.fd.reset();
-        if (c.fd.valid() && (re & (POLLIN | POLLHUP | POLLERR)) && !c.closing) read_from(c);
-        if (c.fd.valid() && !c.out.empty()) flush(c);
-        if (c.fd.valid() && c.closing && c.out.empty()) c.fd.reset();
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        // Cannot wait any more (out of memory): close everything, so that
+        // clients see a lost store at once instead of waiting for deadlines.
+        conns_.clear();
+        listener_.reset();
+        return;
       }
-      std::erase_if(clients_, [](const Client& c) { return !c.fd.valid(); });
+      if (pfds[1].revents) continue;  // shutdown: the loop condition ends it
+      const size_t polled = conns_.size();
+      if (pfds[0].revents & POLLIN && !accept_all())
+        accept_resume = Clock::now() + kAcceptPause;
+      now = Clock::now();
+      for (size_t i = 0; i < polled; ++i) {
+        Conn& c = conns_[i];
+        if (!c.authed && now >= c.hello_deadline) c.fd.reset();
+        short re = pfds[i + 2].revents;
+        if (c.fd.valid() && !c.closing && (re & (POLLIN | POLLHUP | POLLERR))) read_from(c);
+      }
+      // A set by one connection may have answered requests parked on any
+      // other, so send to every connection, not only those polled writable.
+      for (auto& c : conns_) {
+        if (c.fd.valid() && c.has_output()) flush(c);
+        if (c.fd.valid() && c.closing && !c.has_output()) c.fd.reset();
+      }
+      std::erase_if(conns_, [](const Conn& c) { return !c.fd.valid(); });
     }
   }
 
-  void accept_all() {
+  // Accepts every pending connection; false when out of descriptors.
+  bool accept_all() {
     for (;;) {
       int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) return;
+      if (fd < 0) {
+        return !(errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM);
+      }
       net::set_nodelay(fd);
-      Client c;
+      Conn c;
       c.fd.reset(fd);
-      c.hello_deadline = net::Clock::now() + kHandshakeTime;
-      clients_.push_back(std::move(c));
+      c.hello_deadline = Clock::now() + kHandshakeTime;
+      conns_.push_back(std::move(c));
     }
   }
 
-  void read_from(Client& c) {
+  void read_from(Conn& c) {
     char buf[65536];
     for (;;) {
       ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
@@ -164,101 +230,100 @@ class Server final : public TcpStoreServer {
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n < 0 && errno == EINTR) continue;
-      c.fd.reset();  // closed or broken: forget the client and its parked request
+      c.fd.reset();  // closed or broken: forget the connection and what it had parked
       return;
     }
   }
 
-  // Handles every complete record in c.in; false when the client was dropped.
-  bool handle_records(Client& c) {
+  // Handles every whole record in c.in; false when the connection is done
+  // reading (dropped, or refused and closing).
+  bool handle_records(Conn& c) {
     for (;;) {
       if (c.in.size() < 4) return true;
-      uint32_t len = get_u32(reinterpret_cast<const uint8_t*>(c.in.data()));
-      size_t cap = c.authed ? kMaxRecord : kMaxHello;
-      if (len == 0 || len > cap) {
+      uint32_t len = get_u32(c.in.data());
+      // The cap is checked on the declared length, before buffering any of
+      // the record, so a garbage length costs nothing.
+      if (len == 0 || len > (c.authed ? kMaxRecord : kMaxHello)) {
         c.fd.reset();
         return false;
       }
-      if (c.in.size() < 4 + static_cast<size_t>(len)) return true;
+      if (c.in.size() - 4 < len) return true;
       std::string rec = c.in.substr(4, len);
-      c.in.erase(0, 4 + static_cast<size_t>(len));
+      c.in.erase(0, 4 + size_t{len});
       if (!handle(c, rec)) return false;
     }
   }
 
-  bool handle(Client& c, const std::string& rec) {
+  bool handle(Conn& c, const std::string& rec) {
+    const uint8_t op = static_cast<uint8_t>(rec[0]);
     std::vector<std::string> f;
-    uint8_t op = static_cast<uint8_t>(rec[0]);
     if (!parse_fields(rec, f)) {
       c.fd.reset();
       return false;
     }
-    if (!c.authed) {
-      if (op != kHello || f.size() != 2 || f[0] != kMagic) {
-        c.fd.reset();  // not a collie client: drop it without a word
-        return false;
-      }
-      if (!net::equal_secret(f[1], secret_)) {
-        c.out += reply(kRefused, {"the job secret does not match"});
-        c.closing = true;
-        return false;
-      }
-      c.authed = true;
-      c.out += reply(kOk, {});
-      return true;
-    }
-    if (c.parked_op != 0) {  // one request at a time per client
+    if (!c.authed) return handshake(c, op, f);
+    if (c.parked_op != 0) {
+      // A client sends one request at a time; anything else is not ours.
       c.fd.reset();
       return false;
     }
-    for (size_t i = 0; i < f.size() && op != kSet && op != kCompareSet; ++i)
-      if (f[i].size() > kMaxKey) return fail(c, "key longer than 4096 bytes");
     switch (op) {
       case kSet:
-        if (f.size() != 2 || f[0].size() > kMaxKey) return fail(c, "malformed set");
-        data_[f[0]] = f[1];
-        c.out += reply(kOk, {});
+        if (f.size() != 2 || f[0].size() > kMaxKey || f[1].size() > kMaxValue)
+          return fail(c, "malformed set");
+        data_[f[0]] = std::move(f[1]);
+        c.out += message(kOk, {});
         wake_parked();
         return true;
       case kGet:
       case kWait:
-        if (f.empty() || (op == kGet && f.size() != 1)) return fail(c, "malformed get/wait");
-        c.parked = std::move(f);
+        if (f.empty() || (op == kGet && f.size() != 1) || !keys_ok(f))
+          return fail(c, "malformed get/wait");
         c.parked_op = op;
+        c.parked = std::move(f);
         answer_if_ready(c);
         return true;
       case kAdd: {
-        if (f.size() != 2) return fail(c, "malformed add");
-        int64_t cur = 0, delta = 0;
-        if (!parse_i64(f[1], delta)) return fail(c, "add: delta is not an integer");
+        int64_t cur = 0, delta = 0, sum = 0;
+        if (f.size() != 2 || f[0].size() > kMaxKey || !parse_i64(f[1], delta))
+          return fail(c, "malformed add");
         auto it = data_.find(f[0]);
         if (it != data_.end() && !parse_i64(it->second, cur))
           return fail(c, "add: the value under '" + f[0] + "' is not an integer");
-        std::string v = std::to_string(cur + delta);
+        if (__builtin_add_overflow(cur, delta, &sum))
+          return fail(c, "add: the value under '" + f[0] + "' would overflow int64");
+        std::string v = std::to_string(sum);
         data_[f[0]] = v;
-        c.out += reply(kOk, {v});
+        c.out += message(kOk, {v});
         wake_parked();
         return true;
       }
       case kCompareSet: {
-        if (f.size() != 3 || f[0].size() > kMaxKey) return fail(c, "malformed compare_set");
+        if (f.size() != 3 || f[0].size() > kMaxKey || f[2].size() > kMaxValue)
+          return fail(c, "malformed compare_set");
         auto it = data_.find(f[0]);
         bool match = it == data_.end() ? f[1].empty() : it->second == f[1];
-        if (match) data_[f[0]] = f[2];
-        c.out += reply(kOk, {data_.count(f[0]) ? data_[f[0]] : std::string()});
-        if (match) wake_parked();
+        if (!match) {
+          c.out += message(kOk, {it == data_.end() ? std::string_view() : it->second});
+          return true;
+        }
+        c.out += message(kOk, {f[2]});
+        data_[f[0]] = std::move(f[2]);
+        wake_parked();
         return true;
       }
       case kDelete: {
-        if (f.size() != 1) return fail(c, "malformed delete");
+        if (f.size() != 1 || !keys_ok(f)) return fail(c, "malformed delete");
         bool existed = data_.erase(f[0]) > 0;
-        c.out += reply(kOk, {existed ? "1" : "0"});
+        c.out += message(kOk, {existed ? "1" : "0"});
         return true;
       }
       case kCheck: {
-        bool all = true;
-        for (auto& k : f) all = all && data_.count(k);
-        c.out += reply(kOk, {all ? "1" : "0"});
+        if (!keys_ok(f)) return fail(c, "malformed check");
+        std::vector<std::string_view> missing;
+        for (auto& k : f)
+          if (!data_.count(k)) missing.push_back(k);
+        c.out += message(kOk, missing);
         return true;
       }
       default:
@@ -266,45 +331,60 @@ class Server final : public TcpStoreServer {
     }
   }
 
-  bool fail(Client& c, const std::string& msg) {
-    c.out += reply(kFailed, {msg});
+  bool handshake(Conn& c, uint8_t op, const std::vector<std::string>& f) {
+    if (op != kHello || f.size() != 2 || f[0] != kMagic) {
+      c.fd.reset();  // not a collie client of this version: drop it without a word
+      return false;
+    }
+    if (!net::equal_secret(f[1], secret_)) {
+      // Say why before closing, so the client can tell a refusal from a crash.
+      c.out += message(kRefused, {"the job secret does not match"});
+      c.closing = true;
+      return false;
+    }
+    c.authed = true;
+    c.out += message(kOk, {});
     return true;
   }
 
-  static bool parse_i64(const std::string& s, int64_t& v) {
-    if (s.empty()) return false;
-    char* end = nullptr;
-    errno = 0;
-    long long x = std::strtoll(s.c_str(), &end, 10);
-    if (*end != '\0' || errno == ERANGE) return false;
-    v = x;
+  static bool keys_ok(const std::vector<std::string>& keys) {
+    return std::all_of(keys.begin(), keys.end(), [](auto& k) { return k.size() <= kMaxKey; });
+  }
+
+  bool fail(Conn& c, const std::string& why) {
+    c.out += message(kFailed, {why});
     return true;
   }
 
-  void answer_if_ready(Client& c) {
+  void answer_if_ready(Conn& c) {
     for (auto& k : c.parked)
       if (!data_.count(k)) return;
-    c.out += c.parked_op == kGet ? reply(kOk, {data_[c.parked[0]]}) : reply(kOk, {});
+    c.out += c.parked_op == kGet ? message(kOk, {data_[c.parked[0]]}) : message(kOk, {});
     c.parked.clear();
     c.parked_op = 0;
   }
 
   void wake_parked() {
-    for (auto& c : clients_)
+    for (auto& c : conns_)
       if (c.fd.valid() && c.parked_op) answer_if_ready(c);
   }
 
-  void flush(Client& c) {
-    while (!c.out.empty()) {
-      ssize_t n = ::send(c.fd.get(), c.out.data(), c.out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  void flush(Conn& c) {
+    while (c.has_output()) {
+      ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_at, c.out.size() - c.out_at,
+                         MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n > 0) {
-        c.out.erase(0, static_cast<size_t>(n));
+        c.out_at += static_cast<size_t>(n);
         continue;
       }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       c.fd.reset();
       return;
     }
+    // Advancing an offset instead of erasing keeps a 64 MiB reply linear.
+    c.out.clear();
+    c.out_at = 0;
   }
 
   net::Fd listener_;
@@ -312,134 +392,216 @@ class Server final : public TcpStoreServer {
   int port_ = 0;
   net::Fd wake_r_, wake_w_;
   std::atomic<bool> stop_{false};
-  std::vector<Client> clients_;
+  std::vector<Conn> conns_;
   std::map<std::string, std::string> data_;
   std::thread thread_;
 };
 
-class Client final : public TcpStore {
+// How long a client may take to reconnect after a timed-out request. The
+// store was there a moment ago, so a reconnect that fails this long means it
+// is gone, whatever the deadline of the request that needs it.
+constexpr auto kReconnectTime = std::chrono::seconds(3);
+
+class TcpStoreClient final : public TcpStore {
  public:
-  Client(std::string host, int port, std::string secret, Millis timeout, std::string who)
+  TcpStoreClient(std::string host, int port, std::string secret, Millis timeout, std::string who)
       : TcpStore(timeout),
         ep_{std::move(host), port},
         secret_(std::move(secret)),
         who_(std::move(who)) {
-    std::lock_guard lk(mu_);
-    ensure_connected(net::deadline_after(timeout));
+    std::string what = who_ + ": connecting to " + where();
+    Deadline deadline = net::deadline_after(timeout);
+    fd_ = net::connect_tcp(ep_, deadline, what);
+    hello(deadline);
+    local_ = net::local_host(fd_.get());
   }
 
   std::string local_address() const override { return local_; }
 
   void set(const std::string& key, const Bytes& value) override {
-    call(kSet, {key, as_view(value)}, timeout_, {key});
+    check_value(key, value);
+    call(kSet, {key, view(value)}, timeout_, {key});
   }
   Bytes get(const std::string& key) override { return get(key, timeout_); }
   Bytes get(const std::string& key, Millis timeout) override {
-    auto f = call(kGet, {key}, timeout, {key});
-    return to_bytes(f.at(0));
+    return to_bytes(one_field(call(kGet, {key}, timeout, {key})));
   }
   int64_t add(const std::string& key, int64_t delta) override {
-    auto f = call(kAdd, {key, std::to_string(delta)}, timeout_, {key});
-    return std::stoll(f.at(0));
+    int64_t v = 0;
+    if (!parse_i64(one_field(call(kAdd, {key, std::to_string(delta)}, timeout_, {key})), v))
+      throw Error(ErrorCode::internal, who_ + ": " + where() + " sent a malformed add reply");
+    return v;
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, Millis timeout) override {
     if (keys.empty()) return;
-    std::vector<std::string_view> v(keys.begin(), keys.end());
-    call(kWait, v, timeout, keys);
+    call(kWait, views(keys), timeout, keys);
   }
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override {
-    auto f = call(kCompareSet, {key, as_view(expected), as_view(desired)}, timeout_, {key});
-    return to_bytes(f.at(0));
+    check_value(key, expected);
+    check_value(key, desired);
+    return to_bytes(one_field(call(kCompareSet, {key, view(expected), view(desired)}, timeout_, {key})));
   }
   bool remove(const std::string& key) override {
-    return call(kDelete, {key}, timeout_, {key}).at(0) == "1";
+    return one_field(call(kDelete, {key}, timeout_, {key})) == "1";
   }
   bool check(const std::vector<std::string>& keys) override {
-    std::vector<std::string_view> v(keys.begin(), keys.end());
-    return call(kCheck, v, timeout_, keys).at(0) == "1";
+    if (keys.empty()) return true;
+    return call(kCheck, views(keys), timeout_, keys).empty();
   }
 
  private:
-  static std::string_view as_view(const Bytes& b) {
+  static std::string_view view(const Bytes& b) {
     return {reinterpret_cast<const char*>(b.data()), b.size()};
   }
 
   std::string where() const { return "the store at " + ep_.str(); }
 
-  void ensure_connected(Deadline deadline) {
-    if (fd_.valid()) return;
+  void check_value(const std::string& key, const Bytes& value) const {
+    if (value.size() > kMaxValue)
+      throw Error(ErrorCode::invalid_argument,
+                  who_ + ": the value for store key '" + key.substr(0, 200) + "' is " +
+                      std::to_string(value.size()) + " bytes; the store holds at most " +
+                      std::to_string(kMaxValue));
+  }
+
+  void check_keys(const std::vector<std::string>& keys, size_t record) const {
+    for (auto& k : keys)
+      if (k.size() > kMaxKey)
+        throw Error(ErrorCode::invalid_argument,
+                    who_ + ": store key '" + k.substr(0, 200) + "...' is " +
+                        std::to_string(k.size()) + " bytes; keys are at most " +
+                        std::to_string(kMaxKey));
+    if (record > kMaxRecord)
+      throw Error(ErrorCode::invalid_argument,
+                  who_ + ": a store request of " + std::to_string(record) +
+                      " bytes exceeds the limit of " + std::to_string(kMaxRecord) +
+                      " (too many keys at once?)");
+  }
+
+  std::string one_field(const std::vector<std::string>& f) const {
+    if (f.size() != 1)
+      throw Error(ErrorCode::internal, who_ + ": " + where() + " sent a malformed reply");
+    return f[0];
+  }
+
+  // Presents the secret on the fresh connection fd_.
+  void hello(Deadline deadline) {
     std::string what = who_ + ": connecting to " + where();
-    net::Fd fd = net::connect_tcp(ep_, deadline, what);
-    std::string rec(1, static_cast<char>(kHello));
-    put_field(rec, kMagic);
-    put_field(rec, secret_);
-    net::write_full(fd.get(), framed(rec).data(), framed(rec).size(), deadline, what);
+    std::string msg = message(kHello, {kMagic, secret_});
+    net::write_full(fd_.get(), msg.data(), msg.size(), deadline, what);
     std::string r;
     try {
-      r = read_record(fd.get(), deadline, what);
+      r = net::read_blob(fd_.get(), kMaxRecord, deadline, what);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::peer_lost) throw;
+      fd_.reset();
       throw Error(ErrorCode::invalid_argument,
-                  who_ + ": " + where() + " closed the connection during the handshake: is it a "
-                         "collie store (MASTER_ADDR/MASTER_PORT)?");
+                  what + ": it closed the connection during the handshake: is it a collie store "
+                         "of this version (MASTER_ADDR/MASTER_PORT)?");
     }
-    if (r[0] == kRefused)
+    if (!r.empty() && r[0] == kRefused) {
+      fd_.reset();
       throw Error(ErrorCode::invalid_argument,
-                  who_ + ": " + where() + " refused this client: COLLIE_JOB_SECRET differs from "
-                         "rank 0's (every rank of a job must share one secret)");
-    local_ = net::local_host(fd.get());
-    fd_ = std::move(fd);
+                  who_ + ": " + where() +
+                      " refused this client: COLLIE_JOB_SECRET differs from rank 0's (every rank "
+                      "of a job must share one secret)");
+    }
+    if (r.empty() || r[0] != kOk) {
+      fd_.reset();
+      throw Error(ErrorCode::internal, what + ": malformed handshake reply");
+    }
   }
 
-  static std::string read_record(int fd, Deadline deadline, const std::string& what) {
-    std::string r = net::read_blob(fd, kMaxRecord, deadline, what);
-    if (r.empty()) throw Error(ErrorCode::internal, what + ": empty reply from the store");
-    return r;
+  // Connects again after a timed-out request; a store that cannot be
+  // reached now is lost for good, and every later call says so.
+  void reconnect() {
+    try {
+      Deadline deadline = net::deadline_after(kReconnectTime);
+      fd_ = net::connect_tcp(ep_, deadline, who_ + ": reconnecting to " + where());
+      hello(deadline);
+    } catch (const Error& e) {
+      fd_.reset();
+      if (e.code() == ErrorCode::invalid_argument) throw;
+      throw lose(e.what());
+    }
   }
 
-  std::vector<std::string> call(Op op, std::vector<std::string_view> fields, Millis timeout,
-                                const std::vector<std::string>& keys) {
-    std::lock_guard lk(mu_);
+  Error lose(const std::string& cause) {
+    lost_ = who_ + ": lost the connection to " + where() +
+            " (rank 0 serves it: did it exit?): " + cause;
+    return Error(ErrorCode::peer_lost, lost_);
+  }
+
+  // One request and its reply. Holds the connection for the whole exchange:
+  // requests from several threads go one at a time.
+  std::vector<std::string> call(Op op, const std::vector<std::string_view>& fields,
+                                Millis timeout, const std::vector<std::string>& keys) {
+    const std::string msg = message(op, fields);
+    check_keys(keys, msg.size() - 4);
     Deadline deadline = net::deadline_after(timeout);
-    std::string what = who_ + ": " + where();
-    ensure_connected(deadline);
-    std::string rec(1, static_cast<char>(op));
-    for (auto f : fields) put_field(rec, f);
-    std::string msg = framed(std::move(rec));
+    std::unique_lock lk(mu_, deadline);
+    if (!lk.owns_lock())
+      throw Error(ErrorCode::timeout,
+                  who_ + ": timed out after " + std::to_string(timeout.count()) +
+                      " ms waiting for another thread's request to " + where() +
+                      " to finish, before asking for key(s) " + list_keys(keys));
+    if (!lost_.empty()) throw Error(ErrorCode::peer_lost, lost_);
+    if (!fd_.valid()) reconnect();
+    const std::string what = who_ + ": " + where();
     std::string r;
     try {
       net::write_full(fd_.get(), msg.data(), msg.size(), deadline, what);
-      r = read_record(fd_.get(), deadline, what);
+      r = net::read_blob(fd_.get(), kMaxRecord, deadline, what);
     } catch (const Error& e) {
       // A request that timed out may still be answered later: drop the
       // connection so that the answer cannot be taken for the next one.
       fd_.reset();
-      if (e.code() == ErrorCode::timeout) {
-        std::string list;
-        for (size_t i = 0; i < keys.size() && i < 8; ++i) list += (i ? ", " : "") + keys[i];
-        if (keys.size() > 8) list += ", ...";
-        throw Error(ErrorCode::timeout, who_ + ": timed out after " +
-                                            std::to_string(timeout.count()) + " ms waiting on " +
-                                            where() + " for key(s) " + list);
-      }
-      throw Error(ErrorCode::peer_lost, who_ + ": lost the connection to " + where() +
-                                            " (rank 0 serves it: did it exit?): " + e.what());
+      if (e.code() == ErrorCode::timeout) throw timed_out(op, keys, timeout);
+      throw lose(e.what());
     }
     std::vector<std::string> out;
-    if (!parse_fields(r, out)) throw Error(ErrorCode::internal, what + ": malformed reply");
+    if (r.empty() || !parse_fields(r, out))
+      throw Error(ErrorCode::internal, what + " sent a malformed reply");
     if (r[0] != kOk)
       throw Error(ErrorCode::invalid_argument,
                   what + " refused the request: " + (out.empty() ? "" : out[0]));
     return out;
   }
 
-  std::mutex mu_;
-  net::Endpoint ep_;
-  std::string secret_;
-  std::string who_;
-  std::string local_;
-  net::Fd fd_;
+  // The error for a request whose deadline passed; for a wait on several
+  // keys, asks the store (on a fresh connection) which are still missing.
+  Error timed_out(Op op, const std::vector<std::string>& keys, Millis timeout) {
+    const std::string after = " after " + std::to_string(timeout.count()) + " ms";
+    if (op != kGet && op != kWait)
+      return Error(ErrorCode::timeout, who_ + ": " + where() + " did not answer a request on '" +
+                                           list_keys(keys) + "'" + after);
+    std::vector<std::string> missing = keys;
+    if (keys.size() > 1) {
+      try {
+        reconnect();
+        const std::string what = who_ + ": " + where();
+        Deadline d = net::deadline_after(kReconnectTime);
+        std::string msg = message(kCheck, views(keys));
+        net::write_full(fd_.get(), msg.data(), msg.size(), d, what);
+        std::string r = net::read_blob(fd_.get(), kMaxRecord, d, what);
+        std::vector<std::string> f;
+        if (!r.empty() && r[0] == kOk && parse_fields(r, f) && !f.empty()) missing = std::move(f);
+      } catch (const Error&) {
+        fd_.reset();  // the next call reconnects, or reports the store lost
+      }
+    }
+    return Error(ErrorCode::timeout, who_ + ": timed out" + after + " waiting on " + where() +
+                                         " for key(s) still missing: " + list_keys(missing));
+  }
+
+  std::timed_mutex mu_;
+  const net::Endpoint ep_;
+  const std::string secret_;
+  const std::string who_;
+  std::string local_;  // set once, by the constructor
+  net::Fd fd_;         // invalid after a timed-out request, until the next call
+  std::string lost_;   // why the store is gone, once it is
 };
 
 }  // namespace
@@ -465,7 +627,7 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(int port, const std::strin
 std::unique_ptr<TcpStore> TcpStore::connect(const std::string& host, int port,
                                             const std::string& secret, Millis timeout,
                                             const std::string& who) {
-  return std::make_unique<Client>(host, port, secret, timeout, who);
+  return std::make_unique<TcpStoreClient>(host, port, secret, timeout, who);
 }
 
 }  // namespace collie

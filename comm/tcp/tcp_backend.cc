@@ -249,12 +249,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
   }
 
   Work submit(Task t) {
-    Work w = Work::pending("", setup.launch.timeout);
+    Work w;
     {
       std::lock_guard lk(mu_);
       if (!t.p2p) t.desc.seq = ++coll_seq_;
+      // A waiter gives up only after the op's own deadline (and that of one
+      // op ahead of it) has passed, so the op's error, which says what it
+      // was waiting for, arrives first.
       t.work = Work::pending(t.desc.describe() + " on " + rank_str(setup.launch.rank),
-                             setup.launch.timeout);
+                             2 * setup.launch.timeout + std::chrono::seconds(1));
       w = t.work;
       queue_.push_back(std::move(t));
       // A running point-to-point batch takes in later sends and receives;

@@ -155,15 +155,64 @@ void Mesh::fail_from_frame(int peer, const FrameHeader& h, const OpDesc& expecte
                                        "order with the same counts, dtypes and ops");
 }
 
+void Mesh::lost(int q, const OpDesc& desc, const std::string& how, bool can_read_q) {
+  // A peer that failed first tells the others why in an abort frame; look
+  // for it (skipping data frames it sent before it) so the error names the
+  // cause, not only the messenger.
+  if (can_read_q) {
+    int fd = peers_[q].fd.get();
+    auto until = net::deadline_after(std::chrono::milliseconds(200));
+    std::vector<uint8_t> sink(64 * 1024);
+    for (int frames = 0; frames < 4096; ++frames) {
+      FrameHeader h{};
+      try {
+        net::read_full(fd, &h, sizeof h, until, "");
+      } catch (const Error&) {
+        break;
+      }
+      if (h.magic != kMagic) break;
+      if (h.kind == static_cast<uint8_t>(FrameKind::abort))
+        throw Error(code_of(h.redop),
+                    rank_str(q) + " aborted the communicator: " + read_abort_text(fd, h.bytes));
+      if (h.kind != static_cast<uint8_t>(FrameKind::data)) break;
+      try {
+        for (uint64_t left = h.bytes; left > 0;) {
+          size_t n = static_cast<size_t>(std::min<uint64_t>(left, sink.size()));
+          net::read_full(fd, sink.data(), n, until, "");
+          left -= n;
+        }
+      } catch (const Error&) {
+        break;
+      }
+    }
+  }
+  // Other peers whose connections have closed without a word died too.
+  std::string also;
+  int n_also = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == q || r == rank_ || !peers_[r].fd.valid()) continue;
+    pollfd pf{peers_[r].fd.get(), POLLRDHUP, 0};
+    char c;
+    if (::poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR)) &&
+        ::recv(pf.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) <= 0) {
+      also += (also.empty() ? "" : ", ") + std::to_string(r);
+      ++n_also;
+    }
+  }
+  throw Error(ErrorCode::peer_lost,
+              desc.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) + " " + how +
+                  (also.empty() ? ""
+                   : (n_also > 1 ? "; ranks " : "; rank ") + also +
+                         (n_also > 1 ? " are gone too" : " is gone too")));
+}
+
 void Mesh::check_hangup(int q, const OpDesc& desc) {
   Peer& p = peers_[q];
   FrameHeader h{};
   ssize_t n = ::recv(p.fd.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0)
-    throw Error(ErrorCode::peer_lost,
-                desc.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) +
-                    " (its connection closed: the process died, was killed, or aborted)");
+    lost(q, desc, "(its connection closed: the process died, was killed, or aborted)", false);
   if (static_cast<size_t>(n) == sizeof h && h.magic == kMagic &&
       h.kind == static_cast<uint8_t>(FrameKind::abort)) {
     ::recv(p.fd.get(), &h, sizeof h, MSG_DONTWAIT);
@@ -247,10 +296,9 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         if (errno == EINTR) continue;
-        throw system_error(ErrorCode::peer_lost,
-                           send_desc_of(idx).describe() + " on " + rank_str(rank_) +
-                               ": lost " + rank_str(q) + " while sending to it",
-                           errno);
+        lost(q, send_desc_of(idx),
+             std::string("while sending to it (") + std::strerror(errno) + ")",
+             p.recv_hdr_got == 0 && p.recv_got == 0);
       }
       progressed = true;
       p.send_done += static_cast<size_t>(n);
@@ -276,9 +324,8 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0)
-          throw Error(ErrorCode::peer_lost,
-                      want.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) +
-                          " (its connection closed: the process died, was killed, or aborted)");
+          lost(q, want, "(its connection closed: the process died, was killed, or aborted)",
+               false);
         progressed = true;
         p.recv_hdr_got += static_cast<size_t>(n);
         if (p.recv_hdr_got < sizeof(FrameHeader)) continue;
@@ -300,9 +347,7 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return progressed;
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0)
-          throw Error(ErrorCode::peer_lost,
-                      want.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) +
-                          " in the middle of a message (the process died or was killed)");
+          lost(q, want, "in the middle of a message (the process died or was killed)", false);
         progressed = true;
         p.recv_got += static_cast<size_t>(n);
       }

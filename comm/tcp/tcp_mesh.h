@@ -103,6 +103,10 @@ class Mesh {
                 std::vector<OpDesc>* send_desc, std::vector<RecvItem>& recvs,
                 std::vector<OpDesc>* recv_desc, net::Deadline deadline, const Refill* refill);
   void check_hangup(int peer, const OpDesc& desc);
+  // Throws the error for losing `peer`: its abort frame's, when it sent one
+  // (`can_read_peer`: this rank's read side of it is at a frame boundary),
+  // else peer_lost naming it and any other rank whose connection has closed.
+  [[noreturn]] void lost(int peer, const OpDesc& desc, const std::string& how, bool can_read_peer);
   [[noreturn]] void fail_from_frame(int peer, const struct FrameHeader& h, const OpDesc& expected);
 
   int rank_;
