@@ -324,12 +324,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
       batch = pop_batch();
       busy_ = true;
     }
-    execute(batch);
-    {
-      std::lock_guard lk(mu_);
-      busy_ = false;
-    }
-    cv_.notify_all();
+    execute_and_release(batch);
     return true;
   }
 
@@ -343,13 +338,18 @@ class Engine : public std::enable_shared_from_this<Engine> {
         batch = pop_batch();
         busy_ = true;
       }
-      execute(batch);
-      {
-        std::lock_guard lk(mu_);
-        busy_ = false;
-      }
-      cv_.notify_all();
+      execute_and_release(batch);
     }
+  }
+
+  // Runs a batch taken with busy_ set, then lets the next executor in.
+  void execute_and_release(std::vector<Task>& batch) {
+    execute(batch);
+    {
+      std::lock_guard lk(mu_);
+      busy_ = false;
+    }
+    cv_.notify_all();
   }
 
   void execute(std::vector<Task>& batch) {

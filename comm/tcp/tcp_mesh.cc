@@ -441,19 +441,16 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
   }
 }
 
-void Mesh::abort(const Error& e) noexcept {
-  if (closed_) return;
-  std::string text = std::string(e.what()).substr(0, kMaxAbortText);
-  for (int q = 0; q < size_; ++q) {
-    Peer& p = peers_[q];
+void Mesh::send_last_frame(uint8_t kind, uint8_t code, const std::string& text) noexcept {
+  for (Peer& p : peers_) {
     if (!p.fd.valid()) continue;
     // Only at a frame boundary: in the middle of a frame the peer would read
-    // the abort as payload; there the plain close below tells it instead.
+    // this as payload; there the half-close below tells it instead.
     if (p.send_done == 0) {
       FrameHeader h{};
       h.magic = kMagic;
-      h.kind = static_cast<uint8_t>(FrameKind::abort);
-      h.redop = static_cast<uint8_t>(e.code());
+      h.kind = kind;
+      h.redop = code;
       h.bytes = text.size();
       std::string frame(reinterpret_cast<const char*>(&h), sizeof h);
       frame += text;
@@ -461,30 +458,21 @@ void Mesh::abort(const Error& e) noexcept {
           ::send(p.fd.get(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     }
     // Half-close: the peer reads what was sent, then end-of-stream. Closing
-    // outright could turn into a reset that discards the abort frame.
+    // outright could turn into a reset that discards the frame.
     ::shutdown(p.fd.get(), SHUT_WR);
   }
   closed_ = true;
 }
 
+void Mesh::abort(const Error& e) noexcept {
+  if (closed_) return;
+  send_last_frame(static_cast<uint8_t>(FrameKind::abort), static_cast<uint8_t>(e.code()),
+                  std::string(e.what()).substr(0, kMaxAbortText));
+}
+
 void Mesh::close() noexcept {
-  if (closed_) {
-    for (Peer& p : peers_) p.fd.reset();
-    return;
-  }
-  for (int q = 0; q < size_; ++q) {
-    Peer& p = peers_[q];
-    if (!p.fd.valid()) continue;
-    if (p.send_done == 0) {
-      FrameHeader h{};
-      h.magic = kMagic;
-      h.kind = static_cast<uint8_t>(FrameKind::bye);
-      [[maybe_unused]] ssize_t n = ::send(p.fd.get(), &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL);
-    }
-    ::shutdown(p.fd.get(), SHUT_WR);
-    p.fd.reset();
-  }
-  closed_ = true;
+  if (!closed_) send_last_frame(static_cast<uint8_t>(FrameKind::bye), 0, "");
+  for (Peer& p : peers_) p.fd.reset();
 }
 
 }  // namespace collie::tcp

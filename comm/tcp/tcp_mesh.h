@@ -107,6 +107,9 @@ class Mesh {
   // (`can_read_peer`: this rank's read side of it is at a frame boundary),
   // else peer_lost naming it and any other rank whose connection has closed.
   [[noreturn]] void lost(int peer, const OpDesc& desc, const std::string& how, bool can_read_peer);
+  // Sends `kind` (abort or bye) to every peer where a frame boundary allows,
+  // then half-closes every socket.
+  void send_last_frame(uint8_t kind, uint8_t code, const std::string& text) noexcept;
   [[noreturn]] void fail_from_frame(int peer, const struct FrameHeader& h, const OpDesc& expected);
 
   int rank_;
