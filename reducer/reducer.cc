@@ -1,0 +1,248 @@
+#include "reducer/reducer.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace collie {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double us_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+Error misuse(const std::string& msg) { return Error(ErrorCode::invalid_argument, "reducer: " + msg); }
+
+uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; }
+
+std::string list(const std::vector<size_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < 10; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  if (v.size() > 10) s += ", ... (" + std::to_string(v.size()) + " in all)";
+  return s;
+}
+
+}  // namespace
+
+Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptions options)
+    : comm_(comm), params_(std::move(params)), opt_(options) {
+  const std::string who = "rank " + std::to_string(comm_.rank());
+  uint64_t shape_hash = 1469598103934665603ull;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = params_[i];
+    if (p.value.numel > 0 && !p.value.data)
+      throw misuse("parameter " + std::to_string(i) + " on " + who + " has no data");
+    if (!opt_.gradient_as_bucket_view &&
+        (p.grad.numel != p.value.numel || p.grad.dtype != p.value.dtype ||
+         (p.grad.numel > 0 && !p.grad.data)))
+      throw misuse("parameter " + std::to_string(i) + " on " + who +
+                   ": its gradient buffer must match it (" + std::to_string(p.value.numel) + " " +
+                   std::string(to_string(p.value.dtype)) +
+                   " elements), or use gradient_as_bucket_view");
+    specs_.push_back({p.value.numel, p.value.dtype, p.value.device});
+    shape_hash = mix(mix(shape_hash, p.value.numel), static_cast<uint64_t>(p.value.dtype));
+  }
+
+  // Every rank must hold the same parameters: compare counts and shapes.
+  int n = comm_.size();
+  std::vector<int64_t> mine{static_cast<int64_t>(params_.size()), static_cast<int64_t>(shape_hash)};
+  std::vector<int64_t> all(2 * static_cast<size_t>(n));
+  comm_.allgather(view_of(mine.data(), 2), view_of(all.data(), all.size())).wait();
+  for (int r = 1; r < n; ++r)
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
+      throw Error(ErrorCode::mismatch,
+                  "reducer on " + who + ": rank " + std::to_string(r) + " has " +
+                      std::to_string(all[2 * r]) + " parameters and rank 0 has " +
+                      std::to_string(all[0]) +
+                      (all[2 * r] == all[0] ? ", but their shapes or dtypes differ" : "") +
+                      ": every rank must build the reducer over the same model");
+
+  if (opt_.broadcast_parameters)
+    for (const Parameter& p : params_) comm_.broadcast(p.value, 0).wait();
+
+  build_buckets({});
+}
+
+Reducer::~Reducer() {
+  // Reductions still in flight write into buffers this object owns.
+  for (auto& w : works_) {
+    try {
+      w.wait();
+    } catch (const Error&) {
+    }
+  }
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  plan_ = BucketPlan::build(specs_, order, opt_.first_bucket_bytes, opt_.bucket_bytes);
+  buffers_.clear();
+  for (const Bucket& b : plan_.buckets()) buffers_.push_back(FlatBuffer::allocate(b.dtype, b.numel));
+  works_.assign(plan_.buckets().size(), Work());
+  launched_at_.assign(plan_.buckets().size(), {});
+  comm_us_.assign(plan_.buckets().size(), 0.0);
+}
+
+TensorView Reducer::grad_view(size_t i) const {
+  if (i >= params_.size()) throw misuse("no parameter " + std::to_string(i));
+  if (!opt_.gradient_as_bucket_view) return params_[i].grad;
+  size_t b = plan_.bucket_of(i), k = plan_.slot_of(i);
+  return buffers_[b].slice(plan_.buckets()[b].offsets[k], specs_[i].numel);
+}
+
+void Reducer::set_no_sync(bool on) {
+  std::lock_guard lk(mu_);
+  if (in_backward_) throw misuse("no_sync cannot change in the middle of a backward pass");
+  no_sync_ = on;
+}
+
+void Reducer::prepare_for_backward(const std::vector<bool>& used) {
+  std::lock_guard lk(mu_);
+  if (in_backward_)
+    throw misuse("prepare_for_backward called again before finalize_backward: the previous "
+                 "iteration's reduction is still pending");
+  in_backward_ = true;
+  backward_start_ = last_mark_ = Clock::now();
+  if (no_sync_) return;
+  const size_t n = params_.size();
+  if (!used.empty() && used.size() != n)
+    throw misuse("the used-parameter mask has " + std::to_string(used.size()) +
+                 " entries for " + std::to_string(n) + " parameters");
+  if (!opt_.find_unused_parameters) {
+    used_.assign(n, true);
+  } else if (opt_.static_graph && static_used_) {
+    used_ = *static_used_;
+  } else {
+    used_ = used.empty() ? std::vector<bool>(n, true) : used;
+  }
+  marked_.assign(n, false);
+  ready_order_.clear();
+  next_launch_ = 0;
+  const auto& buckets = plan_.buckets();
+  pending_.assign(buckets.size(), 0);
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (size_t k = 0; k < buckets[b].params.size(); ++k) {
+      size_t p = buckets[b].params[k];
+      if (used_[p]) {
+        ++pending_[b];
+      } else {
+        // Unused this iteration: contribute zeros, so every rank still
+        // reduces every bucket.
+        auto slot = buffers_[b].slice(buckets[b].offsets[k], specs_[p].numel);
+        std::memset(slot.data, 0, slot.nbytes());
+      }
+    }
+  launch_ready_buckets();
+}
+
+void Reducer::copy_in(size_t i) {
+  size_t b = plan_.bucket_of(i), k = plan_.slot_of(i);
+  auto slot = buffers_[b].slice(plan_.buckets()[b].offsets[k], specs_[i].numel);
+  std::memcpy(slot.data, params_[i].grad.data, slot.nbytes());
+}
+
+void Reducer::mark_grad_ready(size_t i) {
+  std::lock_guard lk(mu_);
+  if (i >= params_.size())
+    throw misuse("mark_grad_ready(" + std::to_string(i) + "): there are " +
+                 std::to_string(params_.size()) + " parameters");
+  if (!in_backward_)
+    throw misuse("mark_grad_ready(" + std::to_string(i) +
+                 ") outside a backward pass: call prepare_for_backward first");
+  if (no_sync_) return;
+  if (!used_[i])
+    throw misuse("gradient of parameter " + std::to_string(i) +
+                 " marked ready, but this iteration declared it unused");
+  if (marked_[i])
+    throw misuse("gradient of parameter " + std::to_string(i) + " marked ready twice in iteration " +
+                 std::to_string(iteration_));
+  marked_[i] = true;
+  ready_order_.push_back(i);
+  last_mark_ = Clock::now();
+  if (!opt_.gradient_as_bucket_view) copy_in(i);
+  size_t b = plan_.bucket_of(i);
+  if (--pending_[b] == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  // Strictly in plan order: a bucket that fills early waits for the ones
+  // before it, so every rank issues the same all-reduces in the same order.
+  while (next_launch_ < pending_.size() && pending_[next_launch_] == 0) {
+    size_t b = next_launch_++;
+    launched_at_[b] = Clock::now();
+    double* done_us = &comm_us_[b];
+    auto start = launched_at_[b];
+    works_[b] = comm_.allreduce(buffers_[b].view(), ReduceOp::avg).then([done_us, start](const Work& w) {
+      *done_us = us_between(start, Clock::now());
+      if (auto e = w.error()) throw *e;
+    });
+  }
+}
+
+void Reducer::finalize_backward() {
+  std::unique_lock lk(mu_);
+  if (!in_backward_) throw misuse("finalize_backward without prepare_for_backward");
+  in_backward_ = false;
+  if (no_sync_) return;
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (used_[i] && !marked_[i]) missing.push_back(i);
+  if (!missing.empty())
+    throw misuse("finalize_backward before the gradients of parameters " + list(missing) +
+                 " were marked ready; if the model does not use them every iteration, enable "
+                 "find_unused_parameters and pass the used set to prepare_for_backward");
+  auto wait_start = Clock::now();
+  for (auto& w : works_) w.wait();
+  auto wait_end = Clock::now();
+
+  if (!opt_.gradient_as_bucket_view)
+    for (size_t i = 0; i < params_.size(); ++i) {
+      size_t b = plan_.bucket_of(i), k = plan_.slot_of(i);
+      auto slot = buffers_[b].slice(plan_.buckets()[b].offsets[k], specs_[i].numel);
+      std::memcpy(params_[i].grad.data, slot.data, slot.nbytes());
+    }
+
+  stats_.iteration = iteration_;
+  stats_.backward_us = us_between(backward_start_, last_mark_);
+  stats_.exposed_us = us_between(wait_start, wait_end);
+  stats_.bucket_comm_us = comm_us_;
+
+  if (opt_.find_unused_parameters && opt_.static_graph && !static_used_) static_used_ = used_;
+  ++iteration_;
+  if (opt_.rebuild_buckets && !rebuilt_) rebuild_from_observed_order();
+}
+
+void Reducer::rebuild_from_observed_order() {
+  rebuilt_ = true;
+  // Rank 0's order decides, so that every rank builds the same plan;
+  // parameters not marked (unused) go last, in reverse registration order.
+  const size_t n = params_.size();
+  std::vector<int64_t> order;
+  std::vector<bool> in(n, false);
+  for (size_t p : ready_order_) {
+    order.push_back(static_cast<int64_t>(p));
+    in[p] = true;
+  }
+  for (size_t p = n; p-- > 0;)
+    if (!in[p]) order.push_back(static_cast<int64_t>(p));
+  comm_.broadcast(view_of(order.data(), order.size()), 0).wait();
+  std::vector<size_t> new_order(order.begin(), order.end());
+  BucketPlan old_plan = plan_;
+  std::vector<FlatBuffer> old_buffers = buffers_;
+  build_buckets(new_order);
+  if (plan_.fingerprint() == old_plan.fingerprint()) {
+    buffers_ = old_buffers;
+    return;
+  }
+  // Gradients (the engine's, with bucket views) move to the new layout.
+  for (size_t i = 0; i < n; ++i) {
+    size_t ob = old_plan.bucket_of(i), ok = old_plan.slot_of(i);
+    size_t nb = plan_.bucket_of(i), nk = plan_.slot_of(i);
+    auto from = old_buffers[ob].slice(old_plan.buckets()[ob].offsets[ok], specs_[i].numel);
+    auto to = buffers_[nb].slice(plan_.buckets()[nb].offsets[nk], specs_[i].numel);
+    std::memcpy(to.data, from.data, from.nbytes());
+  }
+}
+
+}  // namespace collie

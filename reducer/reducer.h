@@ -1,0 +1,125 @@
+// reducer/reducer.h: the DDP gradient reducer.
+//
+// An autograd engine tells the reducer when each parameter's gradient is
+// ready; the reducer packs gradients into buckets (buckets/) and, as soon as
+// a bucket is complete and every bucket before it has been launched, starts
+// its all-reduce, while the engine goes on computing earlier layers.
+// finalize_backward() waits for the rest and leaves the averaged gradients
+// where the engine expects them.
+//
+//   Reducer r(comm, params, opts);        // checks shapes across ranks, broadcasts rank 0's values
+//   for each step:
+//     r.prepare_for_backward();           // (with find_unused_parameters: which params were used)
+//     ... backward: r.mark_grad_ready(i) as each gradient is written (any thread) ...
+//     r.finalize_backward();              // averaged gradients in place
+//     optimizer step
+//
+// With gradient_as_bucket_view the engine writes gradient i straight into
+// grad_view(i), a slice of the bucket: no copies and no gradient-sized memory
+// beyond the buckets. Otherwise the reducer copies each gradient in when it is
+// marked ready and the average back out in finalize_backward().
+//
+// Buckets launch in plan order on every rank, so every rank issues the same
+// all-reduces in the same order. After the first synchronised iteration the
+// plan is rebuilt from the order gradients actually became ready (rank 0's
+// order, broadcast), once; gradient values move to the new layout with them,
+// so an engine that re-reads grad_view() after finalize sees the same values.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "buckets/bucket_plan.h"
+#include "collie/comm.h"
+
+namespace collie {
+
+struct ReducerOptions {
+  size_t first_bucket_bytes = 1u << 20;
+  size_t bucket_bytes = 25u << 20;
+  bool gradient_as_bucket_view = false;
+  bool find_unused_parameters = false;
+  bool static_graph = false;
+  bool broadcast_parameters = true;
+  bool rebuild_buckets = true;
+};
+
+struct Parameter {
+  TensorView value;  // the parameter itself (broadcast from rank 0 at construction)
+  TensorView grad;   // the engine's gradient buffer; unused with gradient_as_bucket_view
+};
+
+// Per-iteration timings, microseconds.
+struct ReducerStats {
+  uint64_t iteration = 0;
+  double backward_us = 0;    // prepare_for_backward -> last mark_grad_ready
+  double exposed_us = 0;     // time finalize_backward waited for communication
+  std::vector<double> bucket_comm_us;  // launch -> completion, per bucket
+};
+
+class Reducer {
+ public:
+  Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptions options = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Starts an iteration. `used` (size = number of parameters) says which
+  // parameters this iteration's graph uses; needed only with
+  // find_unused_parameters (unused ones are reduced as zeros so that every
+  // rank still issues every bucket). With static_graph, the first
+  // iteration's set is kept and later `used` arguments are ignored.
+  void prepare_for_backward(const std::vector<bool>& used = {});
+  void mark_grad_ready(size_t param);
+  void finalize_backward();
+
+  // Where the engine must write gradient i (gradient_as_bucket_view), or the
+  // engine's own buffer otherwise. Re-read after finalize_backward(): the
+  // first rebuild moves buckets.
+  TensorView grad_view(size_t param) const;
+
+  // While set, iterations only accumulate locally (no communication); the
+  // next iteration without it reduces the accumulated gradients.
+  void set_no_sync(bool on);
+  bool no_sync() const { return no_sync_; }
+
+  const BucketPlan& plan() const { return plan_; }
+  const ReducerStats& last_stats() const { return stats_; }
+  uint64_t iterations() const { return iteration_; }
+
+ private:
+  void build_buckets(const std::vector<size_t>& order);
+  void launch_ready_buckets();  // with mu_ held
+  void copy_in(size_t param);
+  void rebuild_from_observed_order();
+
+  Communicator& comm_;
+  std::vector<Parameter> params_;
+  std::vector<ParamSpec> specs_;
+  ReducerOptions opt_;
+  BucketPlan plan_;
+  std::vector<FlatBuffer> buffers_;
+
+  std::mutex mu_;
+  bool in_backward_ = false;
+  bool no_sync_ = false;
+  bool rebuilt_ = false;
+  uint64_t iteration_ = 0;        // synchronised iterations finished
+  std::vector<bool> marked_;
+  std::vector<bool> used_;
+  std::optional<std::vector<bool>> static_used_;
+  std::vector<size_t> pending_;   // per bucket: gradients still to come
+  size_t next_launch_ = 0;
+  std::vector<Work> works_;
+  std::vector<std::chrono::steady_clock::time_point> launched_at_;
+  std::vector<double> comm_us_;
+  std::vector<size_t> ready_order_;
+  std::chrono::steady_clock::time_point backward_start_, last_mark_;
+  ReducerStats stats_;
+};
+
+}  // namespace collie
