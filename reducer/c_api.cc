@@ -1,0 +1,249 @@
+// reducer/c_api.cc: include/collie/collie.h over the C++ API. It sits at
+// the top of the stack (it needs both the communicator and the reducer);
+// every entry point turns a collie::Error into its status code and keeps the
+// message for collie_last_error().
+#include "collie/collie.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collie/comm.h"
+#include "reducer/reducer.h"
+
+struct collie_comm {
+  std::unique_ptr<collie::Communicator> comm;
+};
+
+struct collie_reducer {
+  std::unique_ptr<collie::Reducer> reducer;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+collie_status fail(collie_status st, std::string msg) {
+  g_last_error = std::move(msg);
+  return st;
+}
+
+// Runs fn, mapping exceptions to status codes.
+template <typename Fn>
+collie_status guarded(Fn&& fn) {
+  try {
+    fn();
+    return COLLIE_OK;
+  } catch (const collie::Error& e) {
+    return fail(static_cast<collie_status>(e.code()), e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(COLLIE_ERR_INTERNAL, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(COLLIE_ERR_INTERNAL, e.what());
+  }
+}
+
+collie::TensorView to_view(const collie_tensor& t, const char* what) {
+  if (t.dtype < 0 || t.dtype >= collie::kNumDTypes)
+    throw collie::Error(collie::ErrorCode::invalid_argument,
+                        std::string(what) + ": unknown dtype code " + std::to_string(t.dtype));
+  if (t.device_type != COLLIE_CPU && t.device_type != COLLIE_CUDA)
+    throw collie::Error(collie::ErrorCode::invalid_argument,
+                        std::string(what) + ": unknown device type " + std::to_string(t.device_type));
+  collie::Device d = t.device_type == COLLIE_CPU ? collie::Device::cpu()
+                                                 : collie::Device::cuda(t.device_index);
+  return collie::TensorView{t.data, static_cast<collie::DType>(t.dtype), t.numel, d};
+}
+
+collie_tensor from_view(const collie::TensorView& v) {
+  collie_tensor t{};
+  t.data = v.data;
+  t.numel = v.numel;
+  t.dtype = static_cast<int32_t>(v.dtype);
+  t.device_type = v.device.is_cpu() ? COLLIE_CPU : COLLIE_CUDA;
+  t.device_index = v.device.index;
+  return t;
+}
+
+collie::ReduceOp to_op(int op) {
+  if (op < 0 || op >= collie::kNumReduceOps)
+    throw collie::Error(collie::ErrorCode::invalid_argument,
+                        "unknown reduce op code " + std::to_string(op));
+  return static_cast<collie::ReduceOp>(op);
+}
+
+#define COLLIE_REQUIRE(ptr, name)                                              \
+  if (!(ptr)) return fail(COLLIE_ERR_INVALID_ARGUMENT, std::string(__func__) + ": " name " is NULL")
+
+}  // namespace
+
+extern "C" {
+
+const char* collie_last_error(void) { return g_last_error.c_str(); }
+int collie_abi_version(void) { return COLLIE_ABI_VERSION; }
+
+void collie_comm_options_init(collie_comm_options* o) {
+  if (!o) return;
+  std::memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->rank = o->world_size = o->master_port = -1;
+}
+
+collie_status collie_comm_connect(const collie_comm_options* o, collie_comm** out) {
+  COLLIE_REQUIRE(out, "out");
+  *out = nullptr;
+  if (o && o->struct_size < sizeof(collie_comm_options))
+    return fail(COLLIE_ERR_INVALID_ARGUMENT,
+                "collie_comm_connect: options struct_size is " + std::to_string(o->struct_size) +
+                    "; call collie_comm_options_init first");
+  return guarded([&] {
+    collie::Options opt;
+    if (o) {
+      opt.rank = o->rank;
+      opt.world_size = o->world_size;
+      if (o->master_addr) opt.master_addr = o->master_addr;
+      opt.master_port = o->master_port;
+      if (o->backend) opt.backend = o->backend;
+      if (o->timeout_seconds > 0)
+        opt.timeout = std::chrono::milliseconds(static_cast<long long>(o->timeout_seconds * 1000));
+    }
+    auto c = std::make_unique<collie_comm>();
+    c->comm = collie::connect(opt);
+    *out = c.release();
+  });
+}
+
+collie_status collie_comm_destroy(collie_comm* c) {
+  return guarded([&] { delete c; });
+}
+
+collie_status collie_comm_rank(const collie_comm* c, int* rank) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(rank, "rank");
+  *rank = c->comm->rank();
+  return COLLIE_OK;
+}
+
+collie_status collie_comm_size(const collie_comm* c, int* size) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(size, "size");
+  *size = c->comm->size();
+  return COLLIE_OK;
+}
+
+collie_status collie_allreduce(collie_comm* c, collie_tensor in, collie_tensor out, collie_op op) {
+  COLLIE_REQUIRE(c, "comm");
+  return guarded([&] { c->comm->allreduce(to_view(in, "in"), to_view(out, "out"), to_op(op)).wait(); });
+}
+
+collie_status collie_broadcast(collie_comm* c, collie_tensor buf, int root) {
+  COLLIE_REQUIRE(c, "comm");
+  return guarded([&] { c->comm->broadcast(to_view(buf, "buf"), root).wait(); });
+}
+
+collie_status collie_allgather(collie_comm* c, collie_tensor in, collie_tensor out) {
+  COLLIE_REQUIRE(c, "comm");
+  return guarded([&] { c->comm->allgather(to_view(in, "in"), to_view(out, "out")).wait(); });
+}
+
+collie_status collie_barrier(collie_comm* c) {
+  COLLIE_REQUIRE(c, "comm");
+  return guarded([&] { c->comm->barrier().wait(); });
+}
+
+void collie_reducer_options_init(collie_reducer_options* o) {
+  if (!o) return;
+  std::memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  collie::ReducerOptions d;
+  o->first_bucket_bytes = d.first_bucket_bytes;
+  o->bucket_bytes = d.bucket_bytes;
+  o->broadcast_parameters = 1;
+}
+
+collie_status collie_reducer_create(collie_comm* c, const collie_tensor* params,
+                                    const collie_tensor* grads, size_t n,
+                                    const collie_reducer_options* o, collie_reducer** out) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(out, "out");
+  *out = nullptr;
+  if (n > 0 && !params) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_create: params is NULL");
+  if (o && o->struct_size < sizeof(collie_reducer_options))
+    return fail(COLLIE_ERR_INVALID_ARGUMENT,
+                "collie_reducer_create: options struct_size is " + std::to_string(o->struct_size) +
+                    "; call collie_reducer_options_init first");
+  return guarded([&] {
+    collie::ReducerOptions opt;
+    if (o) {
+      opt.first_bucket_bytes = o->first_bucket_bytes;
+      opt.bucket_bytes = o->bucket_bytes;
+      opt.gradient_as_bucket_view = o->gradient_as_bucket_view != 0;
+      opt.find_unused_parameters = o->find_unused_parameters != 0;
+      opt.static_graph = o->static_graph != 0;
+      opt.broadcast_parameters = o->broadcast_parameters != 0;
+    }
+    if (!grads && !opt.gradient_as_bucket_view)
+      throw collie::Error(collie::ErrorCode::invalid_argument,
+                          "collie_reducer_create: grads is NULL, which needs gradient_as_bucket_view");
+    std::vector<collie::Parameter> ps;
+    for (size_t i = 0; i < n; ++i)
+      ps.push_back({to_view(params[i], "params[i]"),
+                    grads ? to_view(grads[i], "grads[i]") : collie::TensorView{}});
+    auto r = std::make_unique<collie_reducer>();
+    r->reducer = std::make_unique<collie::Reducer>(*c->comm, std::move(ps), opt);
+    *out = r.release();
+  });
+}
+
+collie_status collie_reducer_destroy(collie_reducer* r) {
+  return guarded([&] { delete r; });
+}
+
+collie_status collie_reducer_prepare(collie_reducer* r, const uint8_t* used, size_t n) {
+  COLLIE_REQUIRE(r, "reducer");
+  return guarded([&] {
+    std::vector<bool> mask;
+    if (used) mask.assign(used, used + n);
+    r->reducer->prepare_for_backward(mask);
+  });
+}
+
+collie_status collie_reducer_mark_ready(collie_reducer* r, size_t param) {
+  COLLIE_REQUIRE(r, "reducer");
+  return guarded([&] { r->reducer->mark_grad_ready(param); });
+}
+
+collie_status collie_reducer_finalize(collie_reducer* r) {
+  COLLIE_REQUIRE(r, "reducer");
+  return guarded([&] { r->reducer->finalize_backward(); });
+}
+
+collie_status collie_reducer_grad_view(collie_reducer* r, size_t param, collie_tensor* out) {
+  COLLIE_REQUIRE(r, "reducer");
+  COLLIE_REQUIRE(out, "out");
+  return guarded([&] { *out = from_view(r->reducer->grad_view(param)); });
+}
+
+collie_status collie_reducer_set_no_sync(collie_reducer* r, int on) {
+  COLLIE_REQUIRE(r, "reducer");
+  return guarded([&] { r->reducer->set_no_sync(on != 0); });
+}
+
+collie_status collie_reducer_get_stats(const collie_reducer* r, collie_reducer_stats* out) {
+  COLLIE_REQUIRE(r, "reducer");
+  COLLIE_REQUIRE(out, "out");
+  if (out->struct_size < sizeof(collie_reducer_stats))
+    return fail(COLLIE_ERR_INVALID_ARGUMENT,
+                "collie_reducer_get_stats: set out->struct_size = sizeof(collie_reducer_stats)");
+  const auto& s = r->reducer->last_stats();
+  out->iteration = s.iteration;
+  out->backward_us = s.backward_us;
+  out->exposed_us = s.exposed_us;
+  out->comm_us_total = 0;
+  for (double us : s.bucket_comm_us) out->comm_us_total += us;
+  out->num_buckets = static_cast<uint32_t>(s.bucket_comm_us.size());
+  return COLLIE_OK;
+}
+
+}  // extern "C"
