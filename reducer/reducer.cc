@@ -1,7 +1,11 @@
 #include "reducer/reducer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+
+#include "comm/config/config.h"
+#include "comm/core/log.h"
 
 namespace collie {
 
@@ -62,6 +66,7 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
   if (opt_.broadcast_parameters)
     for (const Parameter& p : params_) comm_.broadcast(p.value, 0).wait();
 
+  log_every_ = config::reducer_log_every(config::process_env());
   build_buckets({});
 }
 
@@ -210,7 +215,26 @@ void Reducer::finalize_backward() {
 
   if (opt_.find_unused_parameters && opt_.static_graph && !static_used_) static_used_ = used_;
   ++iteration_;
+  if (log::enabled(log::Level::info) && iteration_ % log_every_ == 0) log_stats();
   if (opt_.rebuild_buckets && !rebuilt_) rebuild_from_observed_order();
+}
+
+void Reducer::log_stats() const {
+  double comm_total = 0;
+  std::string per_bucket;
+  for (size_t b = 0; b < stats_.bucket_comm_us.size(); ++b) {
+    comm_total += stats_.bucket_comm_us[b];
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.2f", b ? " " : "", stats_.bucket_comm_us[b] / 1e3);
+    per_bucket += buf;
+  }
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "reducer on rank %d, iteration %llu: backward %.2f ms, exposed communication "
+                "%.2f ms, %zu buckets, comm ms per bucket: ",
+                comm_.rank(), static_cast<unsigned long long>(stats_.iteration),
+                stats_.backward_us / 1e3, stats_.exposed_us / 1e3, stats_.bucket_comm_us.size());
+  log::info(line + per_bucket);
 }
 
 void Reducer::rebuild_from_observed_order() {

@@ -96,6 +96,7 @@ class Reducer {
   void launch_ready_buckets();  // with mu_ held
   void copy_in(size_t param);
   void rebuild_from_observed_order();
+  void log_stats() const;
 
   Communicator& comm_;
   std::vector<Parameter> params_;
@@ -120,6 +121,7 @@ class Reducer {
   std::vector<size_t> ready_order_;
   std::chrono::steady_clock::time_point backward_start_, last_mark_;
   ReducerStats stats_;
+  int log_every_ = 100;
 };
 
 }  // namespace collie

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The main job: build collie, train a small model on 2 ranks, then run the
-# all-reduce bandwidth sweep on 2 ranks.
+# The main job: build collie, train a small MLP on 2 ranks with the DDP
+# reducer, then run the all-reduce bandwidth sweep on 2 ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" -Dbuildtype=release >/dev/null
 ninja -C "$BUILD" >/dev/null
-echo "== collie-run -n 2 train_linear"
-"$BUILD/comm/launch/collie-run" -n 2 "$BUILD/examples/train_linear"
+echo "== collie-run -n 2 train_mlp   (our own autograd engine, gradients averaged by collie's reducer)"
+"$BUILD/comm/launch/collie-run" -n 2 "$BUILD/examples/train_mlp"
 echo
 echo "== collie-run -n 2 collie-bench ${BENCH_ARGS:-}"
 "$BUILD/comm/launch/collie-run" -n 2 "$BUILD/bench/collie-bench" ${BENCH_ARGS:-}

@@ -223,6 +223,13 @@ std::string backend(const Options& o, const Env& env) {
   return "auto";
 }
 
+int reducer_log_every(const Env& env) {
+  auto v = parse_int("COLLIE_REDUCER_LOG_EVERY", env("COLLIE_REDUCER_LOG_EVERY"));
+  if (!v) return 100;
+  if (*v < 1) throw bad("COLLIE_REDUCER_LOG_EVERY must be at least 1");
+  return static_cast<int>(*v);
+}
+
 int log_level(const Env& env) {
   const char* v = env("COLLIE_DEBUG");
   if (!v) return 0;

@@ -54,6 +54,10 @@ TcpTuning tcp_tuning(const Env& env);
 // COLLIE_BACKEND, when Options::backend is "auto".
 std::string backend(const Options& options, const Env& env);
 
+// COLLIE_REDUCER_LOG_EVERY: with COLLIE_DEBUG=INFO, the reducer prints its
+// timings every this many iterations (default 100).
+int reducer_log_every(const Env& env);
+
 // COLLIE_DEBUG: WARN (default), INFO, DEBUG.
 int log_level(const Env& env);
 
