@@ -246,4 +246,15 @@ collie_status collie_reducer_get_stats(const collie_reducer* r, collie_reducer_s
   return COLLIE_OK;
 }
 
+collie_status collie_reducer_get_bucket_times(const collie_reducer* r, double* us,
+                                              size_t capacity, size_t* count) {
+  COLLIE_REQUIRE(r, "reducer");
+  COLLIE_REQUIRE(count, "count");
+  if (capacity > 0 && !us) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_get_bucket_times: us is NULL");
+  const auto& t = r->reducer->last_stats().bucket_comm_us;
+  for (size_t i = 0; i < t.size() && i < capacity; ++i) us[i] = t[i];
+  *count = t.size();
+  return COLLIE_OK;
+}
+
 }  // extern "C"

@@ -112,6 +112,11 @@ int main(void) {
   OK(collie_reducer_get_stats(red, &stats));
   CHECK(stats.iteration == STEPS - 1, "stats iteration %llu", (unsigned long long)stats.iteration);
   CHECK(stats.num_buckets == 2, "stats buckets %u", stats.num_buckets);
+  double times[4] = {-1, -1, -1, -1};
+  size_t nb = 0;
+  OK(collie_reducer_get_bucket_times(red, times, 4, &nb));
+  CHECK(nb == 2 && times[0] >= 0 && times[1] >= 0 && times[2] == -1, "bucket times %zu", nb);
+  CHECK(stats.comm_us_total >= times[0] && stats.comm_us_total >= times[1], "comm total");
 
   /* Serial float64 reference on the whole batch. */
   double rw[D], rb = 0;

@@ -135,6 +135,11 @@ typedef struct {
 } collie_reducer_stats;
 
 collie_status collie_reducer_get_stats(const collie_reducer* red, collie_reducer_stats* out);
+/* Per-bucket communication time (launch -> completion, microseconds) of the
+ * last synchronised iteration: writes min(capacity, buckets) values and the
+ * bucket count to *count. */
+collie_status collie_reducer_get_bucket_times(const collie_reducer* red, double* us,
+                                              size_t capacity, size_t* count);
 
 #ifdef __cplusplus
 }
