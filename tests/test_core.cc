@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <thread>
@@ -12,6 +13,7 @@
 #include "collie/work.h"
 #include "comm/config/config.h"
 #include "comm/core/reduce.h"
+#include "comm/core/topology.h"
 #include "comm/tcp/algorithm.h"
 #include "mp_common.h"
 
@@ -247,6 +249,15 @@ TEST(Algorithm, CostModelPicksLatencyForSmallAndRingForLarge) {
   EXPECT_EQ(tcp::choose_allreduce(8, 4, t), tcp::AllreduceAlgo::ring);
   t.allreduce_algo = "rd";
   EXPECT_EQ(tcp::choose_allreduce(64 << 20, 4, t), tcp::AllreduceAlgo::recursive_doubling);
+}
+
+// Run once as is and once under `taskset -c 0` (tests/meson.build), which
+// sets COLLIE_TEST_EXPECT_CPUS=1: the count must follow the process binding.
+TEST(Topology, UsableCpusFollowTheProcessBinding) {
+  int n = topology::usable_cpus();
+  EXPECT_GE(n, 1);
+  if (const char* want = std::getenv("COLLIE_TEST_EXPECT_CPUS")) EXPECT_EQ(n, std::atoi(want));
+  else EXPECT_LE(n, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 TEST(WorkHandle, CompletionErrorAndTimeout) {

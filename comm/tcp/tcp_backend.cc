@@ -14,6 +14,7 @@
 
 #include "comm/core/log.h"
 #include "comm/core/reduce.h"
+#include "comm/core/topology.h"
 #include "comm/core/validate.h"
 #include "comm/tcp/algorithm.h"
 #include "comm/tcp/collectives.h"
@@ -584,8 +585,7 @@ class TcpCommunicator final : public Communicator {
 };
 
 bool ranks_fit_cores(const config::Launch& l) {
-  unsigned cores = std::thread::hardware_concurrency();
-  return cores == 0 || static_cast<unsigned>(l.local_world_size) <= cores;
+  return l.local_world_size <= topology::usable_cpus();
 }
 
 }  // namespace
