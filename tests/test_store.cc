@@ -1,16 +1,22 @@
 // tests/test_store.cc: the rendezvous stores. Semantics against known
 // answers, then the multi-process parts with real processes: forked clients
 // (the server lives in a forked process too, so that the test process stays
-// single-threaded when it forks), concurrent adds, a blocking get answered by
-// another process, refused secrets and strays, a server that dies.
+// single-threaded when it forks), concurrent adds, compare_set as a lock, a
+// blocking get answered by another process, refused secrets, strays that
+// send garbage or nothing, oversized messages, and a server that dies.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,7 +31,8 @@ using namespace std::chrono_literals;
 
 const std::string kSecret = "store-test-secret";
 
-// A store server in its own process, on a port chosen by the kernel.
+// A store server in its own process, on a socket bound here first (the way
+// collie-run hands one to rank 0), so its port is known before it starts.
 struct ServerProcess {
   pid_t pid = -1;
   int port = 0;
@@ -36,8 +43,7 @@ struct ServerProcess {
     pid = fork();
     if (pid == 0) {
       auto server = TcpStoreServer::start(0, kSecret, listener.release());
-      pause();  // until killed
-      _exit(0);
+      for (;;) pause();  // until killed
     }
   }
   ~ServerProcess() { stop(); }
@@ -50,10 +56,19 @@ struct ServerProcess {
   }
 };
 
-// Runs fn in a child process; returns its exit code (0: all expectations met).
+// Runs fn in a child process; its exit code is 0 when all its checks held.
 pid_t spawn(const std::function<int()>& fn) {
   pid_t pid = fork();
-  if (pid == 0) _exit(fn());
+  if (pid == 0) {
+    int rc = 98;
+    try {
+      rc = fn();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
+      rc = 99;
+    }
+    _exit(rc);
+  }
   return pid;
 }
 int join(pid_t pid) {
@@ -63,19 +78,39 @@ int join(pid_t pid) {
 }
 
 std::unique_ptr<TcpStore> client(int port, const std::string& secret = kSecret,
-                                 std::chrono::milliseconds timeout = 5s) {
+                                 Millis timeout = 5s) {
   return TcpStore::connect("127.0.0.1", port, secret, timeout, "test client");
 }
 
-std::string error_of(const std::function<void()>& fn, ErrorCode* code = nullptr) {
+struct Caught {
+  bool thrown = false;
+  ErrorCode code{};
+  std::string msg;
+};
+Caught error_of(const std::function<void()>& fn) {
   try {
     fn();
   } catch (const Error& e) {
-    if (code) *code = e.code();
-    return e.what();
+    return {true, e.code(), e.what()};
   }
-  return "";
+  return {};
 }
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// A path for a file store, removed before and after the test.
+struct TempPath {
+  std::filesystem::path path;
+  explicit TempPath(const std::string& name)
+      : path(std::filesystem::temp_directory_path() /
+             ("collie-store-test-" + std::to_string(getpid()) + "-" + name)) {
+    std::filesystem::remove(path);
+  }
+  ~TempPath() { std::filesystem::remove(path); }
+  std::string str() const { return path.string(); }
+};
 
 // The semantics every store shares, checked on any implementation.
 void check_semantics(Store& s) {
@@ -83,115 +118,219 @@ void check_semantics(Store& s) {
   EXPECT_EQ(to_string(s.get("a")), "1");
   s.set("a", to_bytes("two"));
   EXPECT_EQ(to_string(s.get("a")), "two");
-  EXPECT_EQ(s.add("n", 5), 5);
+  EXPECT_EQ(s.add("n", 5), 5);  // missing counts as 0
   EXPECT_EQ(s.add("n", -2), 3);
+  EXPECT_EQ(to_string(s.get("n")), "3");
+  s.set("m", to_bytes("-7"));
+  EXPECT_EQ(s.add("m", 0), -7);
   EXPECT_TRUE(s.check({"a", "n"}));
   EXPECT_FALSE(s.check({"a", "missing"}));
+  EXPECT_TRUE(s.check({}));
+  s.wait({});
+  s.wait({"a", "n"}, 100ms);
+
   // compare_set: empty expected matches a missing key; a wrong expected
-  // leaves the value and returns it.
+  // leaves the value and returns it; a right one replaces it.
   EXPECT_EQ(to_string(s.compare_set("lock", {}, to_bytes("me"))), "me");
   EXPECT_EQ(to_string(s.compare_set("lock", {}, to_bytes("you"))), "me");
+  EXPECT_EQ(to_string(s.compare_set("lock", to_bytes("other"), to_bytes("you"))), "me");
   EXPECT_EQ(to_string(s.compare_set("lock", to_bytes("me"), to_bytes("you"))), "you");
+  EXPECT_EQ(to_string(s.get("lock")), "you");
   EXPECT_TRUE(s.remove("lock"));
   EXPECT_FALSE(s.remove("lock"));
   EXPECT_FALSE(s.check({"lock"}));
-  ErrorCode code{};
-  std::string msg = error_of([&] { s.add("a", 1); }, &code);
-  EXPECT_EQ(code, ErrorCode::invalid_argument) << msg;
-  msg = error_of([&] { s.get("never-set", 100ms); }, &code);
-  EXPECT_EQ(code, ErrorCode::timeout) << msg;
-  EXPECT_NE(msg.find("never-set"), std::string::npos) << msg;
-  msg = error_of([&] { s.wait({"a", "also-never"}, 100ms); }, &code);
-  EXPECT_EQ(code, ErrorCode::timeout);
-  EXPECT_NE(msg.find("also-never"), std::string::npos) << msg;
-  // Binary values survive.
+  EXPECT_EQ(to_string(s.compare_set("lock", to_bytes("me"), to_bytes("you"))), "");
+  EXPECT_FALSE(s.check({"lock"}));
+
+  // Empty and binary values survive.
+  s.set("empty", {});
+  EXPECT_TRUE(s.check({"empty"}));
+  EXPECT_TRUE(s.get("empty").empty());
   Bytes bin{0, 255, 10, 0, 13};
   s.set("bin", bin);
   EXPECT_EQ(s.get("bin"), bin);
+
+  Caught e = error_of([&] { s.add("a", 1); });
+  EXPECT_EQ(e.code, ErrorCode::invalid_argument) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "not an integer")) << e.msg;
+  EXPECT_EQ(to_string(s.get("a")), "two");  // a failed add changes nothing
+
+  e = error_of([&] { s.get("never-set", 100ms); });
+  EXPECT_EQ(e.code, ErrorCode::timeout) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "never-set")) << e.msg;
+  s.set("present", to_bytes("x"));
+  e = error_of([&] { s.wait({"present", "absent-key"}, 100ms); });
+  EXPECT_EQ(e.code, ErrorCode::timeout) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "absent-key")) << e.msg;
+  EXPECT_FALSE(contains(e.msg, "present")) << "names a key that exists: " << e.msg;
+  // The store is still usable after a timeout.
+  s.set("after-timeout", to_bytes("ok"));
+  EXPECT_EQ(to_string(s.get("after-timeout")), "ok");
+
   PrefixStore p(std::shared_ptr<Store>(&s, [](Store*) {}), "job7/");
   p.set("x", to_bytes("y"));
   EXPECT_EQ(to_string(s.get("job7/x")), "y");
-  EXPECT_TRUE(p.check({"x"}));
+  EXPECT_EQ(to_string(p.get("x")), "y");
+  EXPECT_EQ(p.add("c", 2), 2);
+  EXPECT_EQ(s.add("job7/c", 0), 2);
+  EXPECT_TRUE(p.check({"x", "c"}));
   EXPECT_FALSE(p.check({"a"}));
+  p.wait({"x"});
+  EXPECT_EQ(to_string(p.compare_set("x", to_bytes("y"), to_bytes("z"))), "z");
+  EXPECT_TRUE(p.remove("x"));
+  EXPECT_FALSE(s.check({"job7/x"}));
+  e = error_of([&] { p.get("gone", 50ms); });
+  EXPECT_EQ(e.code, ErrorCode::timeout) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "job7/gone")) << e.msg;
 }
 
-TEST(TcpStore, Semantics) {
-  ServerProcess server;
-  auto c = client(server.port);
-  check_semantics(*c);
-  // A timed-out request leaves the client usable.
-  c->set("after", to_bytes("ok"));
-  EXPECT_EQ(to_string(c->get("after")), "ok");
-}
-
-TEST(FileStore, Semantics) {
-  auto path = std::filesystem::temp_directory_path() / ("collie-fs-" + std::to_string(getpid()));
-  std::filesystem::remove(path);
-  auto s = make_file_store(path, 5s);
-  check_semantics(*s);
-  std::filesystem::remove(path);
-}
-
-TEST(TcpStore, GetBlocksUntilAnotherProcessSets) {
-  ServerProcess server;
+// Another process sets the key a get is waiting for.
+void get_waits_for_another_process(const std::function<std::unique_ptr<Store>()>& make) {
   pid_t reader = spawn([&] {
-    auto c = client(server.port);
-    return to_string(c->get("late", 10s)) == "arrived" ? 0 : 1;
+    auto s = make();
+    return to_string(s->get("late", 20s)) == "arrived" ? 0 : 1;
   });
-  std::this_thread::sleep_for(100ms);
   pid_t writer = spawn([&] {
-    client(server.port)->set("late", to_bytes("arrived"));
+    auto s = make();
+    // Give the reader a moment to start waiting first; correctness does not
+    // depend on who comes first.
+    std::this_thread::sleep_for(100ms);
+    s->set("late", to_bytes("arrived"));
     return 0;
   });
   EXPECT_EQ(join(writer), 0);
   EXPECT_EQ(join(reader), 0);
 }
 
+// 4 processes x 100 adds on one counter.
 void concurrent_adds(const std::function<std::unique_ptr<Store>()>& make) {
   std::vector<pid_t> kids;
   for (int k = 0; k < 4; ++k)
     kids.push_back(spawn([&] {
       auto s = make();
       for (int i = 0; i < 100; ++i) s->add("counter", 1);
-      // compare_set as a lock: exactly one process wins it.
-      auto v = s->compare_set("winner", {}, to_bytes(std::to_string(getpid())));
-      if (to_string(v) == std::to_string(getpid())) s->add("winners", 1);
+      return 0;
+    }));
+  for (pid_t p : kids) EXPECT_EQ(join(p), 0);
+  EXPECT_EQ(make()->add("counter", 0), 400);
+}
+
+// compare_set as a mutex: each process takes the lock, does a non-atomic
+// read-modify-write of "shared", and lets go. Lost updates or two holders at
+// once would show.
+void compare_set_lock(const std::function<std::unique_ptr<Store>()>& make) {
+  constexpr int kProcs = 4, kRounds = 20;
+  std::vector<pid_t> kids;
+  for (int k = 0; k < kProcs; ++k)
+    kids.push_back(spawn([&] {
+      auto s = make();
+      Bytes me = to_bytes("holder-" + std::to_string(getpid()));
+      s->compare_set("shared", {}, to_bytes("0"));
+      for (int i = 0; i < kRounds; ++i) {
+        while (s->compare_set("lock", {}, me) != me) std::this_thread::sleep_for(1ms);
+        if (s->add("holders", 1) != 1) return 2;
+        int v = std::stoi(to_string(s->get("shared")));
+        s->set("shared", to_bytes(std::to_string(v + 1)));
+        if (s->add("holders", -1) != 0) return 3;
+        if (!s->remove("lock")) return 4;
+      }
       return 0;
     }));
   for (pid_t p : kids) EXPECT_EQ(join(p), 0);
   auto s = make();
-  EXPECT_EQ(s->add("counter", 0), 400);
-  EXPECT_EQ(s->add("winners", 0), 1);
+  EXPECT_EQ(to_string(s->get("shared")), std::to_string(kProcs * kRounds));
+  EXPECT_FALSE(s->check({"lock"}));
+}
+
+// ---------------------------------------------------------------- TcpStore
+
+TEST(TcpStore, Semantics) {
+  ServerProcess server;
+  auto c = client(server.port);
+  check_semantics(*c);
+  EXPECT_EQ(c->local_address(), "127.0.0.1");
+}
+
+TEST(TcpStore, TimeoutNamesTheKeyTheStoreAndTheClient) {
+  ServerProcess server;
+  auto c = client(server.port);
+  Caught e = error_of([&] { c->get("the-missing-key", 50ms); });
+  EXPECT_EQ(e.code, ErrorCode::timeout) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "the-missing-key")) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "127.0.0.1:" + std::to_string(server.port))) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "test client")) << e.msg;
+}
+
+TEST(TcpStore, ATimedOutGetLeavesNoStaleAnswerForTheNextRequest) {
+  ServerProcess server;
+  auto c = client(server.port);
+  EXPECT_EQ(error_of([&] { c->get("slow", 50ms); }).code, ErrorCode::timeout);
+  // The key arrives after the get gave up: its value must not be taken for
+  // the answer to the next request on the same client.
+  client(server.port)->set("slow", to_bytes("late"));
+  EXPECT_EQ(c->add("next", 1), 1);
+  EXPECT_EQ(to_string(c->get("slow")), "late");
+}
+
+TEST(TcpStore, GetBlocksUntilAnotherProcessSets) {
+  ServerProcess server;
+  get_waits_for_another_process([&] { return client(server.port); });
 }
 
 TEST(TcpStore, AddsFromFourProcessesAreAtomic) {
   ServerProcess server;
-  concurrent_adds([&] { return std::unique_ptr<Store>(client(server.port)); });
+  concurrent_adds([&] { return client(server.port); });
 }
 
-TEST(FileStore, AddsFromFourProcessesAreAtomic) {
-  auto path = std::filesystem::temp_directory_path() / ("collie-fs-add-" + std::to_string(getpid()));
-  std::filesystem::remove(path);
-  concurrent_adds([&] { return make_file_store(path, 5s); });
-  std::filesystem::remove(path);
+TEST(TcpStore, CompareSetWorksAsALockAcrossProcesses) {
+  ServerProcess server;
+  compare_set_lock([&] { return client(server.port); });
 }
 
 TEST(TcpStore, WrongSecretIsRefusedAndOthersKeepWorking) {
   ServerProcess server;
-  ErrorCode code{};
-  std::string msg = error_of([&] { client(server.port, "wrong-secret"); }, &code);
-  EXPECT_EQ(code, ErrorCode::invalid_argument) << msg;
-  EXPECT_NE(msg.find("COLLIE_JOB_SECRET differs"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("test client"), std::string::npos) << msg;
   auto good = client(server.port);
   good->set("k", to_bytes("v"));
+  Caught e = error_of([&] { client(server.port, "wrong-secret"); });
+  EXPECT_EQ(e.code, ErrorCode::invalid_argument) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "the store at 127.0.0.1:" + std::to_string(server.port) +
+                                  " refused this client: COLLIE_JOB_SECRET differs from rank 0's"))
+      << e.msg;
+  EXPECT_TRUE(contains(e.msg, "test client")) << e.msg;
   EXPECT_EQ(to_string(good->get("k")), "v");
+  EXPECT_EQ(to_string(client(server.port)->get("k")), "v");
 }
 
-TEST(TcpStore, StraysWithGarbageSilenceOrHugeLengthsDoNotStopService) {
+// The handshake as the wire format in tcp_store.cc spells it: u32 length,
+// op 1 (HELLO), then the magic and the secret, each u32 length + bytes.
+std::string hello_message(const std::string& magic, const std::string& secret) {
+  auto u32 = [](std::string& s, uint32_t v) {
+    for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  std::string rec(1, '\x01');
+  u32(rec, static_cast<uint32_t>(magic.size()));
+  rec += magic;
+  u32(rec, static_cast<uint32_t>(secret.size()));
+  rec += secret;
+  std::string msg;
+  u32(msg, static_cast<uint32_t>(rec.size()));
+  return msg + rec;
+}
+
+// Whether the server closes `fd` (end of stream) before `deadline`.
+bool closed_by_server(int fd, net::Deadline deadline) {
+  char b;
+  Caught e = error_of([&] { net::read_full(fd, &b, 1, deadline, "stray"); });
+  return e.thrown && e.code == ErrorCode::peer_lost;
+}
+
+TEST(TcpStore, StraysWithGarbageOrHugeLengthsAreDroppedAndOthersServed) {
   ServerProcess server;
   net::Endpoint ep{"127.0.0.1", server.port};
   auto deadline = net::deadline_after(5s);
+  auto c = client(server.port);
+  EXPECT_EQ(c->add("served", 1), 1);
+
   auto garbage = net::connect_tcp(ep, deadline, "stray");
   const char junk[] = "GET / HTTP/1.0\r\n\r\n";
   net::write_full(garbage.get(), junk, sizeof junk, deadline, "stray");
@@ -199,29 +338,187 @@ TEST(TcpStore, StraysWithGarbageSilenceOrHugeLengthsDoNotStopService) {
   auto huge = net::connect_tcp(ep, deadline, "stray");
   const unsigned char big[4] = {0xff, 0xff, 0xff, 0x7f};  // a 2 GiB record
   net::write_full(huge.get(), big, 4, deadline, "stray");
+  auto wrong_magic = net::connect_tcp(ep, deadline, "stray");
+  std::string m = hello_message("not-collie", kSecret);
+  net::write_full(wrong_magic.get(), m.data(), m.size(), deadline, "stray");
+  // A client that shows the secret and then declares a record far over the
+  // cap: the server must drop it without trying to buffer it.
+  auto huge_after_hello = net::connect_tcp(ep, deadline, "stray");
+  m = hello_message("collie-store-1", kSecret);
+  net::write_full(huge_after_hello.get(), m.data(), m.size(), deadline, "stray");
+  char ok[5];
+  net::read_full(huge_after_hello.get(), ok, 5, deadline, "stray");
+  EXPECT_EQ(ok[4], 0) << "the handshake was not accepted";
+  const unsigned char over[4] = {0xf0, 0xff, 0xff, 0xff};
+  net::write_full(huge_after_hello.get(), over, 4, deadline, "stray");
 
-  auto c = client(server.port);
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(c->add("served", 1), i + 1);
-  // The server drops the garbage and oversized ones: they read end-of-stream.
-  for (int fd : {garbage.get(), huge.get()}) {
-    char b;
-    EXPECT_THROW(net::read_full(fd, &b, 1, net::deadline_after(5s), "stray"), Error);
-  }
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(c->add("served", 1), i + 2);
+  auto late = client(server.port);
+  EXPECT_EQ(late->add("served", 1), 52);
+  for (int fd : {garbage.get(), huge.get(), wrong_magic.get(), huge_after_hello.get()})
+    EXPECT_TRUE(closed_by_server(fd, net::deadline_after(5s))) << "fd " << fd;
+  // The silent one is still connected (it has 10 s to speak) and the server
+  // serves everyone else meanwhile.
+  EXPECT_EQ(c->add("served", 1), 53);
 }
 
-TEST(TcpStore, ServerDeathIsPeerLostForAParkedGet) {
+TEST(TcpStore, SilentStrayIsDroppedAfterTheHandshakeTime) {
   ServerProcess server;
+  auto silent = net::connect_tcp({"127.0.0.1", server.port}, net::deadline_after(5s), "stray");
+  auto c = client(server.port);
+  EXPECT_EQ(c->add("served", 1), 1);
+  EXPECT_TRUE(closed_by_server(silent.get(), net::deadline_after(30s)));
+  EXPECT_EQ(c->add("served", 1), 2);
+}
+
+TEST(TcpStore, OversizedKeysAndValuesAreRefusedAndTheLimitItselfWorks) {
+  ServerProcess server;
+  auto c = client(server.port, kSecret, 30s);
+  Caught e = error_of([&] { c->set("big", Bytes((64u << 20) + 1, 7)); });
+  EXPECT_EQ(e.code, ErrorCode::invalid_argument) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "'big'")) << e.msg;
+  e = error_of([&] { c->set(std::string(5000, 'k'), to_bytes("v")); });
+  EXPECT_EQ(e.code, ErrorCode::invalid_argument) << e.msg;
+  e = error_of([&] { c->get(std::string(5000, 'k'), 50ms); });
+  EXPECT_EQ(e.code, ErrorCode::invalid_argument) << e.msg;
+  // The client was not disturbed, and a value of exactly the cap round-trips.
+  Bytes max(64u << 20);
+  for (size_t i = 0; i < max.size(); i += 4096) max[i] = static_cast<uint8_t>(i >> 12);
+  c->set("max", max);
+  EXPECT_EQ(c->get("max"), max);
+  EXPECT_EQ(c->add("small", 1), 1);
+}
+
+TEST(TcpStore, ServerDeathIsPeerLostForAParkedGetAndAfter) {
+  ServerProcess server;
+  // The waiter says through a socket pair, not through the store, that it is
+  // about to park its get: a reply in flight when the server dies would be lost.
+  int ready[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, ready), 0);
   pid_t waiter = spawn([&] {
+    ::close(ready[0]);
     auto c = client(server.port, kSecret, 20s);
-    ErrorCode code{};
-    std::string msg = error_of([&] { c->get("never", 20s); }, &code);
-    bool ok = code == ErrorCode::peer_lost && msg.find("rank 0") != std::string::npos;
-    if (!ok) fprintf(stderr, "got: %s\n", msg.c_str());
+    c->set("connected", to_bytes("1"));
+    net::write_full(ready[1], "r", 1, net::deadline_after(5s), "ready signal");
+    Caught e = error_of([&] { c->get("never", 20s); });
+    bool ok = e.code == ErrorCode::peer_lost && contains(e.msg, "lost the connection to") &&
+              contains(e.msg, "rank 0 serves it") && contains(e.msg, "test client");
+    if (!ok) std::fprintf(stderr, "parked get: %s\n", e.msg.c_str());
+    // Every later call says the same, without waiting out its deadline.
+    Caught again = error_of([&] { c->set("x", {}); });
+    if (again.code != ErrorCode::peer_lost) {
+      std::fprintf(stderr, "later call: %s\n", again.msg.c_str());
+      ok = false;
+    }
     return ok ? 0 : 1;
   });
-  std::this_thread::sleep_for(300ms);
+  ::close(ready[1]);
+  char r;
+  net::read_full(ready[0], &r, 1, net::deadline_after(20s), "ready signal");
+  ::close(ready[0]);
+  // The get is parked by now, or about to be: either way the server's death
+  // must reach it as peer_lost.
+  std::this_thread::sleep_for(20ms);
   server.stop();
   EXPECT_EQ(join(waiter), 0);
+}
+
+// Threads of one process share one client; the server runs in this process
+// on a port of its own choosing. Last among the TCP tests: it makes this
+// process multi-threaded for a while, and the others fork.
+TEST(TcpStore, ServerInThisProcessServesThreadsSharingOneClient) {
+  auto server = TcpStoreServer::start(0, kSecret);
+  ASSERT_GT(server->port(), 0);
+  auto c = client(server->port());
+  std::mutex mu;
+  std::vector<int64_t> seen;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 100; ++i) {
+        int64_t v = c->add("counter", 1);
+        std::lock_guard lk(mu);
+        seen.push_back(v);
+      }
+    });
+  // Timed-out gets in between reconnect the shared client: no thread may
+  // get another's answer.
+  threads.emplace_back([&] {
+    for (int i = 0; i < 5; ++i)
+      EXPECT_EQ(error_of([&] { c->get("never", 20ms); }).code, ErrorCode::timeout);
+  });
+  for (auto& t : threads) t.join();
+  std::sort(seen.begin(), seen.end());
+  ASSERT_EQ(seen.size(), 400u);
+  for (int64_t i = 0; i < 400; ++i) EXPECT_EQ(seen[i], i + 1);
+
+  server.reset();  // stops its thread and closes every connection
+  Caught e = error_of([&] { c->get("anything", 5s); });
+  EXPECT_EQ(e.code, ErrorCode::peer_lost) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "rank 0 serves it")) << e.msg;
+}
+
+// --------------------------------------------------------------- FileStore
+
+TEST(FileStore, Semantics) {
+  TempPath path("semantics");
+  auto s = make_file_store(path.str(), 5s);
+  check_semantics(*s);
+  // A second handle (another process would do the same) sees it all.
+  auto t = make_file_store(path.str(), 5s);
+  EXPECT_EQ(to_string(t->get("a")), "two");
+  EXPECT_FALSE(t->check({"lock"}));
+}
+
+TEST(FileStore, GetBlocksUntilAnotherProcessSets) {
+  TempPath path("get");
+  get_waits_for_another_process([&] { return make_file_store(path.str(), 20s); });
+}
+
+TEST(FileStore, AddsFromFourProcessesAreAtomic) {
+  TempPath path("add");
+  concurrent_adds([&] { return make_file_store(path.str(), 20s); });
+}
+
+TEST(FileStore, CompareSetWorksAsALockAcrossProcesses) {
+  TempPath path("lock");
+  compare_set_lock([&] { return make_file_store(path.str(), 20s); });
+}
+
+TEST(FileStore, AFileThatIsNotAStoreIsRefusedAndLeftAlone) {
+  TempPath path("other");
+  { std::ofstream(path.path) << "someone's notes\n"; }
+  Caught e = error_of([&] { make_file_store(path.str(), 1s); });
+  EXPECT_EQ(e.code, ErrorCode::invalid_argument) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "not a collie store file")) << e.msg;
+  std::ifstream in(path.path);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "someone's notes");
+}
+
+TEST(FileStore, ARecordCutShortByADeadWriterIsSkippedThenCutOff) {
+  TempPath path("torn");
+  auto writer = make_file_store(path.str(), 1s);
+  auto reader = make_file_store(path.str(), 1s);
+  writer->set("k", to_bytes("v"));
+  {
+    // The start of a set of "abcde": kind, key length 5, then only 2 bytes.
+    std::ofstream out(path.path, std::ios::app | std::ios::binary);
+    out.write(
+        "s\x05\x00\x00\x00"
+        "ab",
+        7);
+  }
+  EXPECT_EQ(to_string(reader->get("k")), "v");
+  EXPECT_FALSE(reader->check({"abcde"}));
+  EXPECT_EQ(writer->add("n", 1), 1);
+  EXPECT_EQ(to_string(reader->get("n")), "1");
+  auto fresh = make_file_store(path.str(), 1s);
+  EXPECT_EQ(to_string(fresh->get("k")), "v");
+  EXPECT_EQ(fresh->add("n", 1), 2);
+  EXPECT_EQ(reader->add("n", 1), 3);
+  EXPECT_FALSE(fresh->check({"abcde"}));
 }
 
 }  // namespace

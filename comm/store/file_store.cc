@@ -111,8 +111,10 @@ class FileStore final : public Store {
       rec.append(value.begin(), value.end());
       store_.write_at(fd_.get(), rec, store_.offset_);
       store_.offset_ += static_cast<off_t>(rec.size());
-      if (kind == 's') store_.map_[key] = value;
-      else store_.map_.erase(key);
+      if (kind == 's')
+        store_.map_[key] = value;
+      else
+        store_.map_.erase(key);
     }
 
    private:
@@ -147,8 +149,8 @@ class FileStore final : public Store {
   void write_at(int fd, std::string_view data, off_t at) {
     size_t done = 0;
     while (done < data.size()) {
-      ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done,
-                           at + static_cast<off_t>(done));
+      ssize_t n =
+          ::pwrite(fd, data.data() + done, data.size() - done, at + static_cast<off_t>(done));
       if (n < 0 && errno == EINTR) continue;
       // A record cut short here is cut off by the next writer (catch_up).
       if (n < 0) throw system_error(ErrorCode::internal, "file store: write " + path_, errno);
@@ -176,8 +178,9 @@ class FileStore final : public Store {
         std::string head = read_from(fd, 0, kHeader.size());
         if (head != kHeader)
           throw Error(ErrorCode::invalid_argument,
-                      "file store: " + path_ + " is not a collie store file; point the store "
-                      "at a new path");
+                      "file store: " + path_ +
+                          " is not a collie store file; point the store "
+                          "at a new path");
       }
       offset_ = static_cast<off_t>(kHeader.size());
     }
