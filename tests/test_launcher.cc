@@ -1,5 +1,7 @@
 // tests/test_launcher.cc: collie-run as users run it: a real subprocess
-// launching small shell programs as ranks. COLLIE_RUN names the binary.
+// launching small shell programs as ranks, its output and exit status
+// captured. COLLIE_RUN names the binary; without it the tests skip.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -8,7 +10,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -29,19 +33,25 @@ std::string launcher() {
   return p ? p : "";
 }
 
-// Runs collie-run with `args`; optionally sends `sig` to it once
-// `ready()` holds (checked every 10 ms, for at most 20 s).
-Result run(const std::vector<std::string>& args, int sig = 0,
-           const std::function<bool()>& ready = nullptr) {
+// The launcher's parent leaks this descriptor to it (many test runners and
+// shells do); ranks must not see it.
+constexpr int kLeakedFd = 9;
+
+// Runs collie-run with `args` and the extra `env` ("K=V"); `while_running`
+// gets the launcher's pid while its output is being collected.
+Result run(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+           const std::function<void(pid_t)>& while_running = nullptr) {
   int out[2], err[2];
-  EXPECT_EQ(pipe(out), 0);
-  EXPECT_EQ(pipe(err), 0);
+  EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
+  EXPECT_EQ(pipe2(err, O_CLOEXEC), 0);
   pid_t pid = fork();
   if (pid == 0) {
     dup2(out[1], 1);
     dup2(err[1], 2);
-    close(out[0]);
-    close(err[0]);
+    int null = open("/dev/null", O_RDONLY);
+    dup2(null, 0);
+    dup2(null, kLeakedFd);
+    for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
     std::vector<std::string> all{launcher()};
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
@@ -52,11 +62,6 @@ Result run(const std::vector<std::string>& args, int sig = 0,
   }
   close(out[1]);
   close(err[1]);
-  if (sig) {
-    for (int i = 0; i < 2000 && ready && !ready(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    kill(pid, sig);
-  }
   Result r;
   auto drain = [](int fd, std::string& into) {
     char buf[4096];
@@ -64,9 +69,11 @@ Result run(const std::vector<std::string>& args, int sig = 0,
     while ((n = read(fd, buf, sizeof buf)) > 0) into.append(buf, static_cast<size_t>(n));
     close(fd);
   };
-  std::thread t([&] { drain(err[0], r.err); });
-  drain(out[0], r.out);
-  t.join();
+  std::thread t_out([&] { drain(out[0], r.out); });
+  std::thread t_err([&] { drain(err[0], r.err); });
+  if (while_running) while_running(pid);
+  t_out.join();
+  t_err.join();
   int status = 0;
   waitpid(pid, &status, 0);
   r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -80,32 +87,78 @@ std::vector<std::string> lines(const std::string& s) {
   return v;
 }
 
+// Polls `cond` every 10 ms for up to 20 s; a bound on waiting, not a timing assertion.
+bool eventually(const std::function<bool()>& cond) {
+  for (int i = 0; i < 2000; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return cond();
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
 class Launcher : public ::testing::Test {
  protected:
   void SetUp() override {
     if (launcher().empty()) GTEST_SKIP() << "COLLIE_RUN is not set";
+    dir_ = std::filesystem::temp_directory_path() /
+           ("collie-launcher-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    // Ranks find it as $T; the launcher passes the environment on.
+    setenv("T", dir_.c_str(), 1);
   }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    unsetenv("T");
+  }
+  // Ranks touch $T/ready.$RANK once they are ready for what the test does next.
+  bool all_ready(int n) const {
+    for (int r = 0; r < n; ++r)
+      if (!std::filesystem::exists(dir_ / ("ready." + std::to_string(r)))) return false;
+    return true;
+  }
+  void reset_dir() const {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+
+  std::filesystem::path dir_;
 };
 
 TEST_F(Launcher, EveryRankGetsItsVariablesAndAPrefix) {
   auto r = run({"-n", "3", "sh", "-c",
-                "echo \"$COLLIE_RANK $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_PORT "
-                "$COLLIE_MASTER_PORT ${#COLLIE_JOB_SECRET}\""});
+                "echo $COLLIE_RANK $RANK $WORLD_SIZE $COLLIE_WORLD_SIZE $LOCAL_RANK "
+                "$COLLIE_LOCAL_RANK $LOCAL_WORLD_SIZE $COLLIE_LOCAL_WORLD_SIZE $GROUP_RANK "
+                "$COLLIE_NODE_RANK $COLLIE_NNODES $MASTER_ADDR $COLLIE_MASTER_ADDR $MASTER_PORT "
+                "$COLLIE_MASTER_PORT"});
   ASSERT_EQ(r.status, 0) << r.err;
   std::set<std::string> ranks;
   std::string port;
   for (const auto& l : lines(r.out)) {
     std::istringstream in(l);
-    std::string prefix, crank, rank, world, local, local_world, mport, cport, secret_len;
-    in >> prefix >> crank >> rank >> world >> local >> local_world >> mport >> cport >> secret_len;
+    std::string prefix, crank, rank, world, cworld, local, clocal, lworld, clworld, group, cnode,
+        cnnodes, addr, caddr, mport, cport;
+    in >> prefix >> crank >> rank >> world >> cworld >> local >> clocal >> lworld >> clworld >>
+        group >> cnode >> cnnodes >> addr >> caddr >> mport >> cport;
     EXPECT_EQ(prefix, "[" + rank + "]") << l;
-    EXPECT_EQ(crank, rank);
-    EXPECT_EQ(local, rank);
-    EXPECT_EQ(world, "3");
-    EXPECT_EQ(local_world, "3");
-    EXPECT_EQ(mport, cport);
-    EXPECT_NE(mport, "0");
-    EXPECT_EQ(secret_len, "32");
+    EXPECT_EQ(crank, rank) << l;
+    EXPECT_EQ(local, rank) << l;
+    EXPECT_EQ(clocal, rank) << l;
+    EXPECT_EQ(world, "3") << l;
+    EXPECT_EQ(cworld, "3") << l;
+    EXPECT_EQ(lworld, "3") << l;
+    EXPECT_EQ(clworld, "3") << l;
+    EXPECT_EQ(group, "0") << l;
+    EXPECT_EQ(cnode, "0") << l;
+    EXPECT_EQ(cnnodes, "1") << l;
+    EXPECT_EQ(addr, "127.0.0.1") << l;
+    EXPECT_EQ(caddr, "127.0.0.1") << l;
+    EXPECT_EQ(mport, cport) << l;
+    EXPECT_GT(std::atoi(mport.c_str()), 0) << l;
     if (port.empty()) port = mport;
     EXPECT_EQ(mport, port) << "every rank must see the same port";
     ranks.insert(rank);
@@ -113,98 +166,258 @@ TEST_F(Launcher, EveryRankGetsItsVariablesAndAPrefix) {
   EXPECT_EQ(ranks, (std::set<std::string>{"0", "1", "2"}));
 }
 
+TEST_F(Launcher, JobSecretIsInheritedOrMadeUpPerJob) {
+  auto secrets = [](const Result& r) {
+    std::set<std::string> s;
+    for (const auto& l : lines(r.out)) s.insert(l.substr(l.find(' ') + 1));
+    return s;
+  };
+  const std::vector<std::string> args{"-n", "2", "sh", "-c", "echo $COLLIE_JOB_SECRET"};
+  auto a = run(args), b = run(args);
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(secrets(a).size(), 1u) << "every rank of a job shares one secret: " << a.out;
+  ASSERT_EQ(secrets(b).size(), 1u) << b.out;
+  std::string secret = *secrets(a).begin();
+  EXPECT_EQ(secret.size(), 32u) << secret;
+  EXPECT_EQ(secret.find_first_not_of("0123456789abcdef"), std::string::npos) << secret;
+  EXPECT_NE(secret, *secrets(b).begin()) << "two jobs must not share a made-up secret";
+
+  auto c = run(args, {"COLLIE_JOB_SECRET=given-by-user"});
+  EXPECT_EQ(secrets(c), (std::set<std::string>{"given-by-user"})) << c.out << c.err;
+}
+
 TEST_F(Launcher, SecondNodeRanksContinueTheNumbering) {
-  auto r = run({"-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
-                "--master-port", "12345", "sh", "-c",
-                "echo $RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $MASTER_PORT"});
-  // Multi-node jobs need a shared secret; without one the launcher refuses.
+  const std::vector<std::string> args{
+      "-n",
+      "2",
+      "--nnodes",
+      "2",
+      "--node-rank",
+      "1",
+      "--master-addr",
+      "127.0.0.1",
+      "--master-port",
+      "12345",
+      "sh",
+      "-c",
+      "echo $RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $COLLIE_NNODES $MASTER_PORT "
+      "${COLLIE_STORE_FD:-nofd}"};
+  // Every node's launcher must share one secret; one made up per node could
+  // never work, so the launcher refuses instead.
+  auto r = run(args);
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("COLLIE_JOB_SECRET"), std::string::npos) << r.err;
-  setenv("COLLIE_JOB_SECRET", "shared", 1);
-  r = run({"-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
-           "--master-port", "12345", "sh", "-c",
-           "echo $RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $MASTER_PORT $COLLIE_JOB_SECRET"});
-  unsetenv("COLLIE_JOB_SECRET");
+  EXPECT_TRUE(contains(r.err, "COLLIE_JOB_SECRET")) << r.err;
+
+  r = run(args, {"COLLIE_JOB_SECRET=shared"});
   ASSERT_EQ(r.status, 0) << r.err;
-  std::set<std::string> got;
-  for (const auto& l : lines(r.out)) got.insert(l);
-  EXPECT_EQ(got, (std::set<std::string>{"[2] 2 4 0 1 12345 shared", "[3] 3 4 1 1 12345 shared"}));
+  auto out = lines(r.out);
+  std::set<std::string> got(out.begin(), out.end());
+  EXPECT_EQ(got, (std::set<std::string>{"[2] 2 4 0 1 2 12345 nofd", "[3] 3 4 1 1 2 12345 nofd"}));
+}
+
+TEST_F(Launcher, NodeZeroOfSeveralSaysWhichPortItPicked) {
+  auto r = run({"-n", "1", "--nnodes", "2", "sh", "-c", "echo $MASTER_PORT"},
+               {"COLLIE_JOB_SECRET=shared"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_EQ(lines(r.out).size(), 1u) << r.out;
+  std::string port = lines(r.out)[0].substr(4);  // after "[0] "
+  EXPECT_TRUE(contains(r.err, "--master-port " + port)) << r.err;
 }
 
 TEST_F(Launcher, OnlyRankZeroGetsTheListeningStoreSocket) {
-  auto r = run({"-n", "2", "sh", "-c",
-                "if [ -n \"$COLLIE_STORE_FD\" ]; then "
-                "  readlink /proc/self/fd/$COLLIE_STORE_FD | cut -c1-7; "
-                "  grep -c \":$(printf '%04X' $MASTER_PORT) 00000000:0000 0A\" /proc/net/tcp /proc/net/tcp6 | "
-                "  awk -F: '{s+=$2} END {print \"listening\", s}'; "
-                "else echo none; fi"});
+  // Every rank counts the sockets it holds and looks for the descriptor the
+  // launcher's parent leaked (kLeakedFd); rank 0 finds the inode of
+  // COLLIE_STORE_FD among the sockets in LISTEN state (0A) on MASTER_PORT.
+  static_assert(kLeakedFd == 9);
+  const std::string prog = R"sh(
+    n=0
+    for f in /proc/$$/fd/*; do case $(readlink $f) in socket:*) n=$((n+1));; esac; done
+    echo sockets $n
+    [ -e /proc/$$/fd/9 ] && echo leaked
+    if [ -n "$COLLIE_STORE_FD" ]; then
+      ino=$(readlink /proc/$$/fd/$COLLIE_STORE_FD | tr -dc 0-9)
+      awk -v p=":$(printf %04X $MASTER_PORT)" -v i=$ino \
+        '$4 == "0A" && substr($2, length($2) - 4) == p && $10 == i {print "listening on MASTER_PORT"}' \
+        /proc/net/tcp /proc/net/tcp6
+    fi)sh";
+  auto r = run({"-n", "3", "sh", "-c", prog});
   ASSERT_EQ(r.status, 0) << r.err;
-  std::multiset<std::string> got;
-  for (const auto& l : lines(r.out)) got.insert(l);
-  EXPECT_EQ(got, (std::multiset<std::string>{"[0] socket:", "[0] listening 1", "[1] none"}));
+  auto out = lines(r.out);
+  std::multiset<std::string> got(out.begin(), out.end());
+  EXPECT_EQ(got, (std::multiset<std::string>{"[0] sockets 1", "[0] listening on MASTER_PORT",
+                                             "[1] sockets 0", "[2] sockets 0"}))
+      << r.out << r.err;
 }
 
 TEST_F(Launcher, AFailingRankEndsTheJobWithItsStatus) {
-  auto r = run({"-n", "3", "--grace-seconds", "2", "sh", "-c",
-                "if [ $RANK = 1 ]; then exit 3; fi; sleep 30; echo survived"});
+  auto r =
+      run({"-n", "3", "sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; sleep 60; echo survived"});
   EXPECT_EQ(r.status, 3);
-  EXPECT_EQ(r.out.find("survived"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("rank 1 exited with status 3"), std::string::npos) << r.err;
+  EXPECT_FALSE(contains(r.out, "survived")) << r.out;
+  EXPECT_TRUE(contains(r.err, "collie-run: rank 1 exited with status 3")) << r.err;
+}
+
+TEST_F(Launcher, TheFirstFailureDecidesTheExitStatus) {
+  // Rank 2 fails only after rank 0's failure has stopped the job: its
+  // status (5) is a consequence, and rank 0's (7) is what the job reports.
+  auto r = run({"-n", "3", "sh", "-c",
+                "case $RANK in "
+                "  0) while [ ! -e $T/ready.2 ]; do sleep 0.01; done; exit 7;; "
+                "  2) trap 'exit 5' TERM; touch $T/ready.2;; "
+                "esac; sleep 60 & wait; echo survived"});
+  EXPECT_EQ(r.status, 7) << r.err;
+  EXPECT_FALSE(contains(r.out, "survived")) << r.out;
+  EXPECT_TRUE(contains(r.err, "rank 0 exited with status 7")) << r.err;
+  EXPECT_FALSE(contains(r.err, "rank 2 exited")) << r.err;
+}
+
+TEST_F(Launcher, ARankIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  // Rank 1 fails once rank 0 ignores SIGTERM, so only SIGKILL can end rank 0
+  // (an ignored signal stays ignored across exec: `sleep` ignores it too).
+  const std::string prog =
+      "trap '' TERM; touch $T/ready.$RANK; "
+      "if [ $RANK = 1 ]; then while [ ! -e $T/ready.0 ]; do sleep 0.01; done; exit 4; fi; "
+      "sleep 60; echo survived";
+  auto r = run({"-n", "2", "--grace-seconds", "1", "sh", "-c", prog});
+  EXPECT_EQ(r.status, 4);
+  EXPECT_FALSE(contains(r.out, "survived")) << r.out;
+
+  reset_dir();
+  r = run({"-n", "2", "sh", "-c", prog}, {"COLLIE_RUN_GRACE=0"});
+  EXPECT_EQ(r.status, 4);
+  EXPECT_FALSE(contains(r.out, "survived")) << r.out;
 }
 
 TEST_F(Launcher, ARankKilledBySignalIsReportedAs128PlusSignal) {
-  auto r = run({"-n", "2", "sh", "-c", "if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 30"});
+  auto r = run({"-n", "2", "sh", "-c", "if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60"});
   EXPECT_EQ(r.status, 128 + SIGKILL);
-  EXPECT_NE(r.err.find("SIGKILL"), std::string::npos) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 0 was killed by signal SIGKILL")) << r.err;
 }
 
-TEST_F(Launcher, SigtermIsForwardedToEveryRank) {
-  // Each rank marks a file once its handler is in place; the signal goes to
-  // the launcher only after both marks exist.
-  std::string dir = "/tmp/collie-launcher-" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  auto r = run({"-n", "2", "sh", "-c",
-                "trap 'echo got-term; exit 0' TERM; touch " + dir +
-                    "/ready.$RANK; while :; do sleep 0.05; done"},
-               SIGTERM, [&] {
-                 return std::filesystem::exists(dir + "/ready.0") &&
-                        std::filesystem::exists(dir + "/ready.1");
-               });
-  std::filesystem::remove_all(dir);
-  EXPECT_NE(r.out.find("[0] got-term"), std::string::npos) << r.out << r.err;
-  EXPECT_NE(r.out.find("[1] got-term"), std::string::npos) << r.out << r.err;
+TEST_F(Launcher, SignalsAreForwardedToEveryRank) {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    reset_dir();
+    const std::string prog = "trap 'echo got-signal; exit 0' " + std::to_string(sig) +
+                             "; touch $T/ready.$RANK; while :; do sleep 0.05; done";
+    auto r = run({"-n", "2", "sh", "-c", prog}, {}, [&](pid_t launcher_pid) {
+      EXPECT_TRUE(eventually([&] { return all_ready(2); }));
+      kill(launcher_pid, sig);
+    });
+    EXPECT_TRUE(contains(r.out, "[0] got-signal")) << sigabbrev_np(sig) << r.out << r.err;
+    EXPECT_TRUE(contains(r.out, "[1] got-signal")) << sigabbrev_np(sig) << r.out << r.err;
+    // The job was interrupted, not finished, even though every rank exited 0.
+    EXPECT_EQ(r.status, 128 + sig) << sigabbrev_np(sig);
+  }
+}
+
+TEST_F(Launcher, RanksDoNotOutliveAKilledLauncher) {
+  std::vector<pid_t> pids;
+  auto r =
+      run({"-n", "2", "sh", "-c", "echo $$ > $T/pid.$RANK; touch $T/ready.$RANK; exec sleep 60"},
+          {}, [&](pid_t launcher_pid) {
+            EXPECT_TRUE(eventually([&] { return all_ready(2); }));
+            for (int i = 0; i < 2; ++i) {
+              pid_t p = 0;
+              std::ifstream(dir_ / ("pid." + std::to_string(i))) >> p;
+              pids.push_back(p);
+            }
+            kill(launcher_pid, SIGKILL);
+          });
+  EXPECT_EQ(r.status, 128 + SIGKILL);
+  auto gone = [](pid_t p) {  // no such process, or a zombie its new parent has yet to reap
+    std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+    std::string pid, comm, state;
+    return !(stat >> pid >> comm >> state) || state == "Z";
+  };
+  for (pid_t p : pids) {
+    ASSERT_GT(p, 0);
+    EXPECT_TRUE(eventually([&] { return gone(p); })) << "rank pid " << p << " outlived collie-run";
+  }
+}
+
+TEST_F(Launcher, OutputKeepsStreamsAndWholeLines) {
+  // Three ranks each write 200 lines of 3000 bytes to stdout at once: every
+  // line must come out whole, with its own rank's prefix.
+  auto r = run({"-n", "3", "sh", "-c",
+                "line=$(printf \"%3000s\" \"\" | tr ' ' $RANK); "
+                "i=0; while [ $i -lt 200 ]; do echo $line; i=$((i+1)); done; echo to-stderr >&2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::map<char, int> count;
+  for (const auto& l : lines(r.out)) {
+    ASSERT_EQ(l.size(), 4u + 3000u) << l.substr(0, 80);
+    char rank = l[1];
+    ASSERT_EQ(l.substr(0, 4), std::string("[") + rank + "] ");
+    ASSERT_EQ(l.find_first_not_of(rank, 4), std::string::npos) << "a line mixes ranks";
+    ++count[rank];
+  }
+  EXPECT_EQ(count, (std::map<char, int>{{'0', 200}, {'1', 200}, {'2', 200}}));
+  auto err_lines = lines(r.err);
+  std::multiset<std::string> err(err_lines.begin(), err_lines.end());
+  EXPECT_EQ(err, (std::multiset<std::string>{"[0] to-stderr", "[1] to-stderr", "[2] to-stderr"}));
 }
 
 TEST_F(Launcher, PartialLastLineIsFlushedWithItsPrefix) {
-  auto r = run({"-n", "1", "sh", "-c", "printf 'a\\nb'"});
+  auto r = run({"-n", "1", "sh", "-c", "printf 'a\\nb'; printf 'c' >&2"});
   EXPECT_EQ(r.out, "[0] a\n[0] b\n");
+  EXPECT_EQ(r.err, "[0] c\n");
+}
+
+TEST_F(Launcher, NoPrefixPassesOutputThrough) {
+  auto r = run({"-n", "2", "--no-prefix", "sh", "-c", "printf \"r$RANK\"; printf e >&2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(r.out == "r0r1" || r.out == "r1r0") << r.out;
+  EXPECT_EQ(r.err, "ee");
+}
+
+TEST_F(Launcher, AProgramThatCannotRunFailsItsRank) {
+  // Whichever rank fails first stops the other, perhaps before it says why.
+  auto r = run({"-n", "2", "/nonexistent/program"});
+  EXPECT_EQ(r.status, 127);
+  const std::string why = ": cannot run '/nonexistent/program': No such file or directory";
+  EXPECT_TRUE(contains(r.err, "collie-run: rank 0" + why) ||
+              contains(r.err, "collie-run: rank 1" + why))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "exited with status 127")) << r.err;
 }
 
 TEST_F(Launcher, BadUsageSaysWhatToChange) {
-  auto r = run({"sh", "-c", "true"});
-  EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("-n N is required"), std::string::npos) << r.err;
-  r = run({"-n", "abc", "true"});
-  EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("'abc'"), std::string::npos) << r.err;
-  r = run({"-n", "2"});
-  EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("no program"), std::string::npos) << r.err;
-  r = run({"-n", "2", "--nnodes", "2", "--node-rank", "2", "true"});
-  EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("--node-rank 2 must be below --nnodes 2"), std::string::npos) << r.err;
-  r = run({"-n", "1", "/nonexistent/program"});
-  EXPECT_EQ(r.status, 127);
-  EXPECT_NE(r.err.find("cannot run '/nonexistent/program'"), std::string::npos) << r.err;
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases{
+      {{"sh", "-c", "true"}, "-n N is required"},
+      {{"-n", "abc", "true"}, "'abc'"},
+      {{"-n", "0", "true"}, "-n takes a whole number in 1.."},
+      {{"-n", "2"}, "no program given"},
+      {{"-n", "2", "--frobnicate", "true"}, "unknown option '--frobnicate'"},
+      {{"-n", "2", "--master-port", "http", "true"}, "--master-port takes a whole number"},
+      {{"-n", "2", "--nnodes", "2", "--node-rank", "2", "true"},
+       "--node-rank 2 must be below --nnodes 2"},
+      {{"-n", "2", "--nnodes", "2", "--node-rank", "1", "true"},
+       "needs --master-addr and --master-port"},
+      {{"-n", "2", "--grace-seconds"}, "--grace-seconds needs a value"},
+  };
+  for (const auto& c : cases) {
+    auto r = run(c.args);
+    EXPECT_EQ(r.status, 2) << c.says;
+    EXPECT_TRUE(contains(r.err, c.says)) << r.err;
+    EXPECT_TRUE(contains(r.err, "usage: collie-run")) << r.err;
+  }
+  auto h = run({"--help"});
+  EXPECT_EQ(h.status, 0);
+  EXPECT_TRUE(contains(h.out, "usage: collie-run")) << h.out;
 }
 
 TEST_F(Launcher, BusyMasterPortIsNamed) {
   auto busy = collie::net::listen_tcp("", 0, "squatter");
-  int port = collie::net::local_port(busy.get());
-  auto r = run({"-n", "1", "--master-port", std::to_string(port), "true"});
+  std::string port = std::to_string(collie::net::local_port(busy.get()));
+  auto r = run({"-n", "1", "--master-port", port, "sh", "-c", "echo ran"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("already in use"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find(std::to_string(port)), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "") << "no rank may start";
+  EXPECT_TRUE(contains(r.err, "collie-run: port " + port +
+                                  " is already in use; pass another --master-port or omit it"))
+      << r.err;
 }
 
 }  // namespace

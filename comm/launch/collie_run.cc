@@ -9,410 +9,511 @@
 // SIGKILL after the grace period) and exits with the failing rank's status.
 //
 // Node 0's launcher binds the store's listening socket itself (on the given
-// port, or a free one) and hands the open socket to rank 0 as COLLIE_STORE_FD:
-// no other process can take the port between choosing it and using it.
+// port, or one the kernel picks) and hands the open socket to rank 0 as
+// COLLIE_STORE_FD: no other process can take the port between choosing it and
+// using it, which a find-a-free-port-then-tell-rank-0 scheme cannot promise.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/tcp/socket.h"
 
 namespace {
 
+using collie::net::Clock;
+using collie::net::Deadline;
+
+constexpr int kStoreFd = 3;             // where rank 0 finds the store socket
+constexpr size_t kMaxLine = 64 * 1024;  // longer lines are cut, not buffered forever
+constexpr auto kPipeDrain = std::chrono::seconds(2);
+
+constexpr const char* kUsage =
+    "usage: collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]\n"
+    "                  [--grace-seconds S] [--no-prefix] program [args...]\n"
+    "  -n N               ranks to start on this node\n"
+    "  --nnodes K         nodes in the job (default 1)\n"
+    "  --node-rank R      this node's index, 0..K-1 (default 0)\n"
+    "  --master-addr A    rank 0's host (default 127.0.0.1; required on nodes > 0)\n"
+    "  --master-port P    rank 0's store port (default on node 0: a free port;\n"
+    "                     required on nodes > 0)\n"
+    "  --grace-seconds S  after a rank fails, SIGKILL the rest S s after SIGTERM\n"
+    "                     (default 5, or $COLLIE_RUN_GRACE)\n"
+    "  --no-prefix        pass output through without the '[rank] ' prefix\n"
+    "A job on several nodes needs the same COLLIE_JOB_SECRET exported on every node.\n"
+    "Ranks inherit only stdin, stdout and stderr (rank 0 also the store socket).\n";
+
 struct Args {
   int nproc = -1;
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr;
-  int master_port = -1;
+  int master_port = -1;  // -1: not given
   int grace_seconds = 5;
   bool prefix = true;
   std::vector<std::string> prog;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
-  if (!msg.empty()) std::fprintf(stderr, "collie-run: %s\n", msg.c_str());
-  std::fprintf(stderr,
-               "usage: collie-run -n N [--nnodes K --node-rank R --master-addr A "
-               "--master-port P]\n"
-               "                  [--grace-seconds S] [--no-prefix] program [args...]\n"
-               "  -n N              ranks on this node\n"
-               "  --nnodes K        nodes in the job (default 1)\n"
-               "  --node-rank R     this node's index, 0..K-1 (default 0)\n"
-               "  --master-addr A   rank 0's host (default 127.0.0.1)\n"
-               "  --master-port P   rank 0's store port (default: a free port, node 0 only)\n"
-               "  --grace-seconds S after a rank fails, SIGKILL the rest after S s (default 5)\n"
-               "  --no-prefix       pass output through without the [rank] prefix\n");
+  std::fprintf(stderr, "collie-run: %s\n%s", msg.c_str(), kUsage);
   std::exit(2);
 }
 
-int parse_count(const std::string& flag, const char* v, int min) {
+int parse_int(const std::string& what, const std::string& v, long min, long max) {
   char* end = nullptr;
   errno = 0;
-  long x = std::strtol(v, &end, 10);
-  if (*v == '\0' || *end != '\0' || errno == ERANGE || x < min || x > 1 << 20)
-    usage_error(flag + " takes a whole number >= " + std::to_string(min) + ", not '" + v + "'");
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno == ERANGE || x < min || x > max)
+    usage_error(what + " takes a whole number in " + std::to_string(min) + ".." +
+                std::to_string(max) + ", not '" + v + "'");
   return static_cast<int>(x);
 }
 
-Args parse(int argc, char** argv) {
+Args parse_args(int argc, char** argv) {
   Args a;
-  if (const char* g = std::getenv("COLLIE_RUN_GRACE")) a.grace_seconds = parse_count("COLLIE_RUN_GRACE", g, 0);
+  if (const char* g = std::getenv("COLLIE_RUN_GRACE"))
+    a.grace_seconds = parse_int("COLLIE_RUN_GRACE", g, 0, 86400);
   int i = 1;
   for (; i < argc; ++i) {
-    std::string f = argv[i];
-    if (f == "-h" || f == "--help") usage_error("");
-    if (f == "--no-prefix") {
-      a.prefix = false;
-      continue;
-    }
-    if (f == "--") {
+    std::string flag = argv[i];
+    if (flag == "--") {
       ++i;
       break;
     }
-    if (f.empty() || f[0] != '-') break;
-    std::string value;
-    auto eq = f.find('=');
-    if (eq != std::string::npos) {
-      value = f.substr(eq + 1);
-      f = f.substr(0, eq);
-    } else {
-      if (i + 1 >= argc) usage_error(f + " needs a value");
-      value = argv[++i];
+    if (flag.size() < 2 || flag[0] != '-') break;  // the program starts here
+    if (flag == "-h" || flag == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
     }
-    if (f == "-n" || f == "--nproc-per-node") a.nproc = parse_count(f, value.c_str(), 1);
-    else if (f == "--nnodes") a.nnodes = parse_count(f, value.c_str(), 1);
-    else if (f == "--node-rank") a.node_rank = parse_count(f, value.c_str(), 0);
-    else if (f == "--master-addr") a.master_addr = value;
-    else if (f == "--master-port") a.master_port = parse_count(f, value.c_str(), 1);
-    else if (f == "--grace-seconds") a.grace_seconds = parse_count(f, value.c_str(), 0);
-    else usage_error("unknown option " + f);
+    std::string value;
+    bool has_value = false;
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag.resize(eq);
+      has_value = true;
+    }
+    // torchrun spells its flags with underscores; accept those too.
+    for (size_t k = 2; k < flag.size(); ++k)
+      if (flag[k] == '_') flag[k] = '-';
+    if (flag == "--no-prefix") {
+      a.prefix = false;
+      continue;
+    }
+    auto take = [&]() -> std::string {
+      if (has_value) return value;
+      if (i + 1 >= argc) usage_error(flag + " needs a value");
+      return argv[++i];
+    };
+    // The limits keep nnodes * nproc, the world size, well inside an int.
+    if (flag == "-n" || flag == "--nproc-per-node")
+      a.nproc = parse_int(flag, take(), 1, 4096);
+    else if (flag == "--nnodes")
+      a.nnodes = parse_int(flag, take(), 1, 100000);
+    else if (flag == "--node-rank")
+      a.node_rank = parse_int(flag, take(), 0, 100000);
+    else if (flag == "--master-addr")
+      a.master_addr = take();
+    else if (flag == "--master-port")
+      a.master_port = parse_int(flag, take(), 1, 65535);
+    else if (flag == "--grace-seconds")
+      a.grace_seconds = parse_int(flag, take(), 0, 86400);
+    else
+      usage_error("unknown option '" + std::string(argv[i]) +
+                  "' (put the program after '--' if it starts with '-')");
   }
-  for (; i < argc; ++i) a.prog.push_back(argv[i]);
+  a.prog.assign(argv + i, argv + argc);
   if (a.nproc < 0) usage_error("-n N is required: how many ranks to start on this node");
-  if (a.prog.empty()) usage_error("no program given to run");
+  if (a.prog.empty()) usage_error("no program given to run; put it after the options");
   if (a.node_rank >= a.nnodes)
     usage_error("--node-rank " + std::to_string(a.node_rank) + " must be below --nnodes " +
-                std::to_string(a.nnodes));
-  if (a.master_port > 65535) usage_error("--master-port must be in 1..65535");
+                std::to_string(a.nnodes) + " (nodes are numbered from 0)");
   if (a.node_rank > 0 && (a.master_addr.empty() || a.master_port < 0))
     usage_error("node " + std::to_string(a.node_rank) +
-                " needs --master-addr and --master-port (node 0's launcher prints them)");
+                " needs --master-addr and --master-port: node 0's host and the port its "
+                "launcher uses (give node 0 --master-port too, or copy the port it prints)");
   if (a.master_addr.empty()) a.master_addr = "127.0.0.1";
   return a;
 }
 
+// 128 bits as 32 hex digits. getrandom() never returns short for 16 bytes.
 std::string random_secret() {
   unsigned char raw[16];
-  size_t got = 0;
-  while (got < sizeof raw) {
-    ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      std::perror("collie-run: getrandom");
-      std::exit(1);
-    }
-    got += static_cast<size_t>(n);
+  if (getrandom(raw, sizeof raw, 0) != static_cast<ssize_t>(sizeof raw)) {
+    std::perror("collie-run: getrandom");
+    std::exit(1);
   }
-  static const char* hex = "0123456789abcdef";
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string s;
-  for (unsigned char c : raw) {
-    s.push_back(hex[c >> 4]);
-    s.push_back(hex[c & 15]);
-  }
+  for (unsigned char c : raw) s.append({kHex[c >> 4], kHex[c & 15]});
   return s;
 }
-
-// Signals arrive through a pipe, so the poll loop below sees them in order
-// with the children's output and exits.
-int g_signal_pipe[2] = {-1, -1};
-
-void on_signal(int sig) {
-  unsigned char s = static_cast<unsigned char>(sig);
-  int saved = errno;
-  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &s, 1);
-  errno = saved;
-}
-
-struct Rank {
-  int rank = 0;
-  pid_t pid = -1;
-  int out = -1, err = -1;  // pipe read ends (-1: closed)
-  std::string out_buf, err_buf;
-  std::string prefix;  // "[rank] "
-  bool exited = false;
-  int status = 0;
-};
 
 void write_all(int fd, const std::string& s) {
   size_t done = 0;
   while (done < s.size()) {
     ssize_t n = write(fd, s.data() + done, s.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
+    if (n <= 0) return;  // our own output is gone (EPIPE): keep running the job
     done += static_cast<size_t>(n);
   }
 }
 
-// Writes the complete lines of `buf` with the rank's prefix; at EOF also the
-// unfinished last line. Lines longer than 64 KiB are cut.
-void emit_lines(std::string& buf, int fd, const std::string& prefix, bool eof) {
-  std::string out;
-  size_t start = 0;
-  for (;;) {
-    size_t nl = buf.find('\n', start);
-    if (nl == std::string::npos) break;
-    out += prefix;
-    out.append(buf, start, nl + 1 - start);
-    start = nl + 1;
-  }
-  buf.erase(0, start);
-  if (!buf.empty() && (eof || buf.size() > 65536)) {
-    out += prefix + buf + "\n";
-    buf.clear();
-  }
-  if (!out.empty()) write_all(fd, out);
-}
-
-std::string describe_status(int status) {
+std::string describe(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    const char* name = sigabbrev_np(WTERMSIG(status));
-    return std::string("was killed by signal ") + (name ? std::string("SIG") + name : std::to_string(WTERMSIG(status)));
-  }
-  return "stopped";
+  const char* name = sigabbrev_np(WTERMSIG(status));
+  return "was killed by signal " +
+         (name ? "SIG" + std::string(name) : std::to_string(WTERMSIG(status)));
 }
 
-int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+int exit_code(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
+
+// One of a rank's output pipes and the bytes of its unfinished line.
+struct Stream {
+  int fd = -1;  // read end; -1 once closed
+  int to = -1;  // where whole lines go: our stdout or stderr
+  std::string pending;
+};
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  std::string prefix;  // "[rank] "
+  Stream out, err;
+};
+
+class Job {
+ public:
+  explicit Job(Args a) : a_(std::move(a)), world_(a_.nnodes * a_.nproc) {}
+
+  int run() {
+    if (!prepare()) return 2;
+    ranks_.reserve(a_.nproc);
+    for (int local = 0; local < a_.nproc; ++local)
+      if (!spawn(local)) return 1;  // children die with us (PR_SET_PDEATHSIG)
+    return supervise();
+  }
+
+ private:
+  // Everything that can refuse the job before any rank starts.
+  bool prepare() {
+    // A launcher started with a closed stdin/stdout/stderr would hand those
+    // numbers to its own pipes and sockets; the children's dup2 would then
+    // clobber them.
+    for (int fd = 0; fd <= 2; ++fd)
+      if (fcntl(fd, F_GETFD) < 0) open("/dev/null", O_RDWR);
+
+    if (const char* s = std::getenv("COLLIE_JOB_SECRET"); s && *s) {
+      secret_ = s;
+    } else if (a_.nnodes > 1) {
+      // A secret made up here would differ on every node, and the store
+      // would refuse every node but this one.
+      std::fprintf(stderr,
+                   "collie-run: a job on several nodes needs one COLLIE_JOB_SECRET shared by "
+                   "every node's launcher; export the same value on each, e.g. "
+                   "COLLIE_JOB_SECRET=$(openssl rand -hex 16)\n");
+      return false;
+    } else {
+      secret_ = random_secret();
+    }
+
+    port_ = a_.master_port;
+    if (a_.node_rank == 0) {
+      // One node: only local ranks connect, so listen on the master address
+      // (loopback by default) rather than on every interface.
+      const std::string host = a_.nnodes == 1 ? a_.master_addr : "";
+      try {
+        store_ = collie::net::listen_tcp(host, port_ < 0 ? 0 : port_, "collie-run");
+        port_ = collie::net::local_port(store_.get());
+      } catch (const collie::Error& e) {
+        if (a_.master_port >= 0 && std::strstr(e.what(), "already in use"))
+          std::fprintf(stderr,
+                       "collie-run: port %d is already in use; pass another --master-port or "
+                       "omit it to let collie-run pick a free one\n",
+                       a_.master_port);
+        else
+          std::fprintf(stderr, "%s\n", e.what());
+        return false;
+      }
+      if (a_.nnodes > 1 && a_.master_port < 0)
+        std::fprintf(stderr,
+                     "collie-run: rank 0's store listens on port %d; start the other nodes "
+                     "with --master-addr <this host> --master-port %d\n",
+                     port_, port_);
+    }
+
+    // SIGCHLD and the forwarded signals arrive through a signalfd, so one
+    // poll() waits for output, exits and signals alike, with no timer tick.
+    sigemptyset(&handled_);
+    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled_, sig);
+    sigprocmask(SIG_BLOCK, &handled_, &saved_mask_);
+    sigfd_ = signalfd(-1, &handled_, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sigfd_ < 0) {
+      std::perror("collie-run: signalfd");
+      return false;
+    }
+    signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the supervisor
+    return true;
+  }
+
+  bool spawn(int local) {
+    Rank& r = ranks_.emplace_back();
+    r.rank = a_.node_rank * a_.nproc + local;
+    r.prefix = "[" + std::to_string(r.rank) + "] ";
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    if (a_.prefix && (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)) {
+      std::perror("collie-run: pipe");
+      return false;
+    }
+    const pid_t launcher = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("collie-run: fork");
+      return false;
+    }
+    if (pid == 0) exec_rank(r, local, launcher, out[1], err[1]);
+    r.pid = pid;
+    r.running = true;
+    // Also here, so that no signal sent right after fork misses the group.
+    setpgid(pid, pid);
+    if (a_.prefix) {
+      close(out[1]);
+      close(err[1]);
+      r.out = {out[0], STDOUT_FILENO, {}};
+      r.err = {err[0], STDERR_FILENO, {}};
+    }
+    if (r.rank == 0) store_.reset();  // rank 0 holds the only copy from now on
+    return true;
+  }
+
+  [[noreturn]] void exec_rank(const Rank& r, int local, pid_t launcher, int out, int err) {
+    // Each rank leads its own process group, so that ending a rank also ends
+    // what it started (a shell's children), which would otherwise keep the
+    // output pipe open. Being outside our group, a rank would also outlive a
+    // launcher killed with its group: PDEATHSIG covers that.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(1);  // the launcher died before prctl
+    sigprocmask(SIG_SETMASK, &saved_mask_, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    // A background process group that reads the terminal is stopped
+    // (SIGTTIN), which would hang the job without a word.
+    if (isatty(STDIN_FILENO)) {
+      int null = open("/dev/null", O_RDONLY);
+      dup2(null, STDIN_FILENO);
+    }
+    if (a_.prefix) {
+      dup2(out, STDOUT_FILENO);
+      dup2(err, STDERR_FILENO);
+    }
+    int first_closed = kStoreFd;
+    unsetenv("COLLIE_STORE_FD");
+    if (store_.valid()) {
+      // dup2 onto a fixed number also clears FD_CLOEXEC, for this child only.
+      if (store_.get() == kStoreFd)
+        collie::net::set_cloexec(kStoreFd, false);
+      else
+        dup2(store_.get(), kStoreFd);
+      setenv("COLLIE_STORE_FD", std::to_string(kStoreFd).c_str(), 1);
+      first_closed = kStoreFd + 1;
+    }
+    // Whatever our own parent leaked to us is not the ranks' business.
+    if (close_range(first_closed, ~0u, 0) != 0)
+      for (int fd = first_closed; fd < 65536; ++fd) close(fd);
+
+    auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
+    set("COLLIE_RANK", std::to_string(r.rank));
+    set("COLLIE_WORLD_SIZE", std::to_string(world_));
+    set("COLLIE_LOCAL_RANK", std::to_string(local));
+    set("COLLIE_LOCAL_WORLD_SIZE", std::to_string(a_.nproc));
+    set("COLLIE_NODE_RANK", std::to_string(a_.node_rank));
+    set("COLLIE_NNODES", std::to_string(a_.nnodes));
+    set("COLLIE_MASTER_ADDR", a_.master_addr);
+    set("COLLIE_MASTER_PORT", std::to_string(port_));
+    set("COLLIE_JOB_SECRET", secret_);
+    set("RANK", std::to_string(r.rank));
+    set("WORLD_SIZE", std::to_string(world_));
+    set("LOCAL_RANK", std::to_string(local));
+    set("LOCAL_WORLD_SIZE", std::to_string(a_.nproc));
+    set("GROUP_RANK", std::to_string(a_.node_rank));
+    set("MASTER_ADDR", a_.master_addr);
+    set("MASTER_PORT", std::to_string(port_));
+
+    std::vector<char*> argv;
+    for (const auto& s : a_.prog) argv.push_back(const_cast<char*>(s.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "collie-run: rank %d: cannot run '%s': %s\n", r.rank, argv[0],
+                 std::strerror(errno));
+    _exit(127);
+  }
+
+  int supervise() {
+    for (;;) {
+      bool all_exited = true, pipes_open = false;
+      for (const Rank& r : ranks_) {
+        all_exited = all_exited && !r.running;
+        pipes_open = pipes_open || r.out.fd >= 0 || r.err.fd >= 0;
+      }
+      if (all_exited && !pipes_open) break;
+      // Every rank is gone but something it started still holds its output:
+      // give that a moment to finish, then end it rather than wait on it.
+      if (all_exited && !drain_until_) drain_until_ = Clock::now() + kPipeDrain;
+      if (drain_until_ && Clock::now() >= *drain_until_) {
+        signal_ranks(SIGKILL);
+        for (Rank& r : ranks_) {
+          finish(r.out, r.prefix);
+          finish(r.err, r.prefix);
+        }
+        break;
+      }
+      if (kill_at_ && Clock::now() >= *kill_at_) {
+        signal_ranks(SIGKILL);
+        kill_at_.reset();
+      }
+      wait_and_handle();
+    }
+    if (first_failure_) return exit_code(*first_failure_);
+    if (stop_signal_) return 128 + stop_signal_;
+    return 0;
+  }
+
+  void wait_and_handle() {
+    std::vector<pollfd> pfds{{sigfd_, POLLIN, 0}};
+    std::vector<std::pair<Stream*, const std::string*>> streams;
+    for (Rank& r : ranks_)
+      for (Stream* s : {&r.out, &r.err})
+        if (s->fd >= 0) {
+          pfds.push_back({s->fd, POLLIN, 0});
+          streams.emplace_back(s, &r.prefix);
+        }
+    std::optional<Deadline> next = kill_at_;
+    if (drain_until_ && (!next || *drain_until_ < *next)) next = drain_until_;
+    int timeout = next ? collie::net::poll_timeout_ms(*next) : -1;
+    if (poll(pfds.data(), pfds.size(), timeout) < 0 && errno != EINTR) {
+      std::perror("collie-run: poll");
+      std::exit(1);
+    }
+    // Output first, so that lines written just before a rank exited are
+    // printed before the launcher's word on that exit.
+    for (size_t i = 1; i < pfds.size(); ++i)
+      if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))
+        relay(*streams[i - 1].first, *streams[i - 1].second);
+    if (pfds[0].revents & POLLIN) handle_signals();
+  }
+
+  void handle_signals() {
+    signalfd_siginfo info;
+    while (read(sigfd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+      int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) {
+        reap();
+        continue;
+      }
+      if (!stop_signal_) stop_signal_ = sig;
+      if (!kill_at_) kill_at_ = Clock::now() + std::chrono::seconds(a_.grace_seconds);
+      signal_ranks(sig);
+    }
+  }
+
+  // SIGCHLDs coalesce, so every running rank is asked, not just one.
+  void reap() {
+    for (Rank& r : ranks_) {
+      int status = 0;
+      if (!r.running || waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+      r.running = false;
+      bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      // Once we are stopping the job, exits are our doing, not new failures.
+      if (!failed || stopping()) continue;
+      first_failure_ = status;
+      bool others = false;
+      for (const Rank& o : ranks_) others = others || o.running;
+      std::fprintf(stderr, "collie-run: rank %d %s%s\n", r.rank, describe(status).c_str(),
+                   others ? "; stopping the other ranks" : "");
+      kill_at_ = Clock::now() + std::chrono::seconds(a_.grace_seconds);
+      signal_ranks(SIGTERM);
+    }
+  }
+
+  bool stopping() const { return first_failure_.has_value() || stop_signal_ != 0; }
+
+  // By process group (see exec_rank). A rank that has exited is still
+  // signalled while its pipes are open: what holds them is its leftover
+  // children, and they keep the group id from being reused.
+  void signal_ranks(int sig) {
+    for (const Rank& r : ranks_)
+      if (r.running || r.out.fd >= 0 || r.err.fd >= 0)
+        if (kill(-r.pid, sig) != 0 && r.running) kill(r.pid, sig);
+  }
+
+  void relay(Stream& s, const std::string& prefix) {
+    char chunk[65536];
+    ssize_t n = read(s.fd, chunk, sizeof chunk);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) {
+      finish(s, prefix);
+      return;
+    }
+    s.pending.append(chunk, static_cast<size_t>(n));
+    emit(s, prefix, false);
+  }
+
+  // Flushes the unfinished last line and closes the pipe.
+  void finish(Stream& s, const std::string& prefix) {
+    if (s.fd < 0) return;
+    emit(s, prefix, true);
+    close(s.fd);
+    s.fd = -1;
+  }
+
+  // Writes the whole lines of `s.pending`, each with the prefix, in one write
+  // so that ranks' lines never interleave mid-line.
+  static void emit(Stream& s, const std::string& prefix, bool eof) {
+    std::string text;
+    size_t start = 0;
+    for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1)
+      text.append(prefix).append(s.pending, start, nl + 1 - start);
+    s.pending.erase(0, start);
+    if (!s.pending.empty() && (eof || s.pending.size() > kMaxLine)) {
+      text.append(prefix).append(s.pending).push_back('\n');
+      s.pending.clear();
+    }
+    if (!text.empty()) write_all(s.to, text);
+  }
+
+  Args a_;
+  int world_;
+  std::string secret_;
+  int port_ = -1;
+  collie::net::Fd store_;  // node 0: the store's listening socket until rank 0 has it
+  sigset_t handled_{}, saved_mask_{};
+  int sigfd_ = -1;
+  std::vector<Rank> ranks_;
+  std::optional<int> first_failure_;  // wait status of the first rank that failed
+  int stop_signal_ = 0;               // first signal we were asked to stop with
+  std::optional<Deadline> kill_at_;   // SIGKILL whatever is left at this time
+  std::optional<Deadline> drain_until_;
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a = parse(argc, argv);
-  const int world = a.nnodes * a.nproc;
-
-  // Node 0 holds the store's socket from here until rank 0 has it.
-  collie::net::Fd store_listener;
-  int port = a.master_port;
-  if (a.node_rank == 0) {
-    try {
-      store_listener = collie::net::listen_tcp("", port < 0 ? 0 : port, "collie-run");
-    } catch (const collie::Error& e) {
-      std::fprintf(stderr, "collie-run: %s\n", e.what());
-      return 2;
-    }
-    port = collie::net::local_port(store_listener.get());
-  }
-  std::string secret;
-  if (const char* s = std::getenv("COLLIE_JOB_SECRET"); s && *s) secret = s;
-  else if (a.nnodes > 1) {
-    std::fprintf(stderr, "collie-run: a job on several nodes needs one COLLIE_JOB_SECRET shared by "
-                         "every node's launcher; export the same value on each\n");
-    return 2;
-  } else secret = random_secret();
-
-  if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    std::perror("collie-run: pipe");
-    return 1;
-  }
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
-  std::vector<Rank> ranks(a.nproc);
-  for (int local = 0; local < a.nproc; ++local) {
-    Rank& r = ranks[local];
-    r.rank = a.node_rank * a.nproc + local;
-    r.prefix.append("[").append(std::to_string(r.rank)).append("] ");
-    int out[2] = {-1, -1}, err[2] = {-1, -1};
-    if (a.prefix && (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)) {
-      std::perror("collie-run: pipe");
-      return 1;
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("collie-run: fork");
-      return 1;
-    }
-    if (pid == 0) {
-      // Each rank leads its own process group, so that ending a rank also
-      // ends whatever it started (a shell's children, say).
-      setpgid(0, 0);
-      signal(SIGPIPE, SIG_DFL);
-      for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
-      if (a.prefix) {
-        dup2(out[1], STDOUT_FILENO);
-        dup2(err[1], STDERR_FILENO);
-      }
-      auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
-      set("COLLIE_RANK", std::to_string(r.rank));
-      set("COLLIE_WORLD_SIZE", std::to_string(world));
-      set("COLLIE_LOCAL_RANK", std::to_string(local));
-      set("COLLIE_LOCAL_WORLD_SIZE", std::to_string(a.nproc));
-      set("COLLIE_NODE_RANK", std::to_string(a.node_rank));
-      set("COLLIE_NNODES", std::to_string(a.nnodes));
-      set("COLLIE_MASTER_ADDR", a.master_addr);
-      set("COLLIE_MASTER_PORT", std::to_string(port));
-      set("COLLIE_JOB_SECRET", secret);
-      set("RANK", std::to_string(r.rank));
-      set("WORLD_SIZE", std::to_string(world));
-      set("LOCAL_RANK", std::to_string(local));
-      set("LOCAL_WORLD_SIZE", std::to_string(a.nproc));
-      set("GROUP_RANK", std::to_string(a.node_rank));
-      set("MASTER_ADDR", a.master_addr);
-      set("MASTER_PORT", std::to_string(port));
-      unsetenv("COLLIE_STORE_FD");
-      if (r.rank == 0 && store_listener.valid()) {
-        collie::net::set_cloexec(store_listener.get(), false);
-        set("COLLIE_STORE_FD", std::to_string(store_listener.get()));
-      }
-      std::vector<char*> argv_c;
-      for (auto& s : a.prog) argv_c.push_back(s.data());
-      argv_c.push_back(nullptr);
-      execvp(argv_c[0], argv_c.data());
-      std::fprintf(stderr, "collie-run: rank %d: cannot run '%s': %s\n", r.rank, argv_c[0],
-                   std::strerror(errno));
-      _exit(127);
-    }
-    r.pid = pid;
-    setpgid(pid, pid);  // also here: no window in which a signal misses the group
-    if (a.prefix) {
-      close(out[1]);
-      close(err[1]);
-      r.out = out[0];
-      r.err = err[0];
-    }
-    if (r.rank == 0) store_listener.reset();  // rank 0 has its own copy now
-  }
-  store_listener.reset();
-
-  int first_failed = -1;
-  int first_status = 0;
-  bool terminating = false;
-  collie::net::Deadline kill_at{};
-  // Signals go to each rank's process group; after a rank has exited, its
-  // leftover children may still hold its output pipe, so they are signalled too.
-  auto signal_all = [&](int sig) {
-    for (auto& r : ranks)
-      if (!r.exited || r.out >= 0 || r.err >= 0) kill(-r.pid, sig);
-  };
-  collie::net::Deadline pipes_deadline = collie::net::Clock::time_point::max();
-
-  for (;;) {
-    // Reap whoever has exited.
-    for (auto& r : ranks) {
-      if (r.exited) continue;
-      int status = 0;
-      if (waitpid(r.pid, &status, WNOHANG) == r.pid) {
-        r.exited = true;
-        r.status = status;
-        bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        if (failed && first_failed < 0 && !terminating) {
-          first_failed = r.rank;
-          first_status = status;
-          std::fprintf(stderr, "collie-run: rank %d %s; stopping the other ranks\n", r.rank,
-                       describe_status(status).c_str());
-          terminating = true;
-          signal_all(SIGTERM);
-          kill_at = collie::net::deadline_after(std::chrono::seconds(a.grace_seconds));
-        }
-      }
-    }
-    bool all_exited = true, pipes_open = false;
-    for (auto& r : ranks) {
-      all_exited = all_exited && r.exited;
-      pipes_open = pipes_open || r.out >= 0 || r.err >= 0;
-    }
-    if (all_exited && !pipes_open) break;
-    if (all_exited && pipes_deadline == collie::net::Clock::time_point::max())
-      pipes_deadline = collie::net::deadline_after(std::chrono::seconds(2));
-    if (all_exited && collie::net::Clock::now() >= pipes_deadline) {
-      // Every rank is gone but something they started keeps their output
-      // open: end it rather than wait for it.
-      signal_all(SIGKILL);
-      for (auto& r : ranks) {
-        for (int* fd : {&r.out, &r.err})
-          if (*fd >= 0) {
-            close(*fd);
-            *fd = -1;
-          }
-      }
-      break;
-    }
-    if (terminating && collie::net::Clock::now() >= kill_at) {
-      signal_all(SIGKILL);
-      kill_at = collie::net::deadline_after(std::chrono::hours(1));
-    }
-
-    std::vector<pollfd> pfds{{g_signal_pipe[0], POLLIN, 0}};
-    std::vector<std::pair<Rank*, bool>> owners;  // (rank, is stdout)
-    for (auto& r : ranks) {
-      if (r.out >= 0) {
-        pfds.push_back({r.out, POLLIN, 0});
-        owners.push_back({&r, true});
-      }
-      if (r.err >= 0) {
-        pfds.push_back({r.err, POLLIN, 0});
-        owners.push_back({&r, false});
-      }
-    }
-    // Children's exits are noticed by polling waitpid every 50 ms; their
-    // output wakes the loop at once.
-    int timeout_ms = 50;
-    if (poll(pfds.data(), pfds.size(), timeout_ms) < 0 && errno != EINTR) {
-      std::perror("collie-run: poll");
-      return 1;
-    }
-    if (pfds[0].revents & POLLIN) {
-      unsigned char sig;
-      while (read(g_signal_pipe[0], &sig, 1) == 1) {
-        if (!terminating) {
-          terminating = true;
-          kill_at = collie::net::deadline_after(std::chrono::seconds(a.grace_seconds));
-        }
-        signal_all(sig);
-      }
-    }
-    for (size_t i = 1; i < pfds.size(); ++i) {
-      if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Rank& r = *owners[i - 1].first;
-      bool is_out = owners[i - 1].second;
-      int& fd = is_out ? r.out : r.err;
-      std::string& buf = is_out ? r.out_buf : r.err_buf;
-      char chunk[65536];
-      ssize_t n = read(fd, chunk, sizeof chunk);
-      const std::string& prefix = r.prefix;
-      if (n > 0) {
-        buf.append(chunk, static_cast<size_t>(n));
-        emit_lines(buf, is_out ? STDOUT_FILENO : STDERR_FILENO, prefix, false);
-      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        emit_lines(buf, is_out ? STDOUT_FILENO : STDERR_FILENO, prefix, true);
-        close(fd);
-        fd = -1;
-      }
-    }
-  }
-
-  if (first_failed >= 0) return exit_code_of(first_status);
-  // Ended by a signal we forwarded: report the first rank that did not exit 0.
-  for (auto& r : ranks)
-    if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)) return exit_code_of(r.status);
-  return 0;
+  Job job(parse_args(argc, argv));
+  return job.run();
 }
