@@ -49,25 +49,36 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
     shape_hash = mix(mix(shape_hash, p.value.numel), static_cast<uint64_t>(p.value.dtype));
   }
 
-  // Every rank must hold the same parameters: compare counts and shapes.
+  // Every rank must hold the same parameters and build the same buckets:
+  // compare counts, shapes and the bucket plan (it also depends on the
+  // bucket sizes, which a rank could be given differently).
+  build_buckets({});
+  uint64_t plan_hash = 1469598103934665603ull;
+  for (char ch : plan_.fingerprint()) plan_hash = mix(plan_hash, static_cast<unsigned char>(ch));
   int n = comm_.size();
-  std::vector<int64_t> mine{static_cast<int64_t>(params_.size()), static_cast<int64_t>(shape_hash)};
-  std::vector<int64_t> all(2 * static_cast<size_t>(n));
-  comm_.allgather(view_of(mine.data(), 2), view_of(all.data(), all.size())).wait();
-  for (int r = 1; r < n; ++r)
-    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
+  std::vector<int64_t> mine{static_cast<int64_t>(params_.size()), static_cast<int64_t>(shape_hash),
+                            static_cast<int64_t>(plan_hash)};
+  std::vector<int64_t> all(3 * static_cast<size_t>(n));
+  comm_.allgather(view_of(mine.data(), 3), view_of(all.data(), all.size())).wait();
+  for (int r = 1; r < n; ++r) {
+    if (all[3 * r] != all[0] || all[3 * r + 1] != all[1])
       throw Error(ErrorCode::mismatch,
                   "reducer on " + who + ": rank " + std::to_string(r) + " has " +
-                      std::to_string(all[2 * r]) + " parameters and rank 0 has " +
+                      std::to_string(all[3 * r]) + " parameters and rank 0 has " +
                       std::to_string(all[0]) +
-                      (all[2 * r] == all[0] ? ", but their shapes or dtypes differ" : "") +
+                      (all[3 * r] == all[0] ? ", but their shapes or dtypes differ" : "") +
                       ": every rank must build the reducer over the same model");
+    if (all[3 * r + 2] != all[2])
+      throw Error(ErrorCode::mismatch,
+                  "reducer on " + who + ": rank " + std::to_string(r) +
+                      " plans different buckets from rank 0 over the same parameters: give "
+                      "every rank the same bucket sizes");
+  }
 
   if (opt_.broadcast_parameters)
     for (const Parameter& p : params_) comm_.broadcast(p.value, 0).wait();
 
   log_every_ = config::reducer_log_every(config::process_env());
-  build_buckets({});
 }
 
 Reducer::~Reducer() {

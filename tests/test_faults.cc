@@ -23,6 +23,7 @@
 #include "collie/comm.h"
 #include "comm/config/config.h"
 #include "comm/tcp/socket.h"
+#include "reducer/reducer.h"
 
 namespace collie {
 namespace {
@@ -350,6 +351,38 @@ TEST(Faults, BadLaunchVariablesSayWhatToChange) {
       2s);
   EXPECT_EQ(out[0].code(), "invalid_argument") << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "RANK=4 is not below WORLD_SIZE=4")) << describe(out);
+}
+
+// Ranks that build the reducer over different models, or with different
+// bucket sizes, are told so at construction, on every rank.
+TEST(Faults, ReducerOverDifferentModelsOrBucketsIsRefusedOnEveryRank) {
+  for (bool shapes : {true, false}) {
+    auto out = run_ranks(
+        3,
+        [&](int rank, Options opt) {
+          auto c = connect(opt);
+          std::vector<float> a(100), ga(100), b(50), gb(50), d(30), gd(30);
+          size_t nd = shapes && rank == 2 ? 29 : 30;
+          ReducerOptions ro;
+          // Reverse order d, b, a: d fills the 64-byte first bucket; with
+          // 4096-byte buckets b and a share one, with 128-byte ones they do not.
+          ro.first_bucket_bytes = 64;
+          ro.bucket_bytes = !shapes && rank == 2 ? 128 : 4096;
+          Reducer red(*c,
+                      {{view_of(a.data(), 100), view_of(ga.data(), 100)},
+                       {view_of(b.data(), 50), view_of(gb.data(), 50)},
+                       {view_of(d.data(), nd), view_of(gd.data(), nd)}},
+                      ro);
+          return std::string("constructed");
+        },
+        20s);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(out[r].code(), "mismatch") << describe(out);
+      EXPECT_TRUE(contains(out[r].message(), "rank 2")) << describe(out);
+      EXPECT_TRUE(contains(out[r].message(), shapes ? "shapes or dtypes" : "bucket sizes"))
+          << describe(out);
+    }
+  }
 }
 
 }  // namespace
