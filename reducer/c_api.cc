@@ -182,6 +182,7 @@ collie_status collie_reducer_create(collie_comm* c, const collie_tensor* params,
       opt.find_unused_parameters = o->find_unused_parameters != 0;
       opt.static_graph = o->static_graph != 0;
       opt.broadcast_parameters = o->broadcast_parameters != 0;
+      if (o->comm_hook) opt.comm_hook = o->comm_hook;
     }
     if (!grads && !opt.gradient_as_bucket_view)
       throw collie::Error(collie::ErrorCode::invalid_argument,

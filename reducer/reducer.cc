@@ -79,6 +79,13 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
     for (const Parameter& p : params_) comm_.broadcast(p.value, 0).wait();
 
   log_every_ = config::reducer_log_every(config::process_env());
+  if (opt_.hook) {
+    hook_ = opt_.hook;
+  } else {
+    std::string spec = opt_.comm_hook;
+    if (spec.empty()) spec = config::comm_hook(config::process_env());
+    hook_ = make_comm_hook(spec.empty() ? "allreduce" : spec);
+  }
 }
 
 Reducer::~Reducer() {
@@ -189,7 +196,18 @@ void Reducer::launch_ready_buckets() {
     launched_at_[b] = Clock::now();
     double* done_us = &comm_us_[b];
     auto start = launched_at_[b];
-    works_[b] = comm_.allreduce(buffers_[b].view(), ReduceOp::avg).then([done_us, start](const Work& w) {
+    GradBucket gb;
+    gb.index = b;
+    gb.buffer = buffers_[b].view();
+    const Bucket& bucket = plan_.buckets()[b];
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      size_t p = bucket.params[k];
+      gb.grads.push_back(buffers_[b].slice(bucket.offsets[k], specs_[p].numel));
+      gb.params.push_back(params_[p].value);
+    }
+    gb.is_last = b + 1 == pending_.size();
+    gb.iteration = iteration_;
+    works_[b] = hook_->run(comm_, gb).then([done_us, start](const Work& w) {
       *done_us = us_between(start, Clock::now());
       if (auto e = w.error()) throw *e;
     });

@@ -35,6 +35,7 @@
 
 #include "buckets/bucket_plan.h"
 #include "collie/comm.h"
+#include "hooks/comm_hook.h"
 
 namespace collie {
 
@@ -46,6 +47,11 @@ struct ReducerOptions {
   bool static_graph = false;
   bool broadcast_parameters = true;
   bool rebuild_buckets = true;
+  // How buckets travel: a hook spec ("fp16", "bf16_wrap:allreduce", ...);
+  // empty means COLLIE_COMM_HOOK, else "allreduce". `hook`, when set, is used
+  // instead (a user's own C++ hook).
+  std::string comm_hook;
+  std::shared_ptr<CommHook> hook;
 };
 
 struct Parameter {
@@ -88,6 +94,7 @@ class Reducer {
   bool no_sync() const { return no_sync_; }
 
   const BucketPlan& plan() const { return plan_; }
+  CommHook& comm_hook() { return *hook_; }
   const ReducerStats& last_stats() const { return stats_; }
   uint64_t iterations() const { return iteration_; }
 
@@ -104,6 +111,7 @@ class Reducer {
   ReducerOptions opt_;
   BucketPlan plan_;
   std::vector<FlatBuffer> buffers_;
+  std::shared_ptr<CommHook> hook_;
 
   std::mutex mu_;
   bool in_backward_ = false;

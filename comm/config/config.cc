@@ -230,6 +230,11 @@ int reducer_log_every(const Env& env) {
   return static_cast<int>(*v);
 }
 
+std::string comm_hook(const Env& env) {
+  const char* v = env("COLLIE_COMM_HOOK");
+  return v ? v : "";
+}
+
 int log_level(const Env& env) {
   const char* v = env("COLLIE_DEBUG");
   if (!v) return 0;

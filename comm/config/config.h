@@ -58,6 +58,9 @@ std::string backend(const Options& options, const Env& env);
 // timings every this many iterations (default 100).
 int reducer_log_every(const Env& env);
 
+// COLLIE_COMM_HOOK: the reducer's default comm hook spec ("" if unset).
+std::string comm_hook(const Env& env);
+
 // COLLIE_DEBUG: WARN (default), INFO, DEBUG.
 int log_level(const Env& env);
 

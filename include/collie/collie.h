@@ -105,6 +105,7 @@ typedef struct {
   int32_t find_unused_parameters;
   int32_t static_graph;
   int32_t broadcast_parameters;  /* default 1 */
+  const char* comm_hook;         /* NULL: COLLIE_COMM_HOOK, else "allreduce"; e.g. "fp16" */
 } collie_reducer_options;
 
 void collie_reducer_options_init(collie_reducer_options* opts);

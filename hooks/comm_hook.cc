@@ -1,0 +1,245 @@
+// hooks/comm_hook.cc: the hook registry, the spec parser, and the built-in
+// hooks that exist so far: allreduce (the default), noop, fp16 and bf16
+// compression, and the fp16_wrap:/bf16_wrap: wrappers.
+#include "hooks/comm_hook.h"
+
+#include <mutex>
+#include <vector>
+
+#include "comm/core/reduce.h"
+
+namespace collie {
+
+void CommHook::load_state(const Bytes& state) {
+  if (!state.empty())
+    throw Error(ErrorCode::invalid_argument,
+                "comm hook '" + name() + "' has no state to load, but was given " +
+                    std::to_string(state.size()) + " bytes");
+}
+
+namespace {
+
+Error bad_spec(const std::string& msg) {
+  return Error(ErrorCode::invalid_argument, "comm hook: " + msg);
+}
+
+// --- arithmetic ------------------------------------------------------------
+
+double load(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f64: return static_cast<const double*>(p)[i];
+    case DType::f16: return kernels::half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::bf16: return kernels::bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    default: throw bad_spec("compression needs floating-point gradients");
+  }
+}
+
+void store(DType t, void* p, size_t i, double v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DType::f64: static_cast<double*>(p)[i] = v; break;
+    case DType::f16: static_cast<uint16_t*>(p)[i] = kernels::float_to_half(static_cast<float>(v)); break;
+    case DType::bf16: static_cast<uint16_t*>(p)[i] = kernels::float_to_bf16(static_cast<float>(v)); break;
+    default: throw bad_spec("compression needs floating-point gradients");
+  }
+}
+
+class CpuHookMath final : public HookMath {
+ public:
+  void compress(TensorView src, TensorView dst, int divisor) override {
+    check(src, dst);
+    // f32 -> narrow: scale in f32 (as the all-reduce would), round once.
+    if (src.dtype == DType::f32 && (dst.dtype == DType::f16 || dst.dtype == DType::bf16)) {
+      const float* s = static_cast<const float*>(src.data);
+      auto* d = static_cast<uint16_t*>(dst.data);
+      float k = static_cast<float>(divisor);
+      bool half = dst.dtype == DType::f16;
+      for (size_t i = 0; i < src.numel; ++i)
+        d[i] = half ? kernels::float_to_half(s[i] / k) : kernels::float_to_bf16(s[i] / k);
+      return;
+    }
+    for (size_t i = 0; i < src.numel; ++i) store(dst.dtype, dst.data, i, load(src.dtype, src.data, i) / divisor);
+  }
+  void decompress(TensorView src, TensorView dst) override {
+    check(src, dst);
+    for (size_t i = 0; i < src.numel; ++i) store(dst.dtype, dst.data, i, load(src.dtype, src.data, i));
+  }
+
+ private:
+  static void check(const TensorView& a, const TensorView& b) {
+    if (a.numel != b.numel) throw bad_spec("compression buffers differ in size");
+    if (!a.device.is_cpu() || !b.device.is_cpu())
+      throw Error(ErrorCode::unavailable, "comm hook: CUDA buffers need the CUDA hook math (not built)");
+  }
+};
+
+// --- built-in hooks ----------------------------------------------------------
+
+class AllreduceHook final : public CommHook {
+ public:
+  std::string name() const override { return "allreduce"; }
+  Work run(Communicator& comm, GradBucket& b) override { return comm.allreduce(b.buffer, ReduceOp::avg); }
+};
+
+// Sends nothing: each rank keeps its own gradients. For measuring what the
+// communication costs.
+class NoopHook final : public CommHook {
+ public:
+  std::string name() const override { return "noop"; }
+  Work run(Communicator&, GradBucket&) override { return Work(); }
+};
+
+// Compress to a 16-bit float type, reduce, decompress into the bucket. On its
+// own (`inner` null) it divides by the world size while compressing and sums
+// in the narrow type (PyTorch's fp16_compress_hook); as a wrapper it hands the
+// compressed bucket to `inner` and decompresses what that leaves.
+class CompressHook final : public CommHook {
+ public:
+  CompressHook(DType narrow, std::unique_ptr<CommHook> inner)
+      : narrow_(narrow), inner_(std::move(inner)) {}
+
+  std::string name() const override {
+    std::string n = narrow_ == DType::f16 ? "fp16" : "bf16";
+    return inner_ ? n + "_wrap:" + inner_->name() : n;
+  }
+
+  Work run(Communicator& comm, GradBucket& b) override {
+    auto& buf = scratch_[b.index];
+    buf.resize(b.buffer.numel * 2);
+    TensorView small{buf.data(), narrow_, b.buffer.numel, Device::cpu()};
+    HookMath& math = cpu_hook_math();
+    TensorView full = b.buffer;
+    Work w;
+    if (!inner_) {
+      math.compress(full, small, comm.size());
+      w = comm.allreduce(small, ReduceOp::sum);
+    } else {
+      math.compress(full, small, 1);
+      GradBucket nb = b;
+      nb.buffer = small;
+      for (auto& g : nb.grads) {
+        size_t off = (static_cast<uint8_t*>(g.data) - static_cast<uint8_t*>(full.data)) /
+                     dtype_size(full.dtype);
+        g = small.slice(off, g.numel);
+      }
+      w = inner_->run(comm, nb);
+    }
+    return w.then([small, full](const Work& done) {
+      if (auto e = done.error()) throw *e;
+      cpu_hook_math().decompress(small, full);
+    });
+  }
+
+  Bytes save_state() const override { return inner_ ? inner_->save_state() : Bytes{}; }
+  void load_state(const Bytes& s) override {
+    if (inner_) inner_->load_state(s);
+    else CommHook::load_state(s);
+  }
+
+ private:
+  DType narrow_;
+  std::unique_ptr<CommHook> inner_;
+  std::map<size_t, std::vector<uint8_t>> scratch_;  // per bucket, reused every iteration
+};
+
+// --- registry ---------------------------------------------------------------
+
+struct Entry {
+  std::vector<std::string> params;
+  HookFactory factory;
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<std::string, Entry>& registry() {
+  static std::map<std::string, Entry> r = [] {
+    std::map<std::string, Entry> m;
+    m["allreduce"] = {{}, [](const HookParams&) { return std::make_unique<AllreduceHook>(); }};
+    m["noop"] = {{}, [](const HookParams&) { return std::make_unique<NoopHook>(); }};
+    m["fp16"] = {{}, [](const HookParams&) { return std::make_unique<CompressHook>(DType::f16, nullptr); }};
+    m["bf16"] = {{}, [](const HookParams&) { return std::make_unique<CompressHook>(DType::bf16, nullptr); }};
+    return m;
+  }();
+  return r;
+}
+
+std::string accepted_names() {
+  std::string s;
+  for (const auto& n : comm_hook_names()) s += (s.empty() ? "" : ", ") + n;
+  return s + ", fp16_wrap:<hook>, bf16_wrap:<hook>";
+}
+
+}  // namespace
+
+HookMath& cpu_hook_math() {
+  static CpuHookMath m;
+  return m;
+}
+
+void register_comm_hook(const std::string& name, std::vector<std::string> params,
+                        HookFactory factory) {
+  if (name.empty() || name.find_first_of(":,=") != std::string::npos)
+    throw bad_spec("a hook name must be non-empty and free of ':', ',' and '=': '" + name + "'");
+  std::lock_guard lk(registry_mutex());
+  registry()[name] = {std::move(params), std::move(factory)};
+}
+
+std::vector<std::string> comm_hook_names() {
+  std::lock_guard lk(registry_mutex());
+  std::vector<std::string> v;
+  for (const auto& [name, e] : registry()) v.push_back(name);
+  return v;
+}
+
+std::unique_ptr<CommHook> make_comm_hook(const std::string& spec) {
+  auto colon = spec.find(':');
+  std::string name = spec.substr(0, colon);
+  std::string rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  if (name == "fp16_wrap" || name == "bf16_wrap") {
+    if (rest.empty())
+      throw bad_spec("'" + name + "' wraps another hook: write " + name + ":<hook>, e.g. " + name +
+                     ":allreduce");
+    return std::make_unique<CompressHook>(name == "fp16_wrap" ? DType::f16 : DType::bf16,
+                                          make_comm_hook(rest));
+  }
+  Entry entry;
+  bool found = false;
+  {
+    std::lock_guard lk(registry_mutex());
+    auto it = registry().find(name);
+    if (it != registry().end()) {
+      entry = it->second;
+      found = true;
+    }
+  }
+  // (accepted_names() takes the registry lock itself.)
+  if (!found) throw bad_spec("unknown hook '" + name + "'; known: " + accepted_names());
+  HookParams params;
+  size_t at = 0;
+  while (at < rest.size()) {
+    size_t comma = rest.find(',', at);
+    std::string kv = rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    at = comma == std::string::npos ? rest.size() : comma + 1;
+    if (kv.empty()) continue;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw bad_spec("'" + kv + "' in '" + spec + "' is not key=value");
+    std::string key = kv.substr(0, eq);
+    bool known = false;
+    for (const auto& p : entry.params) known = known || p == key;
+    if (!known) {
+      std::string list;
+      for (const auto& p : entry.params) list += (list.empty() ? "" : ", ") + p;
+      throw bad_spec("hook '" + name + "' has no parameter '" + key + "'; it takes " +
+                     (list.empty() ? std::string("none") : list));
+    }
+    params[key] = kv.substr(eq + 1);
+  }
+  return entry.factory(params);
+}
+
+}  // namespace collie
