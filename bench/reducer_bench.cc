@@ -3,6 +3,7 @@
 //
 //   collie-run -n 2 reducer_bench [--model resnet50|bert] [--compute-ms T]
 //                                 [--work sleep|cpu] [--iters N] [--bucket-mb 25]
+//                                 [--hook allreduce|fp16|bf16|...] [--modes view,copy]
 //
 // A synthetic backward with the gradient tensors of a real model (ResNet-50:
 // 161 tensors, 25.6 M parameters; BERT-base: 199 tensors, 110 M), produced
@@ -93,6 +94,7 @@ int main(int argc, char** argv) {
   double compute_ms = -1;
   int iters = 5;
   double bucket_mb = 25;
+  std::string hook = "allreduce", modes = "view,copy";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--model") model = argv[i + 1];
@@ -100,9 +102,11 @@ int main(int argc, char** argv) {
     else if (a == "--compute-ms") compute_ms = std::atof(argv[i + 1]);
     else if (a == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
     else if (a == "--bucket-mb") bucket_mb = std::atof(argv[i + 1]);
+    else if (a == "--hook") hook = argv[i + 1];
+    else if (a == "--modes") modes = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: reducer_bench [--model resnet50|bert] [--compute-ms T] "
-                           "[--work sleep|cpu] [--iters N] [--bucket-mb MB]\n");
+                           "[--work sleep|cpu] [--iters N] [--bucket-mb MB] [--hook SPEC] [--modes view,copy]\n");
       return 2;
     }
   }
@@ -115,14 +119,23 @@ int main(int argc, char** argv) {
   try {
     auto comm = collie::connect();
     const int rank = comm->rank();
-    if (rank == 0)
+    if (rank == 0) {
+      // Bytes each rank sends per step: a ring all-reduce of S bytes sends
+      // 2(n-1)/n S; the 16-bit compression hooks halve S.
+      int n = comm->size();
+      bool narrow = hook.rfind("fp16", 0) == 0 || hook.rfind("bf16", 0) == 0;
+      double wire = hook == "noop" ? 0 : total * 4.0 * (narrow ? 0.5 : 1.0) * 2 * (n - 1) / n;
       std::printf("# reducer_bench: %s, %zu tensors, %.1f M parameters (%.0f MB f32), %d ranks, "
-                  "backward %.0f ms of %s, median of %d steps\n",
-                  model.c_str(), sizes.size(), total / 1e6, total * 4 / 1e6, comm->size(),
-                  compute_ms, cpu ? "CPU work" : "free CPU (sleep)", iters);
+                  "backward %.0f ms of %s, hook %s (%.0f MB sent per rank per step, compression "
+                  "%.1fx), median of %d steps\n",
+                  model.c_str(), sizes.size(), total / 1e6, total * 4 / 1e6, n, compute_ms,
+                  cpu ? "CPU work" : "free CPU (sleep)", hook.c_str(), wire / 1e6,
+                  narrow ? 2.0 : 1.0, iters);
+    }
     std::vector<std::vector<float>> values;
     for (size_t s : sizes) values.emplace_back(s, 0.5f);
     for (bool view : {true, false}) {
+      if (modes.find(view ? "view" : "copy") == std::string::npos) continue;
       std::vector<std::vector<float>> grads;
       std::vector<collie::Parameter> params;
       for (size_t i = 0; i < sizes.size(); ++i) {
@@ -135,6 +148,7 @@ int main(int argc, char** argv) {
       opt.gradient_as_bucket_view = view;
       opt.broadcast_parameters = false;
       opt.bucket_bytes = static_cast<size_t>(bucket_mb * 1024 * 1024);
+      opt.comm_hook = hook;
       collie::Reducer red(*comm, params, opt);
       size_t bucket_bytes = 0;
       for (const auto& b : red.plan().buckets()) bucket_bytes += b.nbytes();

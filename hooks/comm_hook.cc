@@ -25,50 +25,22 @@ Error bad_spec(const std::string& msg) {
 
 // --- arithmetic ------------------------------------------------------------
 
-double load(DType t, const void* p, size_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f64: return static_cast<const double*>(p)[i];
-    case DType::f16: return kernels::half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::bf16: return kernels::bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    default: throw bad_spec("compression needs floating-point gradients");
-  }
-}
-
-void store(DType t, void* p, size_t i, double v) {
-  switch (t) {
-    case DType::f32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::f64: static_cast<double*>(p)[i] = v; break;
-    case DType::f16: static_cast<uint16_t*>(p)[i] = kernels::float_to_half(static_cast<float>(v)); break;
-    case DType::bf16: static_cast<uint16_t*>(p)[i] = kernels::float_to_bf16(static_cast<float>(v)); break;
-    default: throw bad_spec("compression needs floating-point gradients");
-  }
-}
-
 class CpuHookMath final : public HookMath {
  public:
   void compress(TensorView src, TensorView dst, int divisor) override {
     check(src, dst);
-    // f32 -> narrow: scale in f32 (as the all-reduce would), round once.
-    if (src.dtype == DType::f32 && (dst.dtype == DType::f16 || dst.dtype == DType::bf16)) {
-      const float* s = static_cast<const float*>(src.data);
-      auto* d = static_cast<uint16_t*>(dst.data);
-      float k = static_cast<float>(divisor);
-      bool half = dst.dtype == DType::f16;
-      for (size_t i = 0; i < src.numel; ++i)
-        d[i] = half ? kernels::float_to_half(s[i] / k) : kernels::float_to_bf16(s[i] / k);
-      return;
-    }
-    for (size_t i = 0; i < src.numel; ++i) store(dst.dtype, dst.data, i, load(src.dtype, src.data, i) / divisor);
+    kernels::convert(src.dtype, src.data, dst.dtype, dst.data, src.numel, divisor);
   }
   void decompress(TensorView src, TensorView dst) override {
     check(src, dst);
-    for (size_t i = 0; i < src.numel; ++i) store(dst.dtype, dst.data, i, load(src.dtype, src.data, i));
+    kernels::convert(src.dtype, src.data, dst.dtype, dst.data, src.numel, 1);
   }
 
  private:
   static void check(const TensorView& a, const TensorView& b) {
     if (a.numel != b.numel) throw bad_spec("compression buffers differ in size");
+    if (!is_floating(a.dtype) || !is_floating(b.dtype))
+      throw bad_spec("compression needs floating-point gradients");
     if (!a.device.is_cpu() || !b.device.is_cpu())
       throw Error(ErrorCode::unavailable, "comm hook: CUDA buffers need the CUDA hook math (not built)");
   }

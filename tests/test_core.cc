@@ -124,6 +124,33 @@ TEST(Kernels, HalfKernelAgreesWithPortableConversion) {
   EXPECT_EQ(wrong, 0u);
 }
 
+// convert (the compression hooks' kernel) agrees with the scalar reference
+// for every pair of float types, with and without a divisor.
+TEST(Kernels, ConvertMatchesScalarReference) {
+  const size_t n = 2500;
+  std::mt19937 g(5);
+  std::uniform_real_distribution<float> d(-300.f, 300.f);
+  std::vector<float> src32(n);
+  for (auto& x : src32) x = d(g);
+  for (DType st : {DType::f32, DType::f16, DType::bf16, DType::f64})
+    for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64})
+      for (int div : {1, 3}) {
+        std::vector<uint8_t> src(n * 8), dst(n * 8);
+        for (size_t i = 0; i < n; ++i) testing::put(st, src.data(), i, src32[i]);
+        kernels::convert(st, src.data(), dt, dst.data(), n, div);
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; ++i) {
+          double v = testing::get(st, src.data(), i);
+          // In f32 (or f64 when either side is f64), then rounded once.
+          double want = (st == DType::f64 || dt == DType::f64)
+                            ? testing::rounded(dt, v / div)
+                            : testing::rounded(dt, static_cast<float>(v) / static_cast<float>(div));
+          wrong += testing::get(dt, dst.data(), i) != want;
+        }
+        EXPECT_EQ(wrong, 0u) << to_string(st) << " -> " << to_string(dt) << " / " << div;
+      }
+}
+
 config::Env fake(std::map<std::string, std::string> vars) {
   auto shared = std::make_shared<std::map<std::string, std::string>>(std::move(vars));
   return [shared](const char* name) -> const char* {

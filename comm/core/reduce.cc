@@ -105,10 +105,21 @@ void narrow_half(const float* s, uint16_t* d, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = float_to_half(s[i]);
 }
 void widen_bf16(const uint16_t* s, float* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t x = static_cast<uint32_t>(s[i]) << 16;
+    std::memcpy(&d[i], &x, sizeof x);
+  }
 }
+// The same rounding as float_to_bf16, written without branches so that the
+// compiler vectorises it (the branchy scalar form ran at ~0.3 GB/s).
 void narrow_bf16(const float* s, uint16_t* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, &s[i], sizeof x);
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (x >> 16) | 0x40u;
+    d[i] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
 }
 
 #if defined(__x86_64__)
@@ -202,6 +213,50 @@ void reduce(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_
     case ReduceOp::prod: return dispatch<Prod>(t, dst, a, b, n, 0);
     case ReduceOp::min: return dispatch<Min>(t, dst, a, b, n, 0);
     case ReduceOp::max: return dispatch<Max>(t, dst, a, b, n, 0);
+  }
+}
+
+void convert(DType st, const void* src, DType dt, void* dst, size_t n, int divisor) {
+  auto is16or32 = [](DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; };
+  if (!is16or32(st) || !is16or32(dt)) {
+    // f64 on either side: a plain loop (no hook uses it on a hot path).
+    if (!is_floating(st) || !is_floating(dt))
+      throw Error(ErrorCode::invalid_argument, "convert is defined on floating tensors only");
+    for (size_t i = 0; i < n; ++i) {
+      double v;
+      switch (st) {
+        case DType::f64: v = static_cast<const double*>(src)[i]; break;
+        case DType::f32: v = static_cast<const float*>(src)[i]; break;
+        case DType::f16: v = half_to_float(static_cast<const uint16_t*>(src)[i]); break;
+        default: v = bf16_to_float(static_cast<const uint16_t*>(src)[i]); break;
+      }
+      v /= divisor;
+      switch (dt) {
+        case DType::f64: static_cast<double*>(dst)[i] = v; break;
+        case DType::f32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
+        case DType::f16: static_cast<uint16_t*>(dst)[i] = float_to_half(static_cast<float>(v)); break;
+        default: static_cast<uint16_t*>(dst)[i] = float_to_bf16(static_cast<float>(v)); break;
+      }
+    }
+    return;
+  }
+  constexpr size_t kBlock = 1024;
+  float f[kBlock];
+  Widen widen = st == DType::f16 ? (kHasF16C ? widen_half_f16c : widen_half) : widen_bf16;
+  Narrow narrow = dt == DType::f16 ? (kHasF16C ? narrow_half_f16c : narrow_half) : narrow_bf16;
+  for (size_t base = 0; base < n; base += kBlock) {
+    size_t m = std::min(kBlock, n - base);
+    const float* in = f;
+    if (st == DType::f32) in = static_cast<const float*>(src) + base;
+    else widen(static_cast<const uint16_t*>(src) + base, f, m);
+    float* out = dt == DType::f32 ? static_cast<float*>(dst) + base : f;
+    if (divisor != 1) {
+      float k = static_cast<float>(divisor);
+      for (size_t i = 0; i < m; ++i) out[i] = in[i] / k;
+    } else if (out != in) {
+      std::memcpy(out, in, m * sizeof(float));
+    }
+    if (dt != DType::f32) narrow(out, static_cast<uint16_t*>(dst) + base, m);
   }
 }
 

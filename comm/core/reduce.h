@@ -23,6 +23,12 @@ uint16_t float_to_bf16(float f);
 void reduce(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n,
             int divisor = 0);
 
+// Converts between float types (f32, f16, bf16; f64 too, slower):
+// dst[i] = src[i] / divisor, computed in f32 and rounded once. Uses the F16C
+// instructions for f16 where the CPU has them. For compression hooks.
+void convert(DType src_type, const void* src, DType dst_type, void* dst, size_t n,
+             int divisor = 1);
+
 // dst[i] = src[i] / divisor (float types): avg on a single rank, and the
 // finishing step of algorithms that sum first.
 void divide(DType t, void* dst, const void* src, size_t n, int divisor);
