@@ -126,34 +126,13 @@ double train(const std::string& spec) {
       for (size_t k = 0; k < params[i].size(); ++k) params[i][k] -= 0.05f * g[k];
     }
   }
-  std::vector<std::vector<double>> p64;
-  for (auto& v : params) p64.emplace_back(v.begin(), v.end());
-  std::vector<const double*> pp;
-  std::vector<std::vector<double>> g64;
-  std::vector<double*> gp;
-  for (auto& v : p64) {
-    pp.push_back(v.data());
-    g64.emplace_back(v.size(), 0.0);
-    gp.push_back(g64.back().data());
-  }
-  return testing::backward<double>(pp, gp, data, 0, kSamples, kSamples, true, [](size_t) {});
+  return testing::full_batch_loss(params, data, true);
 }
 
 TEST(CompressionHooks, TrainingConvergesWithinTenPercentOfAllreduce) {
   double base = train("allreduce");
-  double start = [] {
-    auto p = testing::init_params<double>(7);
-    auto data = testing::make_dataset(48, 11);
-    std::vector<const double*> pp;
-    std::vector<std::vector<double>> g;
-    std::vector<double*> gp;
-    for (auto& v : p) {
-      pp.push_back(v.data());
-      g.emplace_back(v.size(), 0.0);
-      gp.push_back(g.back().data());
-    }
-    return testing::backward<double>(pp, gp, data, 0, 48, 48, true, [](size_t) {});
-  }();
+  double start = testing::full_batch_loss(testing::init_params<double>(7),
+                                          testing::make_dataset(48, 11), true);
   EXPECT_LT(base, 0.7 * start) << "allreduce itself must train";
   for (const char* spec : {"fp16", "bf16", "fp16_wrap:allreduce", "bf16_wrap:allreduce"}) {
     double loss = train(spec);

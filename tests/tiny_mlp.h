@@ -107,4 +107,19 @@ double backward(const std::vector<const T*>& p, const std::vector<T*>& grad, con
   return loss;
 }
 
+// The loss of `params` on the whole of `d` (gradients computed and dropped).
+template <typename T>
+double full_batch_loss(const std::vector<std::vector<T>>& params, const Dataset& d, bool use_e) {
+  std::vector<std::vector<double>> p64, g64;
+  std::vector<const double*> pp;
+  std::vector<double*> gp;
+  for (auto& v : params) p64.emplace_back(v.begin(), v.end());
+  for (auto& v : p64) {
+    pp.push_back(v.data());
+    g64.emplace_back(v.size(), 0.0);
+    gp.push_back(g64.back().data());
+  }
+  return backward<double>(pp, gp, d, 0, d.samples, d.samples, use_e, [](size_t) {});
+}
+
 }  // namespace collie::testing

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "collie/store.h"
+#include "comm/store/parse_int.h"
 #include "comm/tcp/socket.h"
 
 namespace collie {
@@ -55,7 +56,7 @@ class FileStore final : public Store {
   int64_t add(const std::string& key, int64_t delta) override {
     Locked l(*this, LOCK_EX);
     int64_t cur = 0, sum = 0;
-    if (auto it = map_.find(key); it != map_.end() && !parse_i64(to_string(it->second), cur))
+    if (auto it = map_.find(key); it != map_.end() && !store_detail::parse_i64(to_string(it->second), cur))
       throw Error(ErrorCode::invalid_argument,
                   "file store " + path_ + ": add: the value under '" + key + "' is not an integer");
     if (__builtin_add_overflow(cur, delta, &sum))
@@ -127,16 +128,6 @@ class FileStore final : public Store {
 
   static void put_u32(std::string& s, uint32_t v) {
     for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-
-  static bool parse_i64(const std::string& s, int64_t& v) {
-    if (s.empty()) return false;
-    char* end = nullptr;
-    errno = 0;
-    long long x = std::strtoll(s.c_str(), &end, 10);
-    if (*end != '\0' || errno == ERANGE) return false;
-    v = x;
-    return true;
   }
 
   std::vector<std::string> missing(const std::vector<std::string>& keys) const {

@@ -37,6 +37,7 @@
 #include <thread>
 
 #include "collie/store.h"
+#include "comm/store/parse_int.h"
 #include "comm/tcp/socket.h"
 
 namespace collie {
@@ -101,16 +102,7 @@ bool parse_fields(std::string_view rec, std::vector<std::string>& out) {
   return true;
 }
 
-// A decimal int64 and nothing else.
-bool parse_i64(const std::string& s, int64_t& v) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  long long x = std::strtoll(s.c_str(), &end, 10);
-  if (*end != '\0' || errno == ERANGE) return false;
-  v = x;
-  return true;
-}
+using store_detail::parse_i64;
 
 std::vector<std::string_view> views(const std::vector<std::string>& v) {
   return {v.begin(), v.end()};
