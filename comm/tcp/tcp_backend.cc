@@ -402,8 +402,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     // Sends and receives issued while this batch runs join it: the classic
     // exchange (send, then receive, on both sides) must not wait for the
     // send to finish before the receive starts.
-    Mesh::Refill refill = [&](std::vector<SendItem>&, std::vector<OpDesc>&,
-                              std::vector<RecvItem>&, std::vector<OpDesc>&) {
+    Mesh::Refill refill = [&] {
       std::lock_guard lk(mu_);
       while (!queue_.empty() && queue_.front().p2p) {
         batch.push_back(std::move(queue_.front()));

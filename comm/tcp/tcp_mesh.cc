@@ -379,7 +379,7 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
     }
     if (refill) {
       size_t before = sends.size() + recvs.size();
-      (*refill)(sends, *send_desc, recvs, *recv_desc);
+      (*refill)();
       if (sends.size() + recvs.size() != before) {
         enqueue();
         continue;

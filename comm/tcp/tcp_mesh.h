@@ -81,9 +81,9 @@ class Mesh {
            net::Deadline deadline);
   // Point-to-point batches: each item carries its own description, and
   // `refill` (called whenever the loop is about to wait) may append more
-  // items, so that sends and receives issued while the batch runs join it.
-  using Refill = std::function<void(std::vector<SendItem>&, std::vector<OpDesc>&,
-                                    std::vector<RecvItem>&, std::vector<OpDesc>&)>;
+  // items to the four vectors, so that sends and receives issued while the
+  // batch runs join it.
+  using Refill = std::function<void()>;
   void run_p2p(std::vector<SendItem>& sends, std::vector<OpDesc>& send_desc,
                std::vector<RecvItem>& recvs, std::vector<OpDesc>& recv_desc,
                net::Deadline deadline, const Refill& refill);
