@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "collie/comm.h"
-#include "comm/core/reduce.h"
+#include "comm/core/element.h"
 
 namespace {
 
@@ -101,38 +101,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Writes `value` as dtype `t` at element i of `buf`.
-void put(collie::DType t, void* buf, size_t i, double value) {
-  using collie::DType;
-  switch (t) {
-    case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(value); break;
-    case DType::f64: static_cast<double*>(buf)[i] = value; break;
-    case DType::f16:
-      static_cast<uint16_t*>(buf)[i] = collie::kernels::float_to_half(static_cast<float>(value));
-      break;
-    case DType::bf16:
-      static_cast<uint16_t*>(buf)[i] = collie::kernels::float_to_bf16(static_cast<float>(value));
-      break;
-    case DType::i32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(value); break;
-    case DType::i64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(value); break;
-    case DType::u8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(value); break;
-  }
-}
-
-double get(collie::DType t, const void* buf, size_t i) {
-  using collie::DType;
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(buf)[i];
-    case DType::f64: return static_cast<const double*>(buf)[i];
-    case DType::f16: return collie::kernels::half_to_float(static_cast<const uint16_t*>(buf)[i]);
-    case DType::bf16: return collie::kernels::bf16_to_float(static_cast<const uint16_t*>(buf)[i]);
-    case DType::i32: return static_cast<const int32_t*>(buf)[i];
-    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
-    case DType::u8: return static_cast<const uint8_t*>(buf)[i];
-  }
-  return 0;
-}
-
 double contribution(int r, size_t i) { return (r + 1) + static_cast<double>(i % 13); }
 
 double expected(collie::ReduceOp op, int n, size_t i) {
@@ -188,7 +156,7 @@ int main(int argc, char** argv) {
     for (size_t bytes : sizes) {
       size_t count = std::max<size_t>(1, bytes / es);
       size_t nbytes = count * es;
-      for (size_t i = 0; i < count; ++i) put(a.dtype, in.data(), i, contribution(rank, i));
+      for (size_t i = 0; i < count; ++i) collie::put_element(a.dtype, in.data(), i, contribution(rank, i));
       collie::TensorView vin{in.data(), a.dtype, count, collie::Device::cpu()};
       collie::TensorView vout{a.in_place ? in.data() : out.data(), a.dtype, count,
                               collie::Device::cpu()};
@@ -203,7 +171,7 @@ int main(int argc, char** argv) {
 
       int64_t wrong = 0;
       if (a.check) {
-        for (size_t i = 0; i < count; ++i) put(a.dtype, in.data(), i, contribution(rank, i));
+        for (size_t i = 0; i < count; ++i) collie::put_element(a.dtype, in.data(), i, contribution(rank, i));
         comm->allreduce(vin, vout, a.op).wait();
         const void* res = vout.data;
         for (size_t i = 0; i < count; ++i) {
@@ -211,7 +179,7 @@ int main(int argc, char** argv) {
           double tol = collie::is_floating(a.dtype) && a.op == collie::ReduceOp::avg
                            ? std::abs(want) * (a.dtype == collie::DType::bf16 ? 8e-3 : 1e-3)
                            : 0;
-          if (std::abs(get(a.dtype, res, i) - want) > tol) ++wrong;
+          if (std::abs(collie::get_element(a.dtype, res, i) - want) > tol) ++wrong;
         }
         comm->allreduce(collie::view_of(&wrong, 1), collie::ReduceOp::sum).wait();
       }
