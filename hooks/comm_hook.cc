@@ -6,6 +6,9 @@
 #include <mutex>
 #include <vector>
 
+#include "hooks/post_local_sgd.h"
+#include "hooks/powersgd.h"
+
 #include "comm/core/reduce.h"
 
 namespace collie {
@@ -51,7 +54,10 @@ class CpuHookMath final : public HookMath {
 class AllreduceHook final : public CommHook {
  public:
   std::string name() const override { return "allreduce"; }
-  Work run(Communicator& comm, GradBucket& b) override { return comm.allreduce(b.buffer, ReduceOp::avg); }
+  Work run(Communicator& comm, GradBucket& b) override {
+    count_bytes(b.buffer.nbytes());
+    return comm.allreduce(b.buffer, ReduceOp::avg);
+  }
 };
 
 // Sends nothing: each rank keeps its own gradients. For measuring what the
@@ -85,6 +91,7 @@ class CompressHook final : public CommHook {
     Work w;
     if (!inner_) {
       math.compress(full, small, comm.size());
+      count_bytes(small.nbytes());
       w = comm.allreduce(small, ReduceOp::sum);
     } else {
       math.compress(full, small, 1);
@@ -134,6 +141,11 @@ std::map<std::string, Entry>& registry() {
     m["noop"] = {{}, [](const HookParams&) { return std::make_unique<NoopHook>(); }};
     m["fp16"] = {{}, [](const HookParams&) { return std::make_unique<CompressHook>(DType::f16, nullptr); }};
     m["bf16"] = {{}, [](const HookParams&) { return std::make_unique<CompressHook>(DType::bf16, nullptr); }};
+    m["powersgd"] = {powersgd_param_names(),
+                     [](const HookParams& p) { return make_powersgd_hook(p, false); }};
+    m["batched_powersgd"] = {powersgd_param_names(),
+                             [](const HookParams& p) { return make_powersgd_hook(p, true); }};
+    m["post_local_sgd"] = {{"start_iter", "subgroup"}, make_post_local_sgd_hook};
     return m;
   }();
   return r;
@@ -146,6 +158,52 @@ std::string accepted_names() {
 }
 
 }  // namespace
+
+int64_t hook_param_int(const HookParams& p, const std::string& hook, const std::string& key,
+                       int64_t fallback, int64_t lo, int64_t hi) {
+  auto it = p.find(key);
+  if (it == p.end()) return fallback;
+  const std::string& v = it->second;
+  size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used, 10);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || x < lo || x > hi)
+    throw bad_spec("hook '" + hook + "': " + key + "='" + v + "' is not an integer in [" +
+                   std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+double hook_param_double(const HookParams& p, const std::string& hook, const std::string& key,
+                         double fallback, double lo, double hi) {
+  auto it = p.find(key);
+  if (it == p.end()) return fallback;
+  const std::string& v = it->second;
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || !(x >= lo && x <= hi))
+    throw bad_spec("hook '" + hook + "': " + key + "='" + v + "' is not a number in [" +
+                   std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+bool hook_param_bool(const HookParams& p, const std::string& hook, const std::string& key,
+                     bool fallback) {
+  auto it = p.find(key);
+  if (it == p.end()) return fallback;
+  const std::string& v = it->second;
+  if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "off" || v == "no") return false;
+  throw bad_spec("hook '" + hook + "': " + key + "='" + v + "' is not a boolean (1/0, true/false, on/off)");
+}
 
 HookMath& cpu_hook_math() {
   static CpuHookMath m;

@@ -14,6 +14,7 @@
 // HookMath, which a CUDA twin will implement for device buffers.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,6 +30,9 @@ struct GradBucket {
   TensorView buffer;               // the bucket's flat gradients; the result goes here
   std::vector<TensorView> grads;   // each gradient, a view into `buffer`
   std::vector<TensorView> params;  // the matching parameters
+  // Each gradient's first dimension when it is a matrix (viewed as
+  // rows x numel/rows, as PowerSGD compresses it); 0 for a vector.
+  std::vector<size_t> rows;
   bool is_last = false;            // the last bucket of this iteration
   uint64_t iteration = 0;
 };
@@ -43,6 +47,18 @@ class CommHook {
   // Opaque state (error feedback, step counts, ...) for checkpoints.
   virtual Bytes save_state() const { return {}; }
   virtual void load_state(const Bytes& state);
+
+  // Bytes this hook has handed to collectives so far, per rank (what each
+  // rank contributes to all-reduces; a ring sends 2(n-1)/n times that). The
+  // reducer turns it into bytes per step and a compression ratio. Built-in
+  // hooks count; a user's hook may call count_bytes() itself.
+  uint64_t bytes_communicated() const { return bytes_.load(std::memory_order_relaxed); }
+
+ protected:
+  void count_bytes(uint64_t n) { bytes_.fetch_add(n, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> bytes_{0};
 };
 
 using HookParams = std::map<std::string, std::string>;
@@ -57,6 +73,16 @@ std::unique_ptr<CommHook> make_comm_hook(const std::string& spec);
 void register_comm_hook(const std::string& name, std::vector<std::string> params,
                         HookFactory factory);
 std::vector<std::string> comm_hook_names();
+
+// Reading a hook's parameters: a missing key gives `fallback`; a value that
+// does not parse, or lies outside [lo, hi], is an invalid_argument error
+// naming the hook, the key and what is accepted.
+int64_t hook_param_int(const HookParams& p, const std::string& hook, const std::string& key,
+                       int64_t fallback, int64_t lo, int64_t hi);
+double hook_param_double(const HookParams& p, const std::string& hook, const std::string& key,
+                         double fallback, double lo, double hi);
+bool hook_param_bool(const HookParams& p, const std::string& hook, const std::string& key,
+                     bool fallback);
 
 // The element-wise arithmetic of the built-in hooks.
 struct HookMath {

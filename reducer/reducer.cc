@@ -45,8 +45,12 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
                    ": its gradient buffer must match it (" + std::to_string(p.value.numel) + " " +
                    std::string(to_string(p.value.dtype)) +
                    " elements), or use gradient_as_bucket_view");
+    if (p.rows > 0 && p.value.numel % p.rows != 0)
+      throw misuse("parameter " + std::to_string(i) + " on " + who + " has " +
+                   std::to_string(p.value.numel) + " elements, which is not a whole number of its " +
+                   std::to_string(p.rows) + " rows");
     specs_.push_back({p.value.numel, p.value.dtype, p.value.device});
-    shape_hash = mix(mix(shape_hash, p.value.numel), static_cast<uint64_t>(p.value.dtype));
+    shape_hash = mix(mix(mix(shape_hash, p.value.numel), static_cast<uint64_t>(p.value.dtype)), p.rows);
   }
 
   // Every rank must hold the same parameters and build the same buckets:
@@ -204,6 +208,7 @@ void Reducer::launch_ready_buckets() {
       size_t p = bucket.params[k];
       gb.grads.push_back(buffers_[b].slice(bucket.offsets[k], specs_[p].numel));
       gb.params.push_back(params_[p].value);
+      gb.rows.push_back(params_[p].rows);
     }
     gb.is_last = b + 1 == pending_.size();
     gb.iteration = iteration_;
@@ -229,6 +234,11 @@ void Reducer::finalize_backward() {
   auto wait_start = Clock::now();
   for (auto& w : works_) w.wait();
   auto wait_end = Clock::now();
+  uint64_t hook_total = hook_->bytes_communicated();
+  stats_.hook_bytes = hook_total - hook_bytes_before_;
+  hook_bytes_before_ = hook_total;
+  stats_.gradient_bytes = 0;
+  for (const auto& buf : buffers_) stats_.gradient_bytes += buf.view().nbytes();
 
   if (!opt_.gradient_as_bucket_view)
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -280,7 +290,12 @@ void Reducer::rebuild_from_observed_order() {
   for (size_t p = n; p-- > 0;)
     if (!in[p]) order.push_back(static_cast<int64_t>(p));
   comm_.broadcast(view_of(order.data(), order.size()), 0).wait();
-  std::vector<size_t> new_order(order.begin(), order.end());
+  apply_order(std::vector<size_t>(order.begin(), order.end()));
+}
+
+void Reducer::apply_order(const std::vector<size_t>& new_order) {
+  const size_t n = params_.size();
+  bucket_order_ = new_order;
   BucketPlan old_plan = plan_;
   std::vector<FlatBuffer> old_buffers = buffers_;
   build_buckets(new_order);
@@ -296,6 +311,65 @@ void Reducer::rebuild_from_observed_order() {
     auto to = buffers_[nb].slice(plan_.buckets()[nb].offsets[nk], specs_[i].numel);
     std::memcpy(to.data, from.data, from.nbytes());
   }
+}
+
+namespace {
+constexpr uint64_t kReducerMagic = 0x3154534552444352ull;  // "RCDREST1"
+void put64(Bytes& b, uint64_t v) {
+  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+}  // namespace
+
+Bytes Reducer::save_state() {
+  std::lock_guard lk(mu_);
+  if (in_backward_) throw misuse("save_state in the middle of a backward pass");
+  Bytes out;
+  put64(out, kReducerMagic);
+  put64(out, params_.size());
+  put64(out, iteration_);
+  put64(out, rebuilt_);
+  put64(out, bucket_order_.size());
+  for (size_t p : bucket_order_) put64(out, p);
+  Bytes hook = hook_->save_state();
+  put64(out, hook.size());
+  out.insert(out.end(), hook.begin(), hook.end());
+  return out;
+}
+
+void Reducer::load_state(const Bytes& in) {
+  std::lock_guard lk(mu_);
+  if (in_backward_) throw misuse("load_state in the middle of a backward pass");
+  size_t at = 0;
+  auto get = [&]() -> uint64_t {
+    if (in.size() - at < 8) throw misuse("the state to load is truncated");
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(in[at + i]) << (8 * i);
+    at += 8;
+    return v;
+  };
+  if (in.size() < 8 || get() != kReducerMagic) throw misuse("the state to load is not a reducer's");
+  uint64_t n = get();
+  if (n != params_.size())
+    throw misuse("the state was saved by a reducer over " + std::to_string(n) +
+                 " parameters; this one has " + std::to_string(params_.size()));
+  uint64_t iteration = get();
+  bool rebuilt = get() != 0;
+  uint64_t count = get();
+  if (count != 0 && count != n) throw misuse("the saved bucket order does not cover the parameters");
+  std::vector<size_t> order;
+  std::vector<bool> seen(n, false);
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t p = get();
+    if (p >= n || seen[p]) throw misuse("the saved bucket order is not a permutation of the parameters");
+    seen[p] = true;
+    order.push_back(p);
+  }
+  uint64_t hook_size = get();
+  if (hook_size != in.size() - at) throw misuse("the saved hook state is truncated");
+  hook_->load_state(Bytes(in.begin() + static_cast<long>(at), in.end()));
+  if (order != bucket_order_) apply_order(order);
+  iteration_ = iteration;
+  rebuilt_ = rebuilt;
 }
 
 }  // namespace collie

@@ -57,6 +57,10 @@ struct ReducerOptions {
 struct Parameter {
   TensorView value;  // the parameter itself (broadcast from rank 0 at construction)
   TensorView grad;   // the engine's gradient buffer; unused with gradient_as_bucket_view
+  // Its first dimension when it is a matrix or higher (a conv weight
+  // [out, in, kh, kw] has rows = out); 0 for a vector. Hooks that compress
+  // matrices (PowerSGD) view the gradient as rows x numel/rows.
+  size_t rows = 0;
 };
 
 // Per-iteration timings, microseconds.
@@ -65,6 +69,8 @@ struct ReducerStats {
   double backward_us = 0;    // prepare_for_backward -> last mark_grad_ready
   double exposed_us = 0;     // time finalize_backward waited for communication
   std::vector<double> bucket_comm_us;  // launch -> completion, per bucket
+  uint64_t gradient_bytes = 0;  // bytes of the buckets handed to the comm hook
+  uint64_t hook_bytes = 0;      // bytes the hook handed to collectives (see CommHook)
 };
 
 class Reducer {
@@ -93,6 +99,14 @@ class Reducer {
   void set_no_sync(bool on);
   bool no_sync() const { return no_sync_; }
 
+  // Checkpoints: the bucket layout (the order it was rebuilt from), the
+  // iteration count and the comm hook's state (PowerSGD's error and Q, ...).
+  // A resumed job builds its reducer as the first one did, calls
+  // load_state() before its first backward, and goes on exactly as the saved
+  // job would have. Not in the middle of a backward pass.
+  Bytes save_state();
+  void load_state(const Bytes& state);
+
   const BucketPlan& plan() const { return plan_; }
   CommHook& comm_hook() { return *hook_; }
   const ReducerStats& last_stats() const { return stats_; }
@@ -103,6 +117,7 @@ class Reducer {
   void launch_ready_buckets();  // with mu_ held
   void copy_in(size_t param);
   void rebuild_from_observed_order();
+  void apply_order(const std::vector<size_t>& order);  // moves gradients with the buckets
   void log_stats() const;
 
   Communicator& comm_;
@@ -127,8 +142,10 @@ class Reducer {
   std::vector<std::chrono::steady_clock::time_point> launched_at_;
   std::vector<double> comm_us_;
   std::vector<size_t> ready_order_;
+  std::vector<size_t> bucket_order_;  // what the plan was built from (empty: registration order)
   std::chrono::steady_clock::time_point backward_start_, last_mark_;
   ReducerStats stats_;
+  uint64_t hook_bytes_before_ = 0;
   int log_every_ = 100;
 };
 

@@ -7,4 +7,4 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   g++ meson ninja-build pkg-config python3 \
-  libgtest-dev libbenchmark-dev libhwloc-dev libopenmpi-dev openmpi-bin >/dev/null
+  libgtest-dev libbenchmark-dev libhwloc-dev libopenblas-dev libopenmpi-dev openmpi-bin >/dev/null

@@ -100,7 +100,10 @@ double train(const std::string& spec) {
   auto params = testing::init_params<float>(7);
   auto data = testing::make_dataset(kSamples, 11);
   std::vector<Parameter> ps;
-  for (auto& v : params) ps.push_back({view_of(v.data(), v.size()), {}});
+  // W1 (H x D) and W2 (O x H) are matrices: PowerSGD may compress them.
+  const size_t rows[] = {MlpShape::H, 0, MlpShape::O, 0, 0};
+  for (size_t i = 0; i < params.size(); ++i)
+    ps.push_back({view_of(params[i].data(), params[i].size()), {}, rows[i]});
   ReducerOptions opt;
   opt.gradient_as_bucket_view = true;
   opt.comm_hook = spec;
@@ -134,7 +137,9 @@ TEST(CompressionHooks, TrainingConvergesWithinTenPercentOfAllreduce) {
   double start = testing::full_batch_loss(testing::init_params<double>(7),
                                           testing::make_dataset(48, 11), true);
   EXPECT_LT(base, 0.7 * start) << "allreduce itself must train";
-  for (const char* spec : {"fp16", "bf16", "fp16_wrap:allreduce", "bf16_wrap:allreduce"}) {
+  for (const char* spec : {"fp16", "bf16", "fp16_wrap:allreduce", "bf16_wrap:allreduce",
+                           "powersgd:start_iter=10", "powersgd:rank=2,start_iter=2",
+                           "batched_powersgd:start_iter=10"}) {
     double loss = train(spec);
     EXPECT_LE(std::abs(loss - base), 0.1 * base) << spec << ": " << loss << " vs " << base;
   }

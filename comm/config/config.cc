@@ -235,6 +235,11 @@ std::string comm_hook(const Env& env) {
   return v ? v : "";
 }
 
+std::string hostname_override(const Env& env) {
+  const char* v = env("COLLIE_HOSTNAME");
+  return v ? v : "";
+}
+
 int log_level(const Env& env) {
   const char* v = env("COLLIE_DEBUG");
   if (!v) return 0;

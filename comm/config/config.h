@@ -61,6 +61,11 @@ int reducer_log_every(const Env& env);
 // COLLIE_COMM_HOOK: the reducer's default comm hook spec ("" if unset).
 std::string comm_hook(const Env& env);
 
+// COLLIE_HOSTNAME: the host name that groups ranks by host (host_color, the
+// post_local_sgd hook's default subgroup) instead of gethostname(), so that
+// ranks on one machine can stand for several hosts ("" if unset).
+std::string hostname_override(const Env& env);
+
 // COLLIE_DEBUG: WARN (default), INFO, DEBUG.
 int log_level(const Env& env);
 

@@ -1,0 +1,472 @@
+// hooks/powersgd.cc: PowerSGD and batched PowerSGD over BLAS (see
+// powersgd.h for the algorithm and its parameters).
+//
+// Where collie departs from PyTorch, on purpose:
+//  - the uncompressed tensors and the P factors travel in one all-reduce,
+//    not two: one latency fewer per bucket, the same bytes;
+//  - a gradient that is exactly zero gives a zero P column, which stays zero
+//    instead of becoming NaN when orthogonalization_epsilon is 0.
+#include "hooks/powersgd.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "collie_build_config.h"
+#if COLLIE_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+namespace collie {
+
+namespace {
+
+Error bad(const std::string& msg) { return Error(ErrorCode::invalid_argument, "comm hook: " + msg); }
+
+template <typename T>
+T* at(TensorView v) {
+  return static_cast<T*>(v.data);
+}
+
+#if COLLIE_HAVE_BLAS
+void gemm_t(bool ta, bool tb, size_t m, size_t n, size_t k, const float* a, const float* b, float* c) {
+  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  if (n == 1 && !tb) {
+    // A matrix times a vector: gemv reads the matrix once at full bandwidth.
+    cblas_sgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, ta ? K : M, ta ? M : K, 1.0f, a,
+                ta ? M : K, b, 1, 0.0f, c, 1);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, 1.0f, a, ta ? M : K, b, tb ? K : N, 0.0f, c, N);
+}
+void gemm_t(bool ta, bool tb, size_t m, size_t n, size_t k, const double* a, const double* b,
+            double* c) {
+  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  if (n == 1 && !tb) {
+    cblas_dgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, ta ? K : M, ta ? M : K, 1.0, a,
+                ta ? M : K, b, 1, 0.0, c, 1);
+    return;
+  }
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, 1.0, a, ta ? M : K, b, tb ? K : N, 0.0, c, N);
+}
+#endif
+
+template <typename T>
+void orthogonalize_t(T* a, size_t rows, size_t cols, double eps) {
+  // Modified Gram-Schmidt over the columns of a row-major matrix; the sums
+  // run in double so that rank-r inputs come back orthonormal to f32
+  // precision even for long columns.
+  for (size_t i = 0; i < cols; ++i) {
+    double norm2 = 0;
+    for (size_t r = 0; r < rows; ++r) norm2 += static_cast<double>(a[r * cols + i]) * a[r * cols + i];
+    double norm = std::sqrt(norm2) + eps;
+    double inv = norm > 0 ? 1.0 / norm : 0.0;
+    for (size_t r = 0; r < rows; ++r) a[r * cols + i] = static_cast<T>(a[r * cols + i] * inv);
+    for (size_t j = i + 1; j < cols; ++j) {
+      double dot = 0;
+      for (size_t r = 0; r < rows; ++r) dot += static_cast<double>(a[r * cols + i]) * a[r * cols + j];
+      for (size_t r = 0; r < rows; ++r) a[r * cols + j] = static_cast<T>(a[r * cols + j] - dot * a[r * cols + i]);
+    }
+  }
+}
+
+template <typename T>
+void axpby_t(double a, const T* x, double b, T* y, size_t n) {
+  const T A = static_cast<T>(a), B = static_cast<T>(b);
+  if (b == 0) {
+    for (size_t i = 0; i < n; ++i) y[i] = A * x[i];
+  } else if (a == 1 && b == 1) {
+    for (size_t i = 0; i < n; ++i) y[i] += x[i];
+  } else {
+    for (size_t i = 0; i < n; ++i) y[i] = A * x[i] + B * y[i];
+  }
+}
+
+class CpuLowRankMath final : public LowRankMath {
+ public:
+  void gemm(bool ta, bool tb, size_t m, size_t n, size_t k, TensorView a, TensorView b,
+            TensorView c) override {
+    check(a, b);
+    check(a, c);
+    if (a.numel < m * k || b.numel < k * n || c.numel < m * n)
+      throw Error(ErrorCode::internal, "powersgd: matrix views smaller than their shapes");
+#if COLLIE_HAVE_BLAS
+    if (a.dtype == DType::f32)
+      gemm_t(ta, tb, m, n, k, at<float>(a), at<float>(b), at<float>(c));
+    else
+      gemm_t(ta, tb, m, n, k, at<double>(a), at<double>(b), at<double>(c));
+#else
+    (void)ta;
+    (void)tb;
+    throw Error(ErrorCode::unavailable, "powersgd: collie was built without BLAS");
+#endif
+  }
+  void orthogonalize(TensorView mat, size_t rows, size_t cols, double eps) override {
+    check(mat, mat);
+    if (mat.dtype == DType::f32) orthogonalize_t(at<float>(mat), rows, cols, eps);
+    else orthogonalize_t(at<double>(mat), rows, cols, eps);
+  }
+  void axpby(double a, TensorView x, double b, TensorView y) override {
+    check(x, y);
+    if (x.numel != y.numel) throw Error(ErrorCode::internal, "powersgd: axpby sizes differ");
+    if (x.dtype == DType::f32) axpby_t(a, at<float>(x), b, at<float>(y), x.numel);
+    else axpby_t(a, at<double>(x), b, at<double>(y), x.numel);
+  }
+  void fill_normal(TensorView x, uint64_t seed) override {
+    check(x, x);
+    std::mt19937_64 g(seed);
+    std::normal_distribution<double> d;
+    for (size_t i = 0; i < x.numel; ++i) {
+      if (x.dtype == DType::f32) at<float>(x)[i] = static_cast<float>(d(g));
+      else at<double>(x)[i] = d(g);
+    }
+  }
+
+ private:
+  static void check(const TensorView& a, const TensorView& b) {
+    if (a.dtype != b.dtype || (a.dtype != DType::f32 && a.dtype != DType::f64))
+      throw Error(ErrorCode::invalid_argument,
+                  "powersgd: needs f32 or f64 gradients (got " + std::string(to_string(a.dtype)) +
+                      "); it cannot run inside fp16_wrap/bf16_wrap (its factors are small "
+                      "already)");
+    if (!a.device.is_cpu() || !b.device.is_cpu())
+      throw Error(ErrorCode::unavailable, "powersgd: CUDA buckets need the CUDA hook math (not built)");
+  }
+};
+
+// --- state serialisation ------------------------------------------------------
+
+void put_u64(Bytes& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void put_bytes(Bytes& out, const std::vector<uint8_t>& b) {
+  put_u64(out, b.size());
+  out.insert(out.end(), b.begin(), b.end());
+}
+
+struct Reader {
+  const Bytes& in;
+  size_t at = 0;
+  uint64_t u64() {
+    need(8);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(in[at + i]) << (8 * i);
+    at += 8;
+    return v;
+  }
+  std::vector<uint8_t> bytes() {
+    uint64_t n = u64();
+    need(n);
+    std::vector<uint8_t> b(in.begin() + static_cast<long>(at), in.begin() + static_cast<long>(at + n));
+    at += n;
+    return b;
+  }
+  void need(uint64_t n) {
+    if (n > in.size() - at) throw bad("powersgd: the saved state is truncated or not PowerSGD's");
+  }
+};
+
+constexpr uint64_t kStateMagic = 0x3144475352574f50ull;  // "POWRSGD1"
+
+// --- the hook -------------------------------------------------------------------
+
+class PowerSgdHook final : public CommHook {
+ public:
+  explicit PowerSgdHook(const PowerSgdOptions& o) : opt_(o) {}
+
+  std::string name() const override { return opt_.batched ? "batched_powersgd" : "powersgd"; }
+
+  Work run(Communicator& comm, GradBucket& b) override {
+    const bool compress = iter_ >= opt_.start_iter;
+    if (b.is_last) ++iter_;  // PyTorch's PowerSGDState.maybe_increase_iter
+    if (!compress) {
+      count_bytes(b.buffer.nbytes());
+      return comm.allreduce(b.buffer, ReduceOp::avg);
+    }
+    State& st = state_for(b);
+    const DType t = b.buffer.dtype;
+    const size_t es = dtype_size(t);
+    TensorView buf = b.buffer;
+    auto view = [t](std::vector<uint8_t>& v) {
+      return TensorView{v.data(), t, v.size() / dtype_size(t), Device::cpu()};
+    };
+
+    // Memory is sized here, on the caller's thread; the arithmetic runs in
+    // the chain below.
+    State* sp = &st;
+    if (opt_.error_feedback) {
+      // PyTorch: a bucket's first compressed step has no error yet.
+      if (st.error.empty()) st.error.assign(buf.nbytes(), 0);
+    }
+    if (opt_.batched) st.square.resize(st.side * st.side * es);
+    st.pbuf.resize((st.plain_numel + st.p_numel) * es);
+    TensorView pv = view(st.pbuf), qv = view(st.q);
+    // With error feedback the error memory first becomes this step's input
+    // (gradient + error), the matrices are read from there and the result
+    // written into the bucket, and then the memory becomes input - result,
+    // the next error: no separate copy of the input (PyTorch keeps one).
+    // Batched, the matrix is the input copied into a zero-padded square.
+    TensorView src_all = opt_.error_feedback ? view(st.error) : buf;
+    auto source = [sp, src_all, batched = opt_.batched](const Slot& s) {
+      return batched ? TensorView{sp->square.data(), src_all.dtype, sp->side * sp->side, Device::cpu()}
+                     : src_all.slice(s.offset, s.n * s.m);
+    };
+    auto target = [sp, buf, batched = opt_.batched](const Slot& s) {
+      return batched ? TensorView{sp->square.data(), buf.dtype, sp->side * sp->side, Device::cpu()}
+                     : buf.slice(s.offset, s.n * s.m);
+    };
+    const double world = comm.size();
+    Communicator* cp = &comm;
+    const PowerSgdOptions opt = opt_;
+
+    // Each bucket takes two all-reduces, the second issued when the first
+    // completes. Every rank must issue them in the same order, so a bucket
+    // starts only after the previous bucket's chain is done: P0 Q0 P1 Q1 ...
+    // on every rank (without this, one rank could issue P1 before Q0 and
+    // another after it).
+    Work start = b.index == 0 ? Work() : tail_;
+    Work first = start.then_work([this, sp, cp, pv, qv, buf, src_all, opt, source](const Work&) -> Work {
+      LowRankMath& m = cpu_low_rank_math();
+      const size_t es = dtype_size(buf.dtype);
+      if (opt.error_feedback) m.axpby(1.0, buf, 1.0, src_all);  // error += gradient
+      if (opt.batched) {
+        std::memset(sp->square.data() + buf.nbytes(), 0, sp->square.size() - buf.nbytes());
+        std::memcpy(sp->square.data(), src_all.data, buf.nbytes());
+      }
+      // [uncompressed tensors | P factors] go in one all-reduce.
+      size_t at_plain = 0;
+      for (const auto& [off, n] : sp->plain) {
+        std::memcpy(static_cast<uint8_t*>(pv.data) + at_plain * es,
+                    static_cast<uint8_t*>(src_all.data) + off * es, n * es);
+        at_plain += n;
+      }
+      if (!opt.warm_start || !sp->have_q) {
+        // Every rank draws the same seed, so every rank starts from the same Q.
+        std::mt19937_64 g(opt.seed);
+        g.discard(rng_draws_++);
+        m.fill_normal(qv, g());
+        for (const Slot& s : sp->slots)
+          m.orthogonalize(qv.slice(s.q_off, s.m * s.r), s.m, s.r, opt.orthogonalization_epsilon);
+        sp->have_q = true;
+      }
+      for (const Slot& s : sp->slots)
+        m.gemm(false, false, s.n, s.r, s.m, source(s), qv.slice(s.q_off, s.m * s.r),
+               pv.slice(sp->plain_numel + s.p_off, s.n * s.r));
+      count_bytes(pv.nbytes() + qv.nbytes());
+      return pv.numel ? cp->allreduce(pv, ReduceOp::sum) : Work();
+    });
+    tail_ = first
+        .then_work([sp, cp, pv, qv, opt, source](const Work& w) -> Work {
+          if (auto e = w.error()) throw *e;
+          LowRankMath& m = cpu_low_rank_math();
+          for (const Slot& s : sp->slots) {
+            TensorView p = pv.slice(sp->plain_numel + s.p_off, s.n * s.r);
+            m.orthogonalize(p, s.n, s.r, opt.orthogonalization_epsilon);
+            m.gemm(true, false, s.m, s.r, s.n, source(s), p, qv.slice(s.q_off, s.m * s.r));
+          }
+          return qv.numel ? cp->allreduce(qv, ReduceOp::sum) : Work();
+        })
+        .then([sp, pv, qv, buf, src_all, opt, target, world](const Work& w) {
+          if (auto e = w.error()) throw *e;
+          LowRankMath& m = cpu_low_rank_math();
+          m.axpby(0.0, qv, 1.0 / world, qv);
+          for (const Slot& s : sp->slots)
+            m.gemm(false, true, s.n, s.m, s.r, pv.slice(sp->plain_numel + s.p_off, s.n * s.r),
+                   qv.slice(s.q_off, s.m * s.r), target(s));
+          if (opt.batched) std::memcpy(buf.data, sp->square.data(), buf.nbytes());
+          size_t at = 0;
+          for (const auto& [off, n] : sp->plain) {
+            TensorView src = pv.slice(at, n), dst = buf.slice(off, n);
+            m.axpby(1.0 / world, src, 0.0, dst);
+            at += n;
+          }
+          // What this rank meant to send minus what everyone now holds.
+          if (opt.error_feedback) m.axpby(-1.0, buf, 1.0, src_all);
+          if (!opt.warm_start) sp->have_q = false;
+        });
+    return tail_;
+  }
+
+  Bytes save_state() const override {
+    Bytes out;
+    put_u64(out, kStateMagic);
+    put_u64(out, static_cast<uint64_t>(opt_.rank));
+    put_u64(out, opt_.batched);
+    put_u64(out, iter_);
+    put_u64(out, rng_draws_);
+    put_u64(out, states_.size());
+    for (const auto& [index, st] : states_) {
+      put_u64(out, index);
+      put_u64(out, st.layout);
+      put_u64(out, st.have_q);
+      put_bytes(out, st.q);
+      put_bytes(out, st.error);
+    }
+    return out;
+  }
+
+  void load_state(const Bytes& in) override {
+    Reader r{in};
+    if (r.u64() != kStateMagic) throw bad("powersgd: the state to load is not PowerSGD's");
+    uint64_t rank = r.u64(), batched = r.u64();
+    if (rank != static_cast<uint64_t>(opt_.rank) || batched != opt_.batched)
+      throw bad("powersgd: the state was saved by " + std::string(batched ? "batched_" : "") +
+                "powersgd at rank " + std::to_string(rank) + ", and this hook is " + name() +
+                " at rank " + std::to_string(opt_.rank));
+    uint64_t iter = r.u64(), draws = r.u64(), count = r.u64();
+    std::map<size_t, State> states;
+    for (uint64_t i = 0; i < count; ++i) {
+      State st;
+      size_t index = r.u64();
+      st.layout = r.u64();
+      st.have_q = r.u64() != 0;
+      st.q = r.bytes();
+      st.error = r.bytes();
+      states[index] = std::move(st);
+    }
+    if (r.at != in.size()) throw bad("powersgd: the state to load has trailing bytes");
+    iter_ = iter;
+    rng_draws_ = draws;
+    states_ = std::move(states);
+  }
+
+ private:
+  struct Slot {
+    size_t offset, n, m, r;  // a gradient at `offset` viewed as n x m, compressed at rank r
+    size_t p_off, q_off;      // its factors' places in the P and Q buffers
+  };
+  struct State {
+    uint64_t layout = 0;  // fingerprint of the bucket's gradients and dtype
+    bool laid_out = false;
+    std::vector<Slot> slots;
+    std::vector<std::pair<size_t, size_t>> plain;  // uncompressed gradients: offset, numel
+    size_t plain_numel = 0, p_numel = 0, side = 0;
+    bool have_q = false;
+    std::vector<uint8_t> q, error;  // kept across iterations (and saved)
+    std::vector<uint8_t> pbuf, square;  // scratch
+  };
+
+  State& state_for(const GradBucket& b) {
+    const DType t = b.buffer.dtype;
+    if ((t != DType::f32 && t != DType::f64) || !b.buffer.device.is_cpu())
+      throw Error(ErrorCode::invalid_argument,
+                  "comm hook " + name() + ": bucket " + std::to_string(b.index) + " holds " +
+                      std::string(to_string(t)) + (b.buffer.device.is_cpu() ? "" : " on CUDA") +
+                      " gradients; the CPU PowerSGD takes f32 or f64 (not inside "
+                      "fp16_wrap/bf16_wrap: its factors are small already)");
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(static_cast<uint64_t>(t));
+    mix(b.buffer.numel);
+    for (size_t k = 0; k < b.grads.size(); ++k) {
+      mix(b.grads[k].numel);
+      mix(k < b.rows.size() ? b.rows[k] : 0);
+    }
+    State& st = states_[b.index];
+    if (st.laid_out && st.layout == h) return st;
+    if (!st.laid_out && st.layout == h) {
+      // Loaded from a checkpoint: keep Q and the error, rebuild the layout.
+    } else {
+      // A new bucket, or one whose contents changed: its history does not apply.
+      st = State();
+    }
+    st.layout = h;
+    st.laid_out = true;
+    const size_t es = dtype_size(t);
+    size_t p_numel = 0, q_numel = 0;
+    if (opt_.batched) {
+      st.side = static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(b.buffer.numel))));
+      while (st.side * st.side < b.buffer.numel) ++st.side;
+      size_t r = std::min<size_t>(st.side, static_cast<size_t>(opt_.rank));
+      st.slots.push_back({0, st.side, st.side, r, 0, 0});
+      p_numel = q_numel = st.side * r;
+    } else {
+      const uint8_t* base = static_cast<const uint8_t*>(b.buffer.data);
+      for (size_t k = 0; k < b.grads.size(); ++k) {
+        const TensorView& g = b.grads[k];
+        size_t off = (static_cast<const uint8_t*>(g.data) - base) / es;
+        size_t n = k < b.rows.size() ? b.rows[k] : 0;
+        size_t m = n ? g.numel / n : 0;
+        size_t r = std::min({n, m, static_cast<size_t>(opt_.rank)});
+        if (n > 0 && powersgd_compresses(n, m, r, opt_.min_compression_rate)) {
+          st.slots.push_back({off, n, m, r, p_numel, q_numel});
+          p_numel += n * r;
+          q_numel += m * r;
+        } else if (g.numel) {
+          st.plain.emplace_back(off, g.numel);
+          st.plain_numel += g.numel;
+        }
+      }
+    }
+    st.p_numel = p_numel;
+    if (st.q.size() != q_numel * es) {
+      st.q.assign(q_numel * es, 0);
+      st.have_q = false;
+    }
+    if (!st.error.empty() && st.error.size() != b.buffer.nbytes())
+      throw bad(name() + ": the loaded state's error for bucket " + std::to_string(b.index) +
+                " does not fit the bucket; was it saved with another model or bucket size?");
+    return st;
+  }
+
+  PowerSgdOptions opt_;
+  uint64_t iter_ = 0;
+  uint64_t rng_draws_ = 0;
+  std::map<size_t, State> states_;
+  Work tail_;  // the last bucket's chain: the next one starts after it
+};
+
+}  // namespace
+
+bool powersgd_compresses(size_t n, size_t m, size_t r, double min_compression_rate) {
+  if (n == 0 || m == 0 || r == 0) return false;
+  return static_cast<double>(n + m) * static_cast<double>(r) * min_compression_rate <
+         static_cast<double>(n) * static_cast<double>(m);
+}
+
+LowRankMath& cpu_low_rank_math() {
+  static CpuLowRankMath m;
+  return m;
+}
+
+std::vector<std::string> powersgd_param_names() {
+  return {"rank", "start_iter", "min_compression_rate", "error_feedback", "warm_start",
+          "orthogonalization_epsilon", "seed"};
+}
+
+std::unique_ptr<CommHook> make_powersgd_hook(const PowerSgdOptions& o) {
+  const std::string name = o.batched ? "batched_powersgd" : "powersgd";
+#if !COLLIE_HAVE_BLAS
+  throw Error(ErrorCode::unavailable, "comm hook " + name + ": collie was built without BLAS "
+                                      "(install libopenblas-dev and reconfigure)");
+#endif
+  if (o.rank < 1) throw bad(name + ": rank must be at least 1, not " + std::to_string(o.rank));
+  if ((o.error_feedback || o.warm_start) && o.start_iter <= 1)
+    throw bad(name + ": start_iter=" + std::to_string(o.start_iter) +
+              " with error_feedback or warm_start: it must be > 1, because buckets are rebuilt "
+              "after the first iteration and the state kept per bucket would not fit them");
+  if (!(o.min_compression_rate >= 1))
+    throw bad(name + ": min_compression_rate must be at least 1");
+  return std::make_unique<PowerSgdHook>(o);
+}
+
+std::unique_ptr<CommHook> make_powersgd_hook(const HookParams& p, bool batched) {
+  const std::string name = batched ? "batched_powersgd" : "powersgd";
+  PowerSgdOptions o;
+  o.batched = batched;
+  o.rank = static_cast<int>(hook_param_int(p, name, "rank", o.rank, 1, 1 << 20));
+  o.start_iter = static_cast<uint64_t>(
+      hook_param_int(p, name, "start_iter", static_cast<int64_t>(o.start_iter), 0, INT64_MAX));
+  o.min_compression_rate =
+      hook_param_double(p, name, "min_compression_rate", o.min_compression_rate, 1, 1e30);
+  o.error_feedback = hook_param_bool(p, name, "error_feedback", o.error_feedback);
+  o.warm_start = hook_param_bool(p, name, "warm_start", o.warm_start);
+  o.orthogonalization_epsilon =
+      hook_param_double(p, name, "orthogonalization_epsilon", o.orthogonalization_epsilon, 0, 1);
+  o.seed = static_cast<uint64_t>(hook_param_int(p, name, "seed", 0, 0, INT64_MAX));
+  return make_powersgd_hook(o);
+}
+
+}  // namespace collie
