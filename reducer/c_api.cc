@@ -4,16 +4,36 @@
 // message for collie_last_error().
 #include "collie/collie.h"
 
+#include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "collie/comm.h"
+#include "hooks/model_averager.h"
 #include "reducer/reducer.h"
 
 struct collie_comm {
-  std::unique_ptr<collie::Communicator> comm;
+  std::unique_ptr<collie::Communicator> owned;  // null for the view handed to C hooks
+  collie::Communicator* comm = nullptr;
+};
+
+struct collie_work {
+  collie::Work work;
+};
+
+struct collie_averager {
+  std::unique_ptr<collie::PeriodicModelAverager> periodic;
+  std::unique_ptr<collie::HierarchicalModelAverager> hierarchical;
+};
+
+// One call of a C hook: the Work the reducer waits for, and what the
+// collie_grad_bucket points into (alive until the hook completes).
+struct collie_hook_done {
+  collie::Work work;
 };
 
 struct collie_reducer {
@@ -109,7 +129,8 @@ collie_status collie_comm_connect(const collie_comm_options* o, collie_comm** ou
         opt.timeout = std::chrono::milliseconds(static_cast<long long>(o->timeout_seconds * 1000));
     }
     auto c = std::make_unique<collie_comm>();
-    c->comm = collie::connect(opt);
+    c->owned = collie::connect(opt);
+    c->comm = c->owned.get();
     *out = c.release();
   });
 }
@@ -184,13 +205,15 @@ collie_status collie_reducer_create(collie_comm* c, const collie_tensor* params,
       opt.broadcast_parameters = o->broadcast_parameters != 0;
       if (o->comm_hook) opt.comm_hook = o->comm_hook;
     }
+    const uint64_t* rows = o ? o->param_rows : nullptr;
     if (!grads && !opt.gradient_as_bucket_view)
       throw collie::Error(collie::ErrorCode::invalid_argument,
                           "collie_reducer_create: grads is NULL, which needs gradient_as_bucket_view");
     std::vector<collie::Parameter> ps;
     for (size_t i = 0; i < n; ++i)
       ps.push_back({to_view(params[i], "params[i]"),
-                    grads ? to_view(grads[i], "grads[i]") : collie::TensorView{}});
+                    grads ? to_view(grads[i], "grads[i]") : collie::TensorView{},
+                    rows ? static_cast<size_t>(rows[i]) : 0});
     auto r = std::make_unique<collie_reducer>();
     r->reducer = std::make_unique<collie::Reducer>(*c->comm, std::move(ps), opt);
     *out = r.release();
@@ -244,6 +267,8 @@ collie_status collie_reducer_get_stats(const collie_reducer* r, collie_reducer_s
   out->comm_us_total = 0;
   for (double us : s.bucket_comm_us) out->comm_us_total += us;
   out->num_buckets = static_cast<uint32_t>(s.bucket_comm_us.size());
+  out->gradient_bytes = s.gradient_bytes;
+  out->hook_bytes = s.hook_bytes;
   return COLLIE_OK;
 }
 
@@ -256,6 +281,190 @@ collie_status collie_reducer_get_bucket_times(const collie_reducer* r, double* u
   for (size_t i = 0; i < t.size() && i < capacity; ++i) us[i] = t[i];
   *count = t.size();
   return COLLIE_OK;
+}
+
+collie_status collie_reducer_save_state(collie_reducer* r, void* buf, size_t capacity, size_t* size) {
+  COLLIE_REQUIRE(r, "reducer");
+  COLLIE_REQUIRE(size, "size");
+  return guarded([&] {
+    collie::Bytes st = r->reducer->save_state();
+    *size = st.size();
+    if (buf && capacity >= st.size()) std::memcpy(buf, st.data(), st.size());
+  });
+}
+
+collie_status collie_reducer_load_state(collie_reducer* r, const void* buf, size_t size) {
+  COLLIE_REQUIRE(r, "reducer");
+  if (size > 0 && !buf) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_load_state: buf is NULL");
+  return guarded([&] {
+    const uint8_t* b = static_cast<const uint8_t*>(buf);
+    r->reducer->load_state(collie::Bytes(b, b + size));
+  });
+}
+
+collie_status collie_allreduce_async(collie_comm* c, collie_tensor in, collie_tensor out, collie_op op,
+                                     collie_work** w) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(w, "work");
+  *w = nullptr;
+  return guarded([&] {
+    auto h = std::make_unique<collie_work>();
+    h->work = c->comm->allreduce(to_view(in, "in"), to_view(out, "out"), to_op(op));
+    *w = h.release();
+  });
+}
+
+collie_status collie_work_wait(collie_work* w) {
+  COLLIE_REQUIRE(w, "work");
+  return guarded([&] { w->work.wait(); });
+}
+
+collie_status collie_work_test(collie_work* w, int* done) {
+  COLLIE_REQUIRE(w, "work");
+  COLLIE_REQUIRE(done, "done");
+  *done = w->work.done() ? 1 : 0;
+  if (auto e = w->work.error()) return fail(static_cast<collie_status>(e->code()), e->what());
+  return COLLIE_OK;
+}
+
+collie_status collie_work_free(collie_work* w) {
+  delete w;
+  return COLLIE_OK;
+}
+
+}  // extern "C"
+
+namespace {
+
+// A hook written in C, behind the C++ CommHook interface.
+class CHook final : public collie::CommHook {
+ public:
+  CHook(std::string name, collie_comm_hook_fn fn, void* user) : name_(std::move(name)), fn_(fn), user_(user) {}
+  std::string name() const override { return name_; }
+
+  collie::Work run(collie::Communicator& comm, collie::GradBucket& b) override {
+    if (!view_ || view_->comm != &comm) {
+      view_ = std::make_unique<collie_comm>();
+      view_->comm = &comm;
+    }
+    // The deadline is generous: the hook may run several collectives.
+    auto done = new collie_hook_done;
+    done->work = collie::Work::pending("comm hook '" + name_ + "' on bucket " + std::to_string(b.index) +
+                                           " (rank " + std::to_string(comm.rank()) + ")",
+                                       comm.timeout() * 2 + std::chrono::seconds(1));
+    collie::Work w = done->work;
+    std::vector<collie_tensor> grads, params;
+    std::vector<uint64_t> rows;
+    for (size_t k = 0; k < b.grads.size(); ++k) {
+      grads.push_back(from_view(b.grads[k]));
+      params.push_back(k < b.params.size() ? from_view(b.params[k]) : collie_tensor{});
+      rows.push_back(k < b.rows.size() ? b.rows[k] : 0);
+    }
+    collie_grad_bucket cb{};
+    cb.index = b.index;
+    cb.buffer = from_view(b.buffer);
+    cb.num_grads = grads.size();
+    cb.grads = grads.data();
+    cb.params = params.data();
+    cb.rows = rows.data();
+    cb.is_last = b.is_last ? 1 : 0;
+    cb.iteration = b.iteration;
+    fn_(user_, view_.get(), &cb, done);
+    return w;
+  }
+
+ private:
+  std::string name_;
+  collie_comm_hook_fn fn_;
+  void* user_;
+  std::unique_ptr<collie_comm> view_;
+};
+
+}  // namespace
+
+extern "C" {
+
+collie_status collie_register_comm_hook(const char* name, collie_comm_hook_fn fn, void* user) {
+  COLLIE_REQUIRE(name, "name");
+  COLLIE_REQUIRE(fn, "fn");
+  return guarded([&] {
+    std::string n = name;
+    collie::register_comm_hook(n, {}, [n, fn, user](const collie::HookParams&) {
+      return std::make_unique<CHook>(n, fn, user);
+    });
+  });
+}
+
+collie_status collie_hook_complete(collie_hook_done* done, collie_status status, const char* message) {
+  COLLIE_REQUIRE(done, "done");
+  collie::Work w = done->work;
+  delete done;
+  if (status == COLLIE_OK) {
+    w.complete();
+  } else {
+    int code = status > COLLIE_OK && status <= COLLIE_ERR_INTERNAL ? status : COLLIE_ERR_INTERNAL;
+    w.fail(collie::Error(static_cast<collie::ErrorCode>(code),
+                         w.description() + " failed: " + (message ? message : "(no message)")));
+  }
+  return COLLIE_OK;
+}
+
+collie_status collie_hook_complete_after(collie_hook_done* done, collie_work* work) {
+  COLLIE_REQUIRE(done, "done");
+  COLLIE_REQUIRE(work, "work");
+  collie::Work target = done->work;
+  delete done;
+  collie::Work op = work->work;
+  delete work;
+  op.then([target](const collie::Work& w) {
+    if (auto e = w.error()) target.fail(*e);
+    else target.complete();
+  });
+  return COLLIE_OK;
+}
+
+collie_status collie_averager_create_periodic(collie_comm* c, uint64_t period, uint64_t warmup_steps,
+                                              collie_averager** out) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(out, "out");
+  *out = nullptr;
+  return guarded([&] {
+    auto a = std::make_unique<collie_averager>();
+    a->periodic = std::make_unique<collie::PeriodicModelAverager>(*c->comm, period, warmup_steps);
+    *out = a.release();
+  });
+}
+
+collie_status collie_averager_create_hierarchical(collie_comm* c, const uint64_t* periods,
+                                                  const int32_t* group_sizes, size_t levels,
+                                                  uint64_t warmup_steps, collie_averager** out) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(out, "out");
+  *out = nullptr;
+  if (levels > 0 && (!periods || !group_sizes))
+    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_averager_create_hierarchical: periods or group_sizes is NULL");
+  return guarded([&] {
+    std::vector<collie::AveragingLevel> lv;
+    for (size_t i = 0; i < levels; ++i) lv.push_back({periods[i], group_sizes[i]});
+    auto a = std::make_unique<collie_averager>();
+    a->hierarchical = std::make_unique<collie::HierarchicalModelAverager>(*c->comm, std::move(lv), warmup_steps);
+    *out = a.release();
+  });
+}
+
+collie_status collie_averager_average(collie_averager* a, const collie_tensor* params, size_t n) {
+  COLLIE_REQUIRE(a, "averager");
+  if (n > 0 && !params) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_averager_average: params is NULL");
+  return guarded([&] {
+    std::vector<collie::TensorView> v;
+    for (size_t i = 0; i < n; ++i) v.push_back(to_view(params[i], "params[i]"));
+    if (a->periodic) a->periodic->average_parameters(v);
+    else a->hierarchical->average_parameters(v);
+  });
+}
+
+collie_status collie_averager_destroy(collie_averager* a) {
+  return guarded([&] { delete a; });
 }
 
 }  // extern "C"

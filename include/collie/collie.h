@@ -105,7 +105,11 @@ typedef struct {
   int32_t find_unused_parameters;
   int32_t static_graph;
   int32_t broadcast_parameters;  /* default 1 */
-  const char* comm_hook;         /* NULL: COLLIE_COMM_HOOK, else "allreduce"; e.g. "fp16" */
+  const char* comm_hook;         /* NULL: COLLIE_COMM_HOOK, else "allreduce"; e.g. "fp16",
+                                    "powersgd:rank=2,start_iter=10" */
+  const uint64_t* param_rows;    /* NULL, or per parameter its first dimension when it is a
+                                    matrix (rows of the rows x numel/rows view that PowerSGD
+                                    compresses; a conv weight [o,i,kh,kw] has o), 0 for a vector */
 } collie_reducer_options;
 
 void collie_reducer_options_init(collie_reducer_options* opts);
@@ -133,6 +137,8 @@ typedef struct {
   double exposed_us;       /* time finalize waited for communication */
   double comm_us_total;    /* sum over buckets of launch -> completion */
   uint32_t num_buckets;
+  uint64_t gradient_bytes; /* bytes of the buckets handed to the comm hook */
+  uint64_t hook_bytes;     /* bytes the hook handed to collectives (per rank) */
 } collie_reducer_stats;
 
 collie_status collie_reducer_get_stats(const collie_reducer* red, collie_reducer_stats* out);
@@ -141,6 +147,72 @@ collie_status collie_reducer_get_stats(const collie_reducer* red, collie_reducer
  * bucket count to *count. */
 collie_status collie_reducer_get_bucket_times(const collie_reducer* red, double* us,
                                               size_t capacity, size_t* count);
+
+/* Checkpoints: the bucket layout, the iteration count and the comm hook's
+ * state (PowerSGD's error feedback and Q, ...). save: with buf NULL (or
+ * capacity too small) only *size is set. A resumed job creates its reducer as
+ * before and loads the state before its first backward. */
+collie_status collie_reducer_save_state(collie_reducer* red, void* buf, size_t capacity, size_t* size);
+collie_status collie_reducer_load_state(collie_reducer* red, const void* buf, size_t size);
+
+/* ---- asynchronous collectives ---- */
+
+typedef struct collie_work collie_work;
+collie_status collie_allreduce_async(collie_comm* comm, collie_tensor in, collie_tensor out,
+                                     collie_op op, collie_work** work);
+collie_status collie_work_wait(collie_work* work);              /* the op's status */
+collie_status collie_work_test(collie_work* work, int* done);   /* non-blocking */
+collie_status collie_work_free(collie_work* work);              /* need not be complete */
+
+/* ---- comm hooks written in C ---- */
+
+/* What the reducer hands a hook: valid only during the callback, except the
+ * memory it points to, which stays valid until the hook completes. */
+typedef struct {
+  uint64_t index;            /* bucket number, in launch order */
+  collie_tensor buffer;      /* the flat gradients; leave the average here */
+  uint64_t num_grads;
+  const collie_tensor* grads;   /* each gradient, a view into buffer */
+  const collie_tensor* params;  /* the matching parameters */
+  const uint64_t* rows;         /* each gradient's first dimension (0: vector) */
+  int32_t is_last;           /* the last bucket of this iteration */
+  uint64_t iteration;
+} collie_grad_bucket;
+
+typedef struct collie_hook_done collie_hook_done;
+
+/* Starts reducing bucket->buffer over comm (the reducer's communicator) and
+ * returns; the hook reports the end through `done`, exactly once, from any
+ * thread, before returning or later: collie_hook_complete, or
+ * collie_hook_complete_after to end when an asynchronous collective does.
+ * A hook that never completes makes finalize fail with a timeout. */
+typedef void (*collie_comm_hook_fn)(void* user_data, collie_comm* comm,
+                                    const collie_grad_bucket* bucket, collie_hook_done* done);
+
+/* Registers a hook under `name` (usable as a comm_hook spec, by
+ * COLLIE_COMM_HOOK and in fp16_wrap:<name>); user_data goes to every call. */
+collie_status collie_register_comm_hook(const char* name, collie_comm_hook_fn fn, void* user_data);
+/* status COLLIE_OK, or an error whose message (may be NULL) the reducer reports. */
+collie_status collie_hook_complete(collie_hook_done* done, collie_status status, const char* message);
+/* Completes `done` when `work` completes, with its status; frees `work`. */
+collie_status collie_hook_complete_after(collie_hook_done* done, collie_work* work);
+
+/* ---- model averaging (post-local SGD) ---- */
+
+typedef struct collie_averager collie_averager;
+/* Averages parameters over every rank each `period` steps after
+ * `warmup_steps` (PyTorch's PeriodicModelAverager). */
+collie_status collie_averager_create_periodic(collie_comm* comm, uint64_t period,
+                                              uint64_t warmup_steps, collie_averager** out);
+/* Levels (periods ascending): at a step, the largest period that divides
+ * it averages within groups of group_sizes[i] consecutive ranks (0: the
+ * ranks of one host); the last level must span every rank. Collective. */
+collie_status collie_averager_create_hierarchical(collie_comm* comm, const uint64_t* periods,
+                                                  const int32_t* group_sizes, size_t levels,
+                                                  uint64_t warmup_steps, collie_averager** out);
+/* Call after every optimizer step; averages when the step says so. */
+collie_status collie_averager_average(collie_averager* avg, const collie_tensor* params, size_t n);
+collie_status collie_averager_destroy(collie_averager* avg);
 
 #ifdef __cplusplus
 }
