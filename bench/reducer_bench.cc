@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,31 +39,41 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<size_t> resnet50() {
-  std::vector<size_t> t{64 * 3 * 7 * 7, 64, 64};  // stem conv + batch norm
-  int in = 64;
+// A tensor: its size and its first dimension (0 for vectors), which is how
+// PowerSGD views it as a matrix (a conv weight [out, in, kh, kw] has out rows).
+struct Tensor {
+  size_t numel, rows;
+};
+
+std::vector<Tensor> resnet50() {
+  std::vector<Tensor> t{{64 * 3 * 7 * 7, 64}, {64, 0}, {64, 0}};  // stem conv + batch norm
+  size_t in = 64;
   const int blocks[4] = {3, 4, 6, 3}, widths[4] = {64, 128, 256, 512};
   for (int s = 0; s < 4; ++s)
     for (int b = 0; b < blocks[s]; ++b) {
       size_t w = static_cast<size_t>(widths[s]), out = 4 * w;
-      for (size_t sz : {w * in, w, w, w * w * 9, w, w, out * w, out, out}) t.push_back(sz);
+      for (Tensor x : {Tensor{w * in, w}, {w, 0}, {w, 0}, {w * w * 9, w}, {w, 0}, {w, 0},
+                       {out * w, out}, {out, 0}, {out, 0}})
+        t.push_back(x);
       if (b == 0)
-        for (size_t sz : {out * in, out, out}) t.push_back(sz);  // downsample
-      in = static_cast<int>(out);
+        for (Tensor x : {Tensor{out * in, out}, {out, 0}, {out, 0}}) t.push_back(x);  // downsample
+      in = out;
     }
-  t.push_back(1000 * 2048);
-  t.push_back(1000);
+  t.push_back({1000 * 2048, 1000});
+  t.push_back({1000, 0});
   return t;
 }
 
-std::vector<size_t> bert_base() {
+std::vector<Tensor> bert_base() {
   const size_t h = 768, ff = 3072;
-  std::vector<size_t> t{30522 * h, 512 * h, 2 * h, h, h};
+  std::vector<Tensor> t{{30522 * h, 30522}, {512 * h, 512}, {2 * h, 2}, {h, 0}, {h, 0}};
   for (int l = 0; l < 12; ++l)
-    for (size_t sz : {h * h, h, h * h, h, h * h, h, h * h, h, h, h, ff * h, ff, h * ff, h, h, h})
-      t.push_back(sz);
-  t.push_back(h * h);
-  t.push_back(h);
+    for (Tensor x : {Tensor{h * h, h}, {h, 0}, {h * h, h}, {h, 0}, {h * h, h}, {h, 0}, {h * h, h},
+                     {h, 0}, {h, 0}, {h, 0}, {ff * h, ff}, {ff, 0}, {h * ff, h}, {h, 0}, {h, 0},
+                     {h, 0}})
+      t.push_back(x);
+  t.push_back({h * h, h});
+  t.push_back({h, 0});
   return t;
 }
 
@@ -89,12 +100,18 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+struct HookResult {
+  std::string hook;
+  double payload_mb = 0, ratio = 0, comm_ms = 0, step_ms = 0;
+};
+
 int main(int argc, char** argv) {
   std::string model = "resnet50", work = "sleep";
   double compute_ms = -1;
   int iters = 5;
   double bucket_mb = 25;
-  std::string hook = "allreduce", modes = "view,copy";
+  std::vector<std::string> hooks;
+  std::string modes = "view,copy";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--model") model = argv[i + 1];
@@ -102,15 +119,19 @@ int main(int argc, char** argv) {
     else if (a == "--compute-ms") compute_ms = std::atof(argv[i + 1]);
     else if (a == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
     else if (a == "--bucket-mb") bucket_mb = std::atof(argv[i + 1]);
-    else if (a == "--hook") hook = argv[i + 1];
+    else if (a == "--hook") hooks.push_back(argv[i + 1]);
     else if (a == "--modes") modes = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: reducer_bench [--model resnet50|bert] [--compute-ms T] "
-                           "[--work sleep|cpu] [--iters N] [--bucket-mb MB] [--hook SPEC] [--modes view,copy]\n");
+                           "[--work sleep|cpu] [--iters N] [--bucket-mb MB] [--hook SPEC]... "
+                           "[--modes view,copy]\n");
       return 2;
     }
   }
-  std::vector<size_t> sizes = model == "bert" ? bert_base() : resnet50();
+  if (hooks.empty()) hooks.push_back("allreduce");
+  std::vector<Tensor> tensors = model == "bert" ? bert_base() : resnet50();
+  std::vector<size_t> sizes;
+  for (const Tensor& t : tensors) sizes.push_back(t.numel);
   if (compute_ms < 0) compute_ms = model == "bert" ? 400 : 120;
   const bool cpu = work == "cpu";
   size_t total = 0;
@@ -118,86 +139,122 @@ int main(int argc, char** argv) {
 
   try {
     auto comm = collie::connect();
-    const int rank = comm->rank();
-    if (rank == 0) {
-      // Bytes each rank sends per step: a ring all-reduce of S bytes sends
-      // 2(n-1)/n S; the 16-bit compression hooks halve S.
-      int n = comm->size();
-      bool narrow = hook.rfind("fp16", 0) == 0 || hook.rfind("bf16", 0) == 0;
-      double wire = hook == "noop" ? 0 : total * 4.0 * (narrow ? 0.5 : 1.0) * 2 * (n - 1) / n;
+    const int rank = comm->rank(), nranks = comm->size();
+    if (rank == 0)
       std::printf("# reducer_bench: %s, %zu tensors, %.1f M parameters (%.0f MB f32), %d ranks, "
-                  "backward %.0f ms of %s, hook %s (%.0f MB sent per rank per step, compression "
-                  "%.1fx), median of %d steps\n",
-                  model.c_str(), sizes.size(), total / 1e6, total * 4 / 1e6, n, compute_ms,
-                  cpu ? "CPU work" : "free CPU (sleep)", hook.c_str(), wire / 1e6,
-                  narrow ? 2.0 : 1.0, iters);
-    }
+                  "backward %.0f ms of %s, median of %d steps; times in ms\n",
+                  model.c_str(), sizes.size(), total / 1e6, total * 4 / 1e6, nranks, compute_ms,
+                  cpu ? "CPU work" : "free CPU (sleep)", iters);
     std::vector<std::vector<float>> values;
     for (size_t s : sizes) values.emplace_back(s, 0.5f);
-    for (bool view : {true, false}) {
-      if (modes.find(view ? "view" : "copy") == std::string::npos) continue;
-      std::vector<std::vector<float>> grads;
-      std::vector<collie::Parameter> params;
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        if (!view) grads.emplace_back(sizes[i], 0.0f);
-        params.push_back({collie::view_of(values[i].data(), sizes[i]),
-                          view ? collie::TensorView{}
-                               : collie::view_of(grads.back().data(), sizes[i])});
-      }
-      collie::ReducerOptions opt;
-      opt.gradient_as_bucket_view = view;
-      opt.broadcast_parameters = false;
-      opt.bucket_bytes = static_cast<size_t>(bucket_mb * 1024 * 1024);
-      opt.comm_hook = hook;
-      collie::Reducer red(*comm, params, opt);
-      size_t bucket_bytes = 0;
-      for (const auto& b : red.plan().buckets()) bucket_bytes += b.nbytes();
-      size_t engine_grad_bytes = view ? 0 : total * 4;
-
-      // One step: backward over the tensors, last first. `mark` says when the
-      // reducer hears of each gradient: as it is done, after all, or never.
-      enum Mode { compute_only, comm_only, no_overlap, overlap };
-      auto step = [&](Mode m) {
-        comm->barrier().wait();
-        auto t0 = Clock::now();
-        if (m != compute_only) red.prepare_for_backward();
-        std::vector<size_t> done;
-        for (size_t k = sizes.size(); k-- > 0;) {
-          if (m != comm_only) spend(compute_ms * 1e3 * sizes[k] / total, cpu);
-          auto g = red.grad_view(k);
-          std::fill_n(static_cast<float*>(g.data), sizes[k], 1.0f);
-          if (m == overlap || m == comm_only) red.mark_grad_ready(k);
-          else done.push_back(k);
+    std::vector<float> pattern(*std::max_element(sizes.begin(), sizes.end()) + 1024);
+    {
+      std::mt19937 g(42);
+      std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+      for (auto& x : pattern) x = u(g);
+    }
+    std::vector<HookResult> results;
+    for (const std::string& hook : hooks) {
+      if (rank == 0) std::printf("## hook %s\n", hook.c_str());
+      for (bool view : {true, false}) {
+        if (modes.find(view ? "view" : "copy") == std::string::npos) continue;
+        std::vector<std::vector<float>> grads;
+        std::vector<collie::Parameter> params;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          if (!view) grads.emplace_back(sizes[i], 0.0f);
+          params.push_back({collie::view_of(values[i].data(), sizes[i]),
+                            view ? collie::TensorView{}
+                                 : collie::view_of(grads.back().data(), sizes[i]),
+                            tensors[i].rows});
         }
-        if (m == no_overlap)
-          for (size_t k : done) red.mark_grad_ready(k);
-        if (m != compute_only) red.finalize_backward();
-        double t = ms_since(t0);
-        comm->allreduce(collie::view_of(&t, 1), collie::ReduceOp::max).wait();
-        return t;
-      };
-      step(overlap);  // warm-up, and the first-iteration bucket rebuild
-      std::vector<double> tc, ta, tn, to, waited;
-      for (int i = 0; i < iters; ++i) {
-        tc.push_back(step(compute_only));
-        ta.push_back(step(comm_only));
-        tn.push_back(step(no_overlap));
-        to.push_back(step(overlap));
-        double w = red.last_stats().exposed_us / 1e3;
-        comm->allreduce(collie::view_of(&w, 1), collie::ReduceOp::max).wait();
-        waited.push_back(w);
+        collie::ReducerOptions opt;
+        opt.gradient_as_bucket_view = view;
+        opt.broadcast_parameters = false;
+        opt.bucket_bytes = static_cast<size_t>(bucket_mb * 1024 * 1024);
+        opt.comm_hook = hook;
+        collie::Reducer red(*comm, params, opt);
+        size_t bucket_bytes = 0;
+        for (const auto& b : red.plan().buckets()) bucket_bytes += b.nbytes();
+        size_t engine_grad_bytes = view ? 0 : total * 4;
+
+        // One step: backward over the tensors, last first. `mark` says when the
+        // reducer hears of each gradient: as it is done, after all, or never.
+        // Gradients are copied from a fixed random pattern (at a shifting
+        // offset): as cheap as a fill, yet full rank, so that compressing
+        // hooks see realistic values.
+        enum Mode { compute_only, comm_only, no_overlap, overlap };
+        uint32_t salt = 1;
+        auto step = [&](Mode m) {
+          comm->barrier().wait();
+          auto t0 = Clock::now();
+          if (m != compute_only) red.prepare_for_backward();
+          std::vector<size_t> done;
+          ++salt;
+          for (size_t k = sizes.size(); k-- > 0;) {
+            if (m != comm_only) spend(compute_ms * 1e3 * sizes[k] / total, cpu);
+            auto g = red.grad_view(k);
+            std::memcpy(g.data, pattern.data() + (salt * 97 + k) % 1024, sizes[k] * sizeof(float));
+            if (m == overlap || m == comm_only) red.mark_grad_ready(k);
+            else done.push_back(k);
+          }
+          if (m == no_overlap)
+            for (size_t k : done) red.mark_grad_ready(k);
+          if (m != compute_only) red.finalize_backward();
+          double t = ms_since(t0);
+          comm->allreduce(collie::view_of(&t, 1), collie::ReduceOp::max).wait();
+          return t;
+        };
+        // Warm-up: the first-iteration bucket rebuild, and past a hook's
+        // start_iter when it is 2 or less.
+        step(overlap);
+        step(overlap);
+        std::vector<double> tc, ta, tn, to, waited;
+        uint64_t hook_bytes = 0, gradient_bytes = 0;
+        for (int i = 0; i < iters; ++i) {
+          tc.push_back(step(compute_only));
+          ta.push_back(step(comm_only));
+          tn.push_back(step(no_overlap));
+          to.push_back(step(overlap));
+          double w = red.last_stats().exposed_us / 1e3;
+          hook_bytes = red.last_stats().hook_bytes;
+          gradient_bytes = red.last_stats().gradient_bytes;
+          comm->allreduce(collie::view_of(&w, 1), collie::ReduceOp::max).wait();
+          waited.push_back(w);
+        }
+        double c = median(tc), a = median(ta), n = median(tn), o = median(to), f = median(waited);
+        if (rank == 0) {
+          std::printf("%-12s buckets %3zu | compute %7.1f | allreduce %7.1f | no-overlap %7.1f | "
+                      "collie %7.1f | overlap efficiency %5.2f | finalize waited %6.1f (%3.0f%% "
+                      "of allreduce) | collie - compute %6.1f (%3.0f%%)\n",
+                      view ? "bucket-view" : "copy", red.plan().buckets().size(), c, a, n, o,
+                      (n - o) / a, f, 100.0 * f / a, o - c, 100.0 * (o - c) / a);
+          std::printf("%-13s memory: buckets %.0f MB, engine gradients %.0f MB, extra beyond the "
+                      "buckets %.0f MB\n",
+                      "", bucket_bytes / 1e6, engine_grad_bytes / 1e6, engine_grad_bytes / 1e6);
+        }
+        if (view || modes.find("view") == std::string::npos) {
+          HookResult r;
+          r.hook = hook;
+          r.payload_mb = hook_bytes / 1e6;
+          r.ratio = hook_bytes ? static_cast<double>(gradient_bytes) / hook_bytes : 0;
+          r.comm_ms = a;
+          r.step_ms = o;
+          results.push_back(r);
+        }
       }
-      double c = median(tc), a = median(ta), n = median(tn), o = median(to), f = median(waited);
-      if (rank == 0) {
-        std::printf("%-12s buckets %3zu | compute %7.1f | allreduce %7.1f | no-overlap %7.1f | "
-                    "collie %7.1f ms | overlap efficiency %5.2f | finalize waited %6.1f ms (%3.0f%% "
-                    "of allreduce) | collie - compute %6.1f ms (%3.0f%%)\n",
-                    view ? "bucket-view" : "copy", red.plan().buckets().size(), c, a, n, o,
-                    (n - o) / a, f, 100.0 * f / a, o - c, 100.0 * (o - c) / a);
-        std::printf("%-13s memory: buckets %.0f MB, engine gradients %.0f MB, extra beyond the "
-                    "buckets %.0f MB\n",
-                    "", bucket_bytes / 1e6, engine_grad_bytes / 1e6, engine_grad_bytes / 1e6);
-      }
+    }
+    if (rank == 0 && !results.empty()) {
+      // Bytes each rank hands to all-reduces per step (what the hook counts),
+      // and what a ring then sends: 2(n-1)/n of it.
+      std::printf("\n# per hook (%s gradients): bytes per rank per step, compression, and time "
+                  "against the first hook\n",
+                  modes.find("view") != std::string::npos ? "bucket-view" : "copy");
+      std::printf("# %-36s %12s %12s %8s %12s %10s %12s %10s\n", "hook", "payload MB", "ring wire MB",
+                  "ratio", "comm-only ms", "vs first", "step ms", "vs first");
+      for (const HookResult& r : results)
+        std::printf("  %-36s %12.2f %12.2f %7.1fx %12.1f %9.2fx %12.1f %9.2fx\n", r.hook.c_str(),
+                    r.payload_mb, r.payload_mb * 2 * (nranks - 1) / nranks, r.ratio, r.comm_ms,
+                    r.comm_ms / results[0].comm_ms, r.step_ms, r.step_ms / results[0].step_ms);
     }
   } catch (const collie::Error& e) {
     std::fprintf(stderr, "reducer_bench: %s\n", e.what());
