@@ -96,8 +96,9 @@ int main(int argc, char** argv) {
     }
     for (size_t l = 0; l < model.layers.size(); ++l) {
       auto& L = model.layers[l];
+      // w is out x in: its rows let PowerSGD compress it as a matrix.
       params.push_back({collie::view_of(L.w.data(), L.w.size()),
-                        collie::view_of(own_grads[2 * l].data(), L.w.size())});
+                        collie::view_of(own_grads[2 * l].data(), L.w.size()), L.b.size()});
       params.push_back({collie::view_of(L.b.data(), L.b.size()),
                         collie::view_of(own_grads[2 * l + 1].data(), L.b.size())});
     }
@@ -107,9 +108,11 @@ int main(int argc, char** argv) {
     opt.bucket_bytes = 256 * 1024;
     collie::Reducer reducer(*comm, params, opt);
     if (rank == 0)
-      std::printf("training a %d-%d-%d-%d-%d MLP on %d ranks x %d samples, %zu buckets, %s\n",
+      std::printf("training a %d-%d-%d-%d-%d MLP on %d ranks x %d samples, %zu buckets, %s, "
+                  "comm hook %s\n",
                   sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], n, batch,
-                  reducer.plan().buckets().size(), bucket_view ? "bucket views" : "copies");
+                  reducer.plan().buckets().size(), bucket_view ? "bucket views" : "copies",
+                  reducer.comm_hook().name().c_str());
 
     std::mt19937 data_rng(100 + rank);
     std::normal_distribution<float> gauss(0.0f, 1.0f);
