@@ -9,8 +9,9 @@
  *    message;
  *  - a PowerSGD reducer saved after 3 steps and loaded into a second one:
  *    both give the same bits from then on;
- *  - a periodic model averager: parameters equal the mean right after an
- *    averaging step and are left alone between. */
+ *  - periodic and hierarchical model averagers: parameters equal the mean
+ *    (of the right group) right after an averaging step and are left alone
+ *    between. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,6 +204,30 @@ int main(void) {
       for (int i = 0; i < 5; ++i) {
         double want = averaged ? (10.0 * (size - 1) / 2.0 + i + s) : (double)(rank * 10 + i + s);
         CHECK(fabs(p[i] - want) < 1e-5, "averager step %d: p[%d] = %g, want %g", s, i, p[i], want);
+      }
+    }
+    OK(collie_averager_destroy(avg));
+  }
+
+  /* Hierarchical: every 2 steps within groups of one rank (nothing to do),
+   * every 4 steps over everyone; steps 0 and 4 are multiples of 4. */
+  {
+    collie_averager* avg = NULL;
+    uint64_t periods[2] = {2, 4};
+    int32_t groups[2] = {1, size};
+    int32_t bad[2] = {1, size + 1};
+    CHECK(collie_averager_create_hierarchical(comm, periods, bad, 2, 0, &avg) == COLLIE_ERR_INVALID_ARGUMENT,
+          "a group larger than the world");
+    OK(collie_averager_create_hierarchical(comm, periods, groups, 2, 0, &avg));
+    float p[3];
+    collie_tensor t = f32(p, 3);
+    for (int s = 0; s < 6; ++s) {
+      for (int i = 0; i < 3; ++i) p[i] = (float)(rank * 4 + i - s);
+      OK(collie_averager_average(avg, &t, 1));
+      int global = s % 4 == 0;
+      for (int i = 0; i < 3; ++i) {
+        double want = global ? (4.0 * (size - 1) / 2.0 + i - s) : (double)(rank * 4 + i - s);
+        CHECK(fabs(p[i] - want) < 1e-5, "hierarchical step %d: p[%d] = %g, want %g", s, i, p[i], want);
       }
     }
     OK(collie_averager_destroy(avg));
