@@ -11,30 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "c_check.h"
 #include "collie/collie.h"
 
 #define D 8
 #define SAMPLES 24
 #define STEPS 20
 
-static int failures = 0;
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      fprintf(stderr, "FAILED %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                       \
-      fprintf(stderr, "\n");                              \
-      ++failures;                                         \
-    }                                                     \
-  } while (0)
-#define OK(call)                                                                 \
-  do {                                                                           \
-    collie_status st_ = (call);                                                  \
-    if (st_ != COLLIE_OK) {                                                      \
-      fprintf(stderr, "%s failed (%d): %s\n", #call, (int)st_, collie_last_error()); \
-      exit(1);                                                                   \
-    }                                                                            \
-  } while (0)
 
 static double xs[SAMPLES][D], ys[SAMPLES];
 

@@ -15,6 +15,7 @@
 
 #include "collie/comm.h"
 #include "mp_common.h"
+#include "mp_test.h"
 
 namespace collie {
 namespace {
@@ -24,10 +25,7 @@ using testing::exact_value;
 using testing::get;
 using testing::put;
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = connect();
-  return *c;
-}
+Communicator& comm() { return testing::world(); }
 
 const std::vector<size_t> kCounts = {0, 1, 2, 3, 7, 13, 97, 1000, 4099, 65537};
 constexpr DType kDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,

@@ -12,25 +12,16 @@
 #include "hooks/comm_hook.h"
 #include "hooks/model_averager.h"
 #include "mp_common.h"
+#include "mp_test.h"
 #include "reducer/reducer.h"
 #include "tiny_mlp.h"
 
 namespace collie {
 namespace {
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = connect();
-  return *c;
-}
+Communicator& comm() { return testing::world(); }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 TEST(HookRegistry, UnknownNamesAndParametersListWhatIsAccepted) {
   std::string m = error_of([] { make_comm_hook("fp8"); });

@@ -21,16 +21,14 @@
 #include "hooks/model_averager.h"
 #include "hooks/post_local_sgd.h"
 #include "mp_common.h"
+#include "mp_test.h"
 #include "reducer/reducer.h"
 #include "tiny_mlp.h"
 
 namespace collie {
 namespace {
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = connect();
-  return *c;
-}
+Communicator& comm() { return testing::world(); }
 
 std::optional<Error> error_of(const std::function<void()>& fn) {
   try {

@@ -14,24 +14,15 @@
 #include "collie/comm.h"
 #include "hooks/powersgd.h"
 #include "mp_common.h"
+#include "mp_test.h"
 #include "reducer/reducer.h"
 
 namespace collie {
 namespace {
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = connect();
-  return *c;
-}
+Communicator& comm() { return testing::world(); }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 // A model of a few tensors with their own gradient buffers; step() sets the
 // gradients, runs one reducer iteration and leaves the result in grads.

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "collie/comm.h"
+#include "mp_test.h"
 #include "reducer/reducer.h"
 #include "tiny_mlp.h"
 
@@ -22,10 +23,7 @@ namespace {
 
 using testing::MlpShape;
 
-Communicator& comm() {
-  static std::unique_ptr<Communicator> c = connect();
-  return *c;
-}
+Communicator& comm() { return testing::world(); }
 
 constexpr int kSamples = 48, kSteps = 6;
 constexpr double kLr = 0.05;
