@@ -267,12 +267,16 @@ void Reducer::log_stats() const {
     std::snprintf(buf, sizeof buf, "%s%.2f", b ? " " : "", stats_.bucket_comm_us[b] / 1e3);
     per_bucket += buf;
   }
-  char line[256];
+  char line[384];
   std::snprintf(line, sizeof line,
                 "reducer on rank %d, iteration %llu: backward %.2f ms, exposed communication "
-                "%.2f ms, %zu buckets, comm ms per bucket: ",
+                "%.2f ms, hook %s sent %.3f MB for %.3f MB of gradients (%.1fx), %zu buckets, "
+                "comm ms per bucket: ",
                 comm_.rank(), static_cast<unsigned long long>(stats_.iteration),
-                stats_.backward_us / 1e3, stats_.exposed_us / 1e3, stats_.bucket_comm_us.size());
+                stats_.backward_us / 1e3, stats_.exposed_us / 1e3, hook_->name().c_str(),
+                stats_.hook_bytes / 1e6, stats_.gradient_bytes / 1e6,
+                stats_.hook_bytes ? static_cast<double>(stats_.gradient_bytes) / stats_.hook_bytes : 0.0,
+                stats_.bucket_comm_us.size());
   log::info(line + per_bucket);
 }
 
