@@ -110,6 +110,10 @@ class CompressHook final : public CommHook {
     });
   }
 
+  uint64_t bytes_communicated() const override {
+    return CommHook::bytes_communicated() + (inner_ ? inner_->bytes_communicated() : 0);
+  }
+
   Bytes save_state() const override { return inner_ ? inner_->save_state() : Bytes{}; }
   void load_state(const Bytes& s) override {
     if (inner_) inner_->load_state(s);

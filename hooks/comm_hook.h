@@ -52,7 +52,8 @@ class CommHook {
   // rank contributes to all-reduces; a ring sends 2(n-1)/n times that). The
   // reducer turns it into bytes per step and a compression ratio. Built-in
   // hooks count; a user's hook may call count_bytes() itself.
-  uint64_t bytes_communicated() const { return bytes_.load(std::memory_order_relaxed); }
+  // (Wrappers add their inner hook's.)
+  virtual uint64_t bytes_communicated() const { return bytes_.load(std::memory_order_relaxed); }
 
  protected:
   void count_bytes(uint64_t n) { bytes_.fetch_add(n, std::memory_order_relaxed); }

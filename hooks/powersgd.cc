@@ -5,7 +5,11 @@
 //  - the uncompressed tensors and the P factors travel in one all-reduce,
 //    not two: one latency fewer per bucket, the same bytes;
 //  - a gradient that is exactly zero gives a zero P column, which stays zero
-//    instead of becoming NaN when orthogonalization_epsilon is 0.
+//    instead of becoming NaN when orthogonalization_epsilon is 0;
+//  - the error feedback memory doubles as the step's input (no second copy
+//    of the bucket);
+//  - batched: the error is kept for the bucket, not for its zero padding
+//    (PyTorch also feeds back what the approximation put in the padding).
 #include "hooks/powersgd.h"
 
 #include <cmath>
@@ -168,6 +172,14 @@ struct Reader {
   }
 };
 
+// splitmix64 of (seed, n): independent-looking seeds for the n-th fresh Q.
+uint64_t mix_seed(uint64_t seed, uint64_t n) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (n + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 constexpr uint64_t kStateMagic = 0x3144475352574f50ull;  // "POWRSGD1"
 
 // --- the hook -------------------------------------------------------------------
@@ -226,7 +238,13 @@ class PowerSgdHook final : public CommHook {
     // starts only after the previous bucket's chain is done: P0 Q0 P1 Q1 ...
     // on every rank (without this, one rank could issue P1 before Q0 and
     // another after it).
-    Work start = b.index == 0 ? Work() : tail_;
+    // The chain's handle names the bucket and carries the communicator's
+    // deadline (twice it, plus a second, like every op's own wait).
+    Work start = Work::pending(name() + " on bucket " + std::to_string(b.index) + " (rank " +
+                                   std::to_string(comm.rank()) + ")",
+                               comm.timeout() * 2 + std::chrono::seconds(1));
+    if (b.index == 0) start.complete();
+    else tail_.then([start](const Work&) { start.complete(); });
     Work first = start.then_work([this, sp, cp, pv, qv, buf, src_all, opt, source](const Work&) -> Work {
       LowRankMath& m = cpu_low_rank_math();
       const size_t es = dtype_size(buf.dtype);
@@ -243,14 +261,17 @@ class PowerSgdHook final : public CommHook {
         at_plain += n;
       }
       if (!opt.warm_start || !sp->have_q) {
-        // Every rank draws the same seed, so every rank starts from the same Q.
-        std::mt19937_64 g(opt.seed);
-        g.discard(rng_draws_++);
-        m.fill_normal(qv, g());
-        for (const Slot& s : sp->slots)
-          m.orthogonalize(qv.slice(s.q_off, s.m * s.r), s.m, s.r, opt.orthogonalization_epsilon);
+        // Every rank derives the same seed, so every rank starts from the
+        // same Q; a hash of (seed, draws) costs the same at any step.
+        m.fill_normal(qv, mix_seed(opt.seed, rng_draws_++));
         sp->have_q = true;
       }
+      // Orthogonalised every step, the warm-started Q too (as PyTorch does):
+      // the last step's Q is M^T P, and reusing it as it stands squares the
+      // condition number, so with singular values far apart the later
+      // columns drown in rounding.
+      for (const Slot& s : sp->slots)
+        m.orthogonalize(qv.slice(s.q_off, s.m * s.r), s.m, s.r, opt.orthogonalization_epsilon);
       for (const Slot& s : sp->slots)
         m.gemm(false, false, s.n, s.r, s.m, source(s), qv.slice(s.q_off, s.m * s.r),
                pv.slice(sp->plain_numel + s.p_off, s.n * s.r));

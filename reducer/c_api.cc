@@ -5,6 +5,7 @@
 #include "collie/collie.h"
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -93,6 +94,16 @@ collie::ReduceOp to_op(int op) {
   return static_cast<collie::ReduceOp>(op);
 }
 
+// The sizes of the option and stats structs in the first ABI: the smallest
+// a caller may pass. Fields after them are read or written only when the
+// caller's struct_size covers them.
+constexpr uint32_t kReducerOptionsV1 = offsetof(collie_reducer_options, comm_hook);
+constexpr uint32_t kReducerStatsV1 = offsetof(collie_reducer_stats, gradient_bytes);
+template <typename S>
+bool has_field(const S* s, size_t offset, size_t size) {
+  return s->struct_size >= offset + size;
+}
+
 #define COLLIE_REQUIRE(ptr, name)                                              \
   if (!(ptr)) return fail(COLLIE_ERR_INVALID_ARGUMENT, std::string(__func__) + ": " name " is NULL")
 
@@ -136,6 +147,10 @@ collie_status collie_comm_connect(const collie_comm_options* o, collie_comm** ou
 }
 
 collie_status collie_comm_destroy(collie_comm* c) {
+  if (c && !c->owned)
+    return fail(COLLIE_ERR_INVALID_ARGUMENT,
+                "collie_comm_destroy: this is the reducer's communicator as lent to a comm hook; "
+                "only a communicator from collie_comm_connect may be destroyed");
   return guarded([&] { delete c; });
 }
 
@@ -190,7 +205,9 @@ collie_status collie_reducer_create(collie_comm* c, const collie_tensor* params,
   COLLIE_REQUIRE(out, "out");
   *out = nullptr;
   if (n > 0 && !params) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_create: params is NULL");
-  if (o && o->struct_size < sizeof(collie_reducer_options))
+  // The struct grows at its end: a caller built against an older header
+  // passes a smaller size, and the fields it does not have keep defaults.
+  if (o && o->struct_size < kReducerOptionsV1)
     return fail(COLLIE_ERR_INVALID_ARGUMENT,
                 "collie_reducer_create: options struct_size is " + std::to_string(o->struct_size) +
                     "; call collie_reducer_options_init first");
@@ -203,9 +220,12 @@ collie_status collie_reducer_create(collie_comm* c, const collie_tensor* params,
       opt.find_unused_parameters = o->find_unused_parameters != 0;
       opt.static_graph = o->static_graph != 0;
       opt.broadcast_parameters = o->broadcast_parameters != 0;
-      if (o->comm_hook) opt.comm_hook = o->comm_hook;
+      if (has_field(o, offsetof(collie_reducer_options, comm_hook), sizeof o->comm_hook) && o->comm_hook)
+        opt.comm_hook = o->comm_hook;
     }
-    const uint64_t* rows = o ? o->param_rows : nullptr;
+    const uint64_t* rows =
+        o && has_field(o, offsetof(collie_reducer_options, param_rows), sizeof o->param_rows) ? o->param_rows
+                                                                                              : nullptr;
     if (!grads && !opt.gradient_as_bucket_view)
       throw collie::Error(collie::ErrorCode::invalid_argument,
                           "collie_reducer_create: grads is NULL, which needs gradient_as_bucket_view");
@@ -257,7 +277,7 @@ collie_status collie_reducer_set_no_sync(collie_reducer* r, int on) {
 collie_status collie_reducer_get_stats(const collie_reducer* r, collie_reducer_stats* out) {
   COLLIE_REQUIRE(r, "reducer");
   COLLIE_REQUIRE(out, "out");
-  if (out->struct_size < sizeof(collie_reducer_stats))
+  if (out->struct_size < kReducerStatsV1)
     return fail(COLLIE_ERR_INVALID_ARGUMENT,
                 "collie_reducer_get_stats: set out->struct_size = sizeof(collie_reducer_stats)");
   const auto& s = r->reducer->last_stats();
@@ -267,8 +287,10 @@ collie_status collie_reducer_get_stats(const collie_reducer* r, collie_reducer_s
   out->comm_us_total = 0;
   for (double us : s.bucket_comm_us) out->comm_us_total += us;
   out->num_buckets = static_cast<uint32_t>(s.bucket_comm_us.size());
-  out->gradient_bytes = s.gradient_bytes;
-  out->hook_bytes = s.hook_bytes;
+  if (has_field(out, offsetof(collie_reducer_stats, gradient_bytes), sizeof out->gradient_bytes))
+    out->gradient_bytes = s.gradient_bytes;
+  if (has_field(out, offsetof(collie_reducer_stats, hook_bytes), sizeof out->hook_bytes))
+    out->hook_bytes = s.hook_bytes;
   return COLLIE_OK;
 }
 
@@ -460,6 +482,27 @@ collie_status collie_averager_average(collie_averager* a, const collie_tensor* p
     for (size_t i = 0; i < n; ++i) v.push_back(to_view(params[i], "params[i]"));
     if (a->periodic) a->periodic->average_parameters(v);
     else a->hierarchical->average_parameters(v);
+  });
+}
+
+collie_status collie_averager_save_state(collie_averager* a, void* buf, size_t capacity, size_t* size) {
+  COLLIE_REQUIRE(a, "averager");
+  COLLIE_REQUIRE(size, "size");
+  return guarded([&] {
+    collie::Bytes st = a->periodic ? a->periodic->save_state() : a->hierarchical->save_state();
+    *size = st.size();
+    if (buf && capacity >= st.size()) std::memcpy(buf, st.data(), st.size());
+  });
+}
+
+collie_status collie_averager_load_state(collie_averager* a, const void* buf, size_t size) {
+  COLLIE_REQUIRE(a, "averager");
+  if (size > 0 && !buf) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_averager_load_state: buf is NULL");
+  return guarded([&] {
+    const uint8_t* b = static_cast<const uint8_t*>(buf);
+    collie::Bytes st(b, b + size);
+    if (a->periodic) a->periodic->load_state(st);
+    else a->hierarchical->load_state(st);
   });
 }
 

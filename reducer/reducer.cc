@@ -108,7 +108,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   for (const Bucket& b : plan_.buckets()) buffers_.push_back(FlatBuffer::allocate(b.dtype, b.numel));
   works_.assign(plan_.buckets().size(), Work());
   launched_at_.assign(plan_.buckets().size(), {});
-  comm_us_.assign(plan_.buckets().size(), 0.0);
+  comm_us_ = std::make_shared<std::vector<double>>(plan_.buckets().size(), 0.0);
 }
 
 TensorView Reducer::grad_view(size_t i) const {
@@ -198,7 +198,7 @@ void Reducer::launch_ready_buckets() {
   while (next_launch_ < pending_.size() && pending_[next_launch_] == 0) {
     size_t b = next_launch_++;
     launched_at_[b] = Clock::now();
-    double* done_us = &comm_us_[b];
+    auto times = comm_us_;  // shared: outlives this reducer if a late hook completes after it
     auto start = launched_at_[b];
     GradBucket gb;
     gb.index = b;
@@ -212,8 +212,11 @@ void Reducer::launch_ready_buckets() {
     }
     gb.is_last = b + 1 == pending_.size();
     gb.iteration = iteration_;
-    works_[b] = hook_->run(comm_, gb).then([done_us, start](const Work& w) {
-      *done_us = us_between(start, Clock::now());
+    // The continuation keeps the bucket's memory and the hook alive until
+    // the hook is done with them: a hook that completes only after a
+    // timeout (and after this reducer is gone) must not write freed memory.
+    works_[b] = hook_->run(comm_, gb).then([times, b, start, keep = buffers_[b], hook = hook_](const Work& w) {
+      (*times)[b] = us_between(start, Clock::now());
       if (auto e = w.error()) throw *e;
     });
   }
@@ -232,7 +235,17 @@ void Reducer::finalize_backward() {
                  " were marked ready; if the model does not use them every iteration, enable "
                  "find_unused_parameters and pass the used set to prepare_for_backward");
   auto wait_start = Clock::now();
-  for (auto& w : works_) w.wait();
+  // Every bucket's reduction is waited for before an error is reported, so
+  // that none is still writing when the caller goes on (or retries).
+  std::optional<Error> first_error;
+  for (auto& w : works_) {
+    try {
+      w.wait();
+    } catch (const Error& e) {
+      if (!first_error) first_error = e;
+    }
+  }
+  if (first_error) throw *first_error;
   auto wait_end = Clock::now();
   uint64_t hook_total = hook_->bytes_communicated();
   stats_.hook_bytes = hook_total - hook_bytes_before_;
@@ -250,7 +263,7 @@ void Reducer::finalize_backward() {
   stats_.iteration = iteration_;
   stats_.backward_us = us_between(backward_start_, last_mark_);
   stats_.exposed_us = us_between(wait_start, wait_end);
-  stats_.bucket_comm_us = comm_us_;
+  stats_.bucket_comm_us = *comm_us_;
 
   if (opt_.find_unused_parameters && opt_.static_graph && !static_used_) static_used_ = used_;
   ++iteration_;

@@ -28,6 +28,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -103,7 +104,8 @@ class Reducer {
   // iteration count and the comm hook's state (PowerSGD's error and Q, ...).
   // A resumed job builds its reducer as the first one did, calls
   // load_state() before its first backward, and goes on exactly as the saved
-  // job would have. Not in the middle of a backward pass.
+  // job would have. Not in the middle of a backward pass. Loading may move
+  // the buckets: re-read grad_view() afterwards.
   Bytes save_state();
   void load_state(const Bytes& state);
 
@@ -140,7 +142,7 @@ class Reducer {
   size_t next_launch_ = 0;
   std::vector<Work> works_;
   std::vector<std::chrono::steady_clock::time_point> launched_at_;
-  std::vector<double> comm_us_;
+  std::shared_ptr<std::vector<double>> comm_us_;  // shared with the bucket continuations
   std::vector<size_t> ready_order_;
   std::vector<size_t> bucket_order_;  // what the plan was built from (empty: registration order)
   std::chrono::steady_clock::time_point backward_start_, last_mark_;

@@ -13,6 +13,7 @@
  *    (of the right group) right after an averaging step and are left alone
  *    between. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +51,9 @@ static void sum_then_scale(void* user, collie_comm* comm, const collie_grad_buck
 /* Starts an averaging all-reduce and returns at once: the hook ends with it. */
 static void async_avg(void* user, collie_comm* comm, const collie_grad_bucket* b, collie_hook_done* done) {
   collie_work* w = NULL;
-  ++*(int*)user;
+  if (++*(int*)user == 1)
+    CHECK(collie_comm_destroy(comm) == COLLIE_ERR_INVALID_ARGUMENT && strstr(collie_last_error(), "lent"),
+          "a hook must not destroy the communicator it was lent: %s", collie_last_error());
   collie_status st = collie_allreduce_async(comm, b->buffer, b->buffer, COLLIE_AVG, &w);
   if (st != COLLIE_OK) collie_hook_complete(done, st, collie_last_error());
   else collie_hook_complete_after(done, w);
@@ -130,6 +133,30 @@ int main(void) {
   }
   CHECK(calls == 6 && async_calls == 6, "hook calls %d and %d, want 6 each (2 buckets x 3 steps)", calls, async_calls);
 
+  /* Callers built against the first ABI pass smaller option and stats
+   * structs: accepted, and nothing is written past their end. */
+  {
+    collie_tensor p[2] = {f32(v1, N1), f32(v2, N2)}, g[2] = {f32(g1, N1), f32(g2, N2)};
+    collie_reducer_options o;
+    collie_reducer_options_init(&o);
+    o.struct_size = (uint32_t)offsetof(collie_reducer_options, comm_hook);
+    collie_reducer* red = NULL;
+    OK(collie_reducer_create(comm, p, g, 2, &o, &red));
+    OK(step(red, g1, g2, rank, 5));
+    check_average(g1, g2, size, 5, "first-ABI options");
+    collie_reducer_stats stats;
+    memset(&stats, 0xab, sizeof stats);
+    stats.struct_size = (uint32_t)offsetof(collie_reducer_stats, gradient_bytes);
+    OK(collie_reducer_get_stats(red, &stats));
+    CHECK(stats.num_buckets == 1 && stats.gradient_bytes == 0xababababababababull &&
+              stats.hook_bytes == 0xababababababababull,
+          "first-ABI stats: %u buckets, fields past the end untouched", stats.num_buckets);
+    o.struct_size = 8;
+    collie_reducer* bad = NULL;
+    CHECK(collie_reducer_create(comm, p, g, 2, &o, &bad) == COLLIE_ERR_INVALID_ARGUMENT, "tiny struct_size");
+    OK(collie_reducer_destroy(red));
+  }
+
   /* A failing hook: finalize reports it, naming the hook. */
   {
     collie_reducer* red = make(comm, v1, g1, v2, g2, "c_fails");
@@ -180,6 +207,15 @@ int main(void) {
     float p[5];
     collie_tensor t = f32(p, 5);
     for (int s = 0; s < 5; ++s) {
+      if (s == 2) { /* checkpoint: a new averager goes on from the saved step */
+        size_t need = 0;
+        unsigned char buf[64];
+        OK(collie_averager_save_state(avg, buf, sizeof buf, &need));
+        CHECK(need > 0 && need <= sizeof buf, "averager state size %zu", need);
+        OK(collie_averager_destroy(avg));
+        OK(collie_averager_create_periodic(comm, 2, 1, &avg));
+        OK(collie_averager_load_state(avg, buf, need));
+      }
       for (int i = 0; i < 5; ++i) p[i] = (float)(rank * 10 + i + s);
       OK(collie_averager_average(avg, &t, 1));
       /* warmup 1: steps 1 and 3 average, 0, 2 and 4 do not. */

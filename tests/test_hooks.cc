@@ -70,6 +70,9 @@ void check_accuracy(const std::string& spec, double unit, double bound_units) {
     worst = std::max(worst, std::abs(grad[i] - want) / (bound_units * unit * mag + 1e-30));
   }
   EXPECT_LE(worst, 1.0) << spec;
+  // 16-bit all-reduces: half the gradient's bytes, wrapped or not.
+  EXPECT_EQ(red.last_stats().gradient_bytes, count * sizeof(float)) << spec;
+  EXPECT_EQ(red.last_stats().hook_bytes, count * 2) << spec;
 }
 
 TEST(CompressionHooks, WithinTheNarrowFormatsRoundingOfTheExactAverage) {

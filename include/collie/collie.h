@@ -151,7 +151,9 @@ collie_status collie_reducer_get_bucket_times(const collie_reducer* red, double*
 /* Checkpoints: the bucket layout, the iteration count and the comm hook's
  * state (PowerSGD's error feedback and Q, ...). save: with buf NULL (or
  * capacity too small) only *size is set. A resumed job creates its reducer as
- * before and loads the state before its first backward. */
+ * before and loads the state before its first backward; loading may move the
+ * buckets, so re-read collie_reducer_grad_view afterwards. Every rank must
+ * load the state it saved at the same step. */
 collie_status collie_reducer_save_state(collie_reducer* red, void* buf, size_t capacity, size_t* size);
 collie_status collie_reducer_load_state(collie_reducer* red, const void* buf, size_t size);
 
@@ -162,7 +164,9 @@ collie_status collie_allreduce_async(collie_comm* comm, collie_tensor in, collie
                                      collie_op op, collie_work** work);
 collie_status collie_work_wait(collie_work* work);              /* the op's status */
 collie_status collie_work_test(collie_work* work, int* done);   /* non-blocking */
-collie_status collie_work_free(collie_work* work);              /* need not be complete */
+/* Need not be complete; the op goes on, and the tensors it was given must
+ * stay valid until it ends. */
+collie_status collie_work_free(collie_work* work);
 
 /* ---- comm hooks written in C ---- */
 
@@ -185,7 +189,17 @@ typedef struct collie_hook_done collie_hook_done;
  * returns; the hook reports the end through `done`, exactly once, from any
  * thread, before returning or later: collie_hook_complete, or
  * collie_hook_complete_after to end when an asynchronous collective does.
- * A hook that never completes makes finalize fail with a timeout. */
+ * `done` is freed by that call: completing twice is undefined behaviour.
+ * A hook that never completes makes finalize fail with a timeout.
+ *
+ * The hook runs on the thread that called collie_reducer_mark_ready (or
+ * prepare), with the reducer locked: it must not call collie_reducer_*
+ * functions. `comm` is lent, not owned: collie_comm_destroy refuses it.
+ * Buckets are handed to hooks in the same order on every rank; a hook that
+ * issues a second collective later (from a completion) must keep that order
+ * itself, and the user should not issue other collectives on the same
+ * communicator while hooks are in flight. collie cannot count the bytes a C
+ * hook sends: collie_reducer_stats.hook_bytes stays 0 for it. */
 typedef void (*collie_comm_hook_fn)(void* user_data, collie_comm* comm,
                                     const collie_grad_bucket* bucket, collie_hook_done* done);
 
@@ -212,6 +226,9 @@ collie_status collie_averager_create_hierarchical(collie_comm* comm, const uint6
                                                   uint64_t warmup_steps, collie_averager** out);
 /* Call after every optimizer step; averages when the step says so. */
 collie_status collie_averager_average(collie_averager* avg, const collie_tensor* params, size_t n);
+/* The step count, for checkpoints (as collie_reducer_save_state). */
+collie_status collie_averager_save_state(collie_averager* avg, void* buf, size_t capacity, size_t* size);
+collie_status collie_averager_load_state(collie_averager* avg, const void* buf, size_t size);
 collie_status collie_averager_destroy(collie_averager* avg);
 
 #ifdef __cplusplus
