@@ -383,6 +383,20 @@ void Reducer::load_state(const Bytes& in) {
   }
   uint64_t hook_size = get();
   if (hook_size != in.size() - at) throw misuse("the saved hook state is truncated");
+  // Collective: every rank must resume from the same step with the same
+  // layout, or their buckets (and the collectives) would not match.
+  uint64_t h = mix(mix(1469598103934665603ull, iteration), rebuilt);
+  for (size_t p : order) h = mix(h, p);
+  const int world = comm_.size();
+  std::vector<int64_t> all(static_cast<size_t>(world));
+  int64_t mine = static_cast<int64_t>(h);
+  comm_.allgather(view_of(&mine, 1), view_of(all.data(), all.size())).wait();
+  for (int r = 0; r < world; ++r)
+    if (all[static_cast<size_t>(r)] != all[0])
+      throw Error(ErrorCode::mismatch,
+                  "reducer on rank " + std::to_string(comm_.rank()) + ": rank " + std::to_string(r) +
+                      " loads a state saved at another step or with another bucket layout than rank "
+                      "0's: every rank must load the checkpoint it saved at the same step");
   hook_->load_state(Bytes(in.begin() + static_cast<long>(at), in.end()));
   if (order != bucket_order_) apply_order(order);
   iteration_ = iteration;

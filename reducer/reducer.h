@@ -105,7 +105,8 @@ class Reducer {
   // A resumed job builds its reducer as the first one did, calls
   // load_state() before its first backward, and goes on exactly as the saved
   // job would have. Not in the middle of a backward pass. Loading may move
-  // the buckets: re-read grad_view() afterwards.
+  // the buckets: re-read grad_view() afterwards. load_state is collective:
+  // it checks that every rank loads a state from the same step and layout.
   Bytes save_state();
   void load_state(const Bytes& state);
 
