@@ -274,6 +274,12 @@ collie_status collie_reducer_set_no_sync(collie_reducer* r, int on) {
   return guarded([&] { r->reducer->set_no_sync(on != 0); });
 }
 
+collie_status collie_reducer_set_comm_hook(collie_reducer* r, const char* spec) {
+  COLLIE_REQUIRE(r, "reducer");
+  COLLIE_REQUIRE(spec, "spec");
+  return guarded([&] { r->reducer->set_comm_hook(std::string(spec)); });
+}
+
 collie_status collie_reducer_get_stats(const collie_reducer* r, collie_reducer_stats* out) {
   COLLIE_REQUIRE(r, "reducer");
   COLLIE_REQUIRE(out, "out");

@@ -118,6 +118,16 @@ TensorView Reducer::grad_view(size_t i) const {
   return buffers_[b].slice(plan_.buckets()[b].offsets[k], specs_[i].numel);
 }
 
+void Reducer::set_comm_hook(const std::string& spec) { set_comm_hook(make_comm_hook(spec)); }
+
+void Reducer::set_comm_hook(std::shared_ptr<CommHook> hook) {
+  if (!hook) throw misuse("set_comm_hook: no hook");
+  std::lock_guard lk(mu_);
+  if (in_backward_) throw misuse("set_comm_hook in the middle of a backward pass");
+  hook_ = std::move(hook);
+  hook_bytes_before_ = hook_->bytes_communicated();
+}
+
 void Reducer::set_no_sync(bool on) {
   std::lock_guard lk(mu_);
   if (in_backward_) throw misuse("no_sync cannot change in the middle of a backward pass");

@@ -112,6 +112,11 @@ class Reducer {
 
   const BucketPlan& plan() const { return plan_; }
   CommHook& comm_hook() { return *hook_; }
+  // Swaps the comm hook between iterations (PyTorch's register_comm_hook):
+  // a spec for the registry, or a hook object. Every rank must swap at the
+  // same iteration. The old hook's state goes with it.
+  void set_comm_hook(const std::string& spec);
+  void set_comm_hook(std::shared_ptr<CommHook> hook);
   const ReducerStats& last_stats() const { return stats_; }
   uint64_t iterations() const { return iteration_; }
 

@@ -133,6 +133,24 @@ int main(void) {
   }
   CHECK(calls == 6 && async_calls == 6, "hook calls %d and %d, want 6 each (2 buckets x 3 steps)", calls, async_calls);
 
+  /* Swapped between iterations, by spec: the default all-reduce first, then
+   * the C hook; an unknown name keeps the old hook and lists the known ones. */
+  {
+    collie_reducer* red = make(comm, v1, g1, v2, g2, "allreduce");
+    OK(step(red, g1, g2, rank, 1));
+    CHECK(calls == 6, "the C hook ran before it was set (%d calls)", calls);
+    OK(collie_reducer_set_comm_hook(red, "c_sum_then_scale"));
+    OK(step(red, g1, g2, rank, 2));
+    check_average(g1, g2, size, 2, "after set_comm_hook");
+    CHECK(calls == 8, "the swapped-in C hook ran %d times, want 2", calls - 6);
+    CHECK(collie_reducer_set_comm_hook(red, "nope") == COLLIE_ERR_INVALID_ARGUMENT &&
+              strstr(collie_last_error(), "c_sum_then_scale") && strstr(collie_last_error(), "powersgd"),
+          "unknown hook: %s", collie_last_error());
+    OK(step(red, g1, g2, rank, 3));
+    CHECK(calls == 10, "the old hook stays after a bad spec (%d calls)", calls);
+    OK(collie_reducer_destroy(red));
+  }
+
   /* Callers built against the first ABI pass smaller option and stats
    * structs: accepted, and nothing is written past their end. */
   {

@@ -129,6 +129,11 @@ collie_status collie_reducer_finalize(collie_reducer* red);
 /* Where gradient `param` lives: re-read after each finalize. */
 collie_status collie_reducer_grad_view(collie_reducer* red, size_t param, collie_tensor* out);
 collie_status collie_reducer_set_no_sync(collie_reducer* red, int on);
+/* Swaps the comm hook between iterations, by spec ("fp16", "powersgd:rank=2",
+ * a name given to collie_register_comm_hook, ...); every rank at the same
+ * iteration. Unknown names and bad parameters: an error listing what is
+ * accepted, and the old hook stays. */
+collie_status collie_reducer_set_comm_hook(collie_reducer* red, const char* spec);
 
 typedef struct {
   uint32_t struct_size;    /* sizeof(collie_reducer_stats), set by the caller */
