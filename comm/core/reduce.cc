@@ -137,8 +137,30 @@ __attribute__((target("avx,f16c"))) void narrow_half_f16c(const float* s, uint16
   narrow_half(s + i, d + i, n - i);
 }
 const bool kHasF16C = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+// bf16 has no conversion instruction before AVX-512: the same branchless
+// loops, compiled for AVX2 (the baseline build targets SSE2), are chosen at
+// run time.
+__attribute__((target("avx2"))) void widen_bf16_avx2(const uint16_t* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t x = static_cast<uint32_t>(s[i]) << 16;
+    std::memcpy(&d[i], &x, sizeof x);
+  }
+}
+__attribute__((target("avx2"))) void narrow_bf16_avx2(const float* s, uint16_t* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, &s[i], sizeof x);
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (x >> 16) | 0x40u;
+    d[i] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+}
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
 #else
 constexpr bool kHasF16C = false;
+constexpr bool kHasAvx2 = false;
+void widen_bf16_avx2(const uint16_t* s, float* d, size_t n) { widen_bf16(s, d, n); }
+void narrow_bf16_avx2(const float* s, uint16_t* d, size_t n) { narrow_bf16(s, d, n); }
 #endif
 
 using Widen = void (*)(const uint16_t*, float*, size_t);
@@ -186,7 +208,8 @@ void dispatch(DType t, void* dst, const void* a, const void* b, size_t n, int di
                            static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n,
                            divisor);
     case DType::bf16:
-      return combine16<Op>(widen_bf16, narrow_bf16, static_cast<uint16_t*>(dst),
+      return combine16<Op>(kHasAvx2 ? widen_bf16_avx2 : widen_bf16,
+                           kHasAvx2 ? narrow_bf16_avx2 : narrow_bf16, static_cast<uint16_t*>(dst),
                            static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n,
                            divisor);
     case DType::i32:
@@ -242,8 +265,10 @@ void convert(DType st, const void* src, DType dt, void* dst, size_t n, int divis
   }
   constexpr size_t kBlock = 1024;
   float f[kBlock];
-  Widen widen = st == DType::f16 ? (kHasF16C ? widen_half_f16c : widen_half) : widen_bf16;
-  Narrow narrow = dt == DType::f16 ? (kHasF16C ? narrow_half_f16c : narrow_half) : narrow_bf16;
+  Widen widen = st == DType::f16 ? (kHasF16C ? widen_half_f16c : widen_half)
+                                 : (kHasAvx2 ? widen_bf16_avx2 : widen_bf16);
+  Narrow narrow = dt == DType::f16 ? (kHasF16C ? narrow_half_f16c : narrow_half)
+                                   : (kHasAvx2 ? narrow_bf16_avx2 : narrow_bf16);
   for (size_t base = 0; base < n; base += kBlock) {
     size_t m = std::min(kBlock, n - base);
     const float* in = f;
