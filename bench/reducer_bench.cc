@@ -3,7 +3,7 @@
 //
 //   collie-run -n 2 reducer_bench [--model resnet50|bert] [--compute-ms T]
 //                                 [--work sleep|cpu] [--iters N] [--bucket-mb 25]
-//                                 [--hook allreduce|fp16|bf16|...] [--modes view,copy]
+//                                 [--hook SPEC]... [--modes view,copy] [--average-every K]
 //
 // A synthetic backward with the gradient tensors of a real model (ResNet-50:
 // 161 tensors, 25.6 M parameters; BERT-base: 199 tensors, 110 M), produced
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "collie/comm.h"
+#include "hooks/model_averager.h"
 #include "reducer/reducer.h"
 
 namespace {
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
   double bucket_mb = 25;
   std::vector<std::string> hooks;
   std::string modes = "view,copy";
+  int average_every = 0;  // > 0: also time the model averaging of post-local SGD
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--model") model = argv[i + 1];
@@ -121,10 +123,11 @@ int main(int argc, char** argv) {
     else if (a == "--bucket-mb") bucket_mb = std::atof(argv[i + 1]);
     else if (a == "--hook") hooks.push_back(argv[i + 1]);
     else if (a == "--modes") modes = argv[i + 1];
+    else if (a == "--average-every") average_every = std::max(0, std::atoi(argv[i + 1]));
     else {
       std::fprintf(stderr, "usage: reducer_bench [--model resnet50|bert] [--compute-ms T] "
                            "[--work sleep|cpu] [--iters N] [--bucket-mb MB] [--hook SPEC]... "
-                           "[--modes view,copy]\n");
+                           "[--modes view,copy] [--average-every K]\n");
       return 2;
     }
   }
@@ -260,6 +263,22 @@ int main(int argc, char** argv) {
         }
       }
     }
+    double average_ms = 0;
+    if (average_every > 0) {
+      collie::PeriodicModelAverager avg(*comm, 1);
+      std::vector<collie::TensorView> views;
+      for (auto& v : values) views.push_back(collie::view_of(v.data(), v.size()));
+      std::vector<double> ts;
+      for (int i = 0; i < 3; ++i) {
+        comm->barrier().wait();
+        auto t0 = Clock::now();
+        avg.average_parameters(views);
+        double t = ms_since(t0);
+        comm->allreduce(collie::view_of(&t, 1), collie::ReduceOp::max).wait();
+        ts.push_back(t);
+      }
+      average_ms = median(ts);
+    }
     if (rank == 0 && !results.empty()) {
       // Bytes each rank hands to all-reduces per step (what the hook counts),
       // and what a ring then sends: 2(n-1)/n of it.
@@ -269,9 +288,20 @@ int main(int argc, char** argv) {
       std::printf("# %-36s %12s %12s %8s %12s %10s %12s %10s\n", "hook", "payload MB", "ring wire MB",
                   "ratio", "comm-only ms", "vs first", "step ms", "vs first");
       for (const HookResult& r : results)
-        std::printf("  %-36s %12.2f %12.2f %7.1fx %12.1f %9.2fx %12.1f %9.2fx\n", r.hook.c_str(),
-                    r.payload_mb, r.payload_mb * 2 * (nranks - 1) / nranks, r.ratio, r.comm_ms,
-                    r.comm_ms / results[0].comm_ms, r.step_ms, r.step_ms / results[0].step_ms);
+        std::printf("  %-36s %12.2f %12.2f %7.1f%s %12.1f %9.2fx %12.1f %9.2fx\n", r.hook.c_str(),
+                    r.payload_mb, r.payload_mb * 2 * (nranks - 1) / nranks, r.ratio,
+                    r.ratio > 0 ? "x" : " (local)", r.comm_ms, r.comm_ms / results[0].comm_ms,
+                    r.step_ms, r.step_ms / results[0].step_ms);
+      if (average_every > 0) {
+        std::printf("# model averaging (post-local SGD): average_parameters over %.0f MB took %.1f ms; "
+                    "every %d steps that adds %.1f ms per step\n",
+                    total * 4 / 1e6, average_ms, average_every, average_ms / average_every);
+        for (const HookResult& r : results)
+          if (r.hook.rfind("post_local_sgd", 0) == 0)
+            std::printf("  %-36s step with averaging %.1f ms, %.2fx the first hook's\n", r.hook.c_str(),
+                        r.step_ms + average_ms / average_every,
+                        (r.step_ms + average_ms / average_every) / results[0].step_ms);
+      }
     }
   } catch (const collie::Error& e) {
     std::fprintf(stderr, "reducer_bench: %s\n", e.what());
