@@ -385,5 +385,82 @@ TEST(Faults, ReducerOverDifferentModelsOrBucketsIsRefusedOnEveryRank) {
   }
 }
 
+// A rank killed while the reducer runs PowerSGD (two chained all-reduces per
+// bucket, issued from completions): every survivor's finalize reports the
+// lost rank instead of hanging in the chain.
+TEST(Faults, RankKilledDuringPowerSgdTrainingIsReportedByEverySurvivor) {
+  const int victim = 1;
+  auto out = run_ranks(
+      3,
+      [&](int rank, Options opt) {
+        auto c = connect(opt);
+        const size_t rows = 256, cols = 512;
+        std::vector<float> w(rows * cols), gw(rows * cols), b(rows), gb(rows);
+        ReducerOptions ro;
+        ro.comm_hook = "powersgd:start_iter=2";
+        Reducer red(*c,
+                    {{view_of(w.data(), w.size()), view_of(gw.data(), gw.size()), rows},
+                     {view_of(b.data(), b.size()), view_of(gb.data(), gb.size()), 0}},
+                    ro);
+        if (rank == victim) {
+          std::thread([] {
+            std::this_thread::sleep_for(300ms);
+            raise(SIGKILL);
+          }).detach();
+        }
+        for (int it = 0; it < 1000000; ++it) {
+          for (size_t i = 0; i < gw.size(); ++i) gw[i] = static_cast<float>((i + it) % 7);
+          red.prepare_for_backward();
+          red.mark_grad_ready(1);
+          red.mark_grad_ready(0);
+          red.finalize_backward();
+        }
+        return std::string("finished without noticing");
+      },
+      10s);
+  EXPECT_FALSE(out[victim].exited) << describe(out);
+  for (int r = 0; r < 3; ++r) {
+    if (r == victim) continue;
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "peer_lost") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "rank " + std::to_string(victim))) << describe(out);
+  }
+}
+
+// A hook that never completes: finalize fails at the deadline, naming what
+// it waited for, on every rank; nothing hangs (the reducer's destructor
+// gives up on it too).
+class NeverCompletes final : public CommHook {
+ public:
+  std::string name() const override { return "never_completes"; }
+  Work run(Communicator& c, GradBucket& b) override {
+    return Work::pending("never_completes on bucket " + std::to_string(b.index) + " (rank " +
+                             std::to_string(c.rank()) + ")",
+                         c.timeout() * 2);
+  }
+};
+
+TEST(Faults, AHookThatNeverCompletesTimesOutNamingIt) {
+  auto out = run_ranks(
+      2,
+      [&](int, Options opt) {
+        auto c = connect(opt);
+        std::vector<float> w(64), gw(64);
+        ReducerOptions ro;
+        ro.hook = std::make_shared<NeverCompletes>();
+        Reducer red(*c, {{view_of(w.data(), w.size()), view_of(gw.data(), gw.size())}}, ro);
+        red.prepare_for_backward();
+        red.mark_grad_ready(0);
+        red.finalize_backward();
+        return std::string("finalize returned");
+      },
+      1s, {}, 30s);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "timeout") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "never_completes on bucket 0")) << describe(out);
+  }
+}
+
 }  // namespace
 }  // namespace collie
