@@ -8,6 +8,7 @@
 #include <string>
 
 #include "collie/comm.h"
+#include "hooks/comm_hook.h"
 
 namespace collie::testing {
 
@@ -24,6 +25,17 @@ inline std::string error_of(const std::function<void()>& fn) {
     return e.what();
   }
   return "no error";
+}
+
+// Whether this build has PowerSGD (it needs BLAS); tests skip it otherwise.
+inline bool have_powersgd() {
+  try {
+    make_comm_hook("powersgd:start_iter=2");
+    return true;
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::unavailable) return false;
+    throw;
+  }
 }
 
 }  // namespace collie::testing

@@ -23,6 +23,7 @@
 #include "collie/comm.h"
 #include "comm/config/config.h"
 #include "comm/tcp/socket.h"
+#include "mp_test.h"
 #include "reducer/reducer.h"
 
 namespace collie {
@@ -389,6 +390,7 @@ TEST(Faults, ReducerOverDifferentModelsOrBucketsIsRefusedOnEveryRank) {
 // bucket, issued from completions): every survivor's finalize reports the
 // lost rank instead of hanging in the chain.
 TEST(Faults, RankKilledDuringPowerSgdTrainingIsReportedByEverySurvivor) {
+  if (!testing::have_powersgd()) GTEST_SKIP() << "built without BLAS: no PowerSGD";
   const int victim = 1;
   auto out = run_ranks(
       3,
