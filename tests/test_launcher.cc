@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/core/topology.h"
 #include "comm/tcp/socket.h"
 
 namespace {
@@ -367,6 +368,27 @@ TEST_F(Launcher, NoPrefixPassesOutputThrough) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(r.out == "r0r1" || r.out == "r1r0") << r.out;
   EXPECT_EQ(r.err, "ee");
+}
+
+// Several ranks on one host share its CPUs: each gets OMP_NUM_THREADS =
+// CPUs / ranks (at least 1), which OpenMP and OpenBLAS read, unless the user
+// set it (or OPENBLAS_NUM_THREADS).
+TEST_F(Launcher, RanksShareTheHostsCpusUnlessTheUserChose) {
+  if (std::getenv("OMP_NUM_THREADS") || std::getenv("OPENBLAS_NUM_THREADS"))
+    GTEST_SKIP() << "the environment already chooses OMP_NUM_THREADS";
+  int want = std::max(1, collie::topology::usable_cpus() / 2);
+  auto r = run({"-n", "2", "sh", "-c", "echo t=$OMP_NUM_THREADS"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto got = lines(r.out);
+  std::multiset<std::string> all(got.begin(), got.end());
+  std::string t = "t=" + std::to_string(want);
+  EXPECT_EQ(all, (std::multiset<std::string>{"[0] " + t, "[1] " + t})) << r.out;
+  r = run({"-n", "2", "sh", "-c", "echo t=$OMP_NUM_THREADS"}, {"OMP_NUM_THREADS=3"});
+  got = lines(r.out);
+  all = std::multiset<std::string>(got.begin(), got.end());
+  EXPECT_EQ(all, (std::multiset<std::string>{"[0] t=3", "[1] t=3"})) << r.out;
+  r = run({"-n", "1", "sh", "-c", "echo t=$OMP_NUM_THREADS"});
+  EXPECT_EQ(r.out, "[0] t=\n") << "one rank keeps the whole host";
 }
 
 TEST_F(Launcher, AProgramThatCannotRunFailsItsRank) {
