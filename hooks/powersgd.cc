@@ -132,9 +132,8 @@ class CpuLowRankMath final : public LowRankMath {
   static void check(const TensorView& a, const TensorView& b) {
     if (a.dtype != b.dtype || (a.dtype != DType::f32 && a.dtype != DType::f64))
       throw Error(ErrorCode::invalid_argument,
-                  "powersgd: needs f32 or f64 gradients (got " + std::string(to_string(a.dtype)) +
-                      "); it cannot run inside fp16_wrap/bf16_wrap (its factors are small "
-                      "already)");
+                  "powersgd: the low-rank arithmetic runs on f32 or f64 (got " +
+                      std::string(to_string(a.dtype)) + ")");
     if (!a.device.is_cpu() || !b.device.is_cpu())
       throw Error(ErrorCode::unavailable, "powersgd: CUDA buckets need the CUDA hook math (not built)");
   }
@@ -198,12 +197,18 @@ class PowerSgdHook final : public CommHook {
       return comm.allreduce(b.buffer, ReduceOp::avg);
     }
     State& st = state_for(b);
-    const DType t = b.buffer.dtype;
+    // A 16-bit bucket (inside fp16_wrap/bf16_wrap) is widened to f32 for the
+    // arithmetic, and P and Q travel in the bucket's 16-bit type, as
+    // PyTorch's fp16_compress_wrapper(powerSGD_hook) does: half the bytes.
+    const TensorView outer = b.buffer;
+    const bool narrow = outer.dtype == DType::f16 || outer.dtype == DType::bf16;
+    const DType t = narrow ? DType::f32 : outer.dtype;
     const size_t es = dtype_size(t);
-    TensorView buf = b.buffer;
     auto view = [t](std::vector<uint8_t>& v) {
       return TensorView{v.data(), t, v.size() / dtype_size(t), Device::cpu()};
     };
+    if (narrow) st.wide.resize(outer.numel * es);
+    TensorView buf = narrow ? view(st.wide) : outer;
 
     // Memory is sized here, on the caller's thread; the arithmetic runs in
     // the chain below.
@@ -215,6 +220,14 @@ class PowerSgdHook final : public CommHook {
     if (opt_.batched) st.square.resize(st.side * st.side * es);
     st.pbuf.resize((st.plain_numel + st.p_numel) * es);
     TensorView pv = view(st.pbuf), qv = view(st.q);
+    // What goes on the wire: P and Q themselves, or their 16-bit copies.
+    TensorView pw = pv, qw = qv;
+    if (narrow) {
+      st.pwire.resize(pv.numel * 2);
+      st.qwire.resize(qv.numel * 2);
+      pw = TensorView{st.pwire.data(), outer.dtype, pv.numel, Device::cpu()};
+      qw = TensorView{st.qwire.data(), outer.dtype, qv.numel, Device::cpu()};
+    }
     // With error feedback the error memory first becomes this step's input
     // (gradient + error), the matrices are read from there and the result
     // written into the bucket, and then the memory becomes input - result,
@@ -245,9 +258,11 @@ class PowerSgdHook final : public CommHook {
                                comm.timeout() * 2 + std::chrono::seconds(1));
     if (b.index == 0) start.complete();
     else tail_.then([start](const Work&) { start.complete(); });
-    Work first = start.then_work([this, sp, cp, pv, qv, buf, src_all, opt, source](const Work&) -> Work {
+    Work first = start.then_work([this, sp, cp, pv, qv, pw, buf, outer, narrow, src_all, opt,
+                                  source](const Work&) -> Work {
       LowRankMath& m = cpu_low_rank_math();
       const size_t es = dtype_size(buf.dtype);
+      if (narrow) cpu_hook_math().decompress(outer, buf);
       if (opt.error_feedback) m.axpby(1.0, buf, 1.0, src_all);  // error += gradient
       if (opt.batched) {
         std::memset(sp->square.data() + buf.nbytes(), 0, sp->square.size() - buf.nbytes());
@@ -275,23 +290,27 @@ class PowerSgdHook final : public CommHook {
       for (const Slot& s : sp->slots)
         m.gemm(false, false, s.n, s.r, s.m, source(s), qv.slice(s.q_off, s.m * s.r),
                pv.slice(sp->plain_numel + s.p_off, s.n * s.r));
-      count_bytes(pv.nbytes() + qv.nbytes());
-      return pv.numel ? cp->allreduce(pv, ReduceOp::sum) : Work();
+      count_bytes(pv.numel * dtype_size(pw.dtype) + qv.numel * dtype_size(pw.dtype));
+      if (narrow && pv.numel) cpu_hook_math().compress(pv, pw, 1);
+      return pv.numel ? cp->allreduce(pw, ReduceOp::sum) : Work();
     });
     tail_ = first
-        .then_work([sp, cp, pv, qv, opt, source](const Work& w) -> Work {
+        .then_work([sp, cp, pv, qv, pw, qw, narrow, opt, source](const Work& w) -> Work {
           if (auto e = w.error()) throw *e;
           LowRankMath& m = cpu_low_rank_math();
+          if (narrow && pv.numel) cpu_hook_math().decompress(pw, pv);
           for (const Slot& s : sp->slots) {
             TensorView p = pv.slice(sp->plain_numel + s.p_off, s.n * s.r);
             m.orthogonalize(p, s.n, s.r, opt.orthogonalization_epsilon);
             m.gemm(true, false, s.m, s.r, s.n, source(s), p, qv.slice(s.q_off, s.m * s.r));
           }
-          return qv.numel ? cp->allreduce(qv, ReduceOp::sum) : Work();
+          if (narrow && qv.numel) cpu_hook_math().compress(qv, qw, 1);
+          return qv.numel ? cp->allreduce(qw, ReduceOp::sum) : Work();
         })
-        .then([sp, pv, qv, buf, src_all, opt, target, world](const Work& w) {
+        .then([sp, pv, qv, qw, buf, outer, narrow, src_all, opt, target, world](const Work& w) {
           if (auto e = w.error()) throw *e;
           LowRankMath& m = cpu_low_rank_math();
+          if (narrow && qv.numel) cpu_hook_math().decompress(qw, qv);
           m.axpby(0.0, qv, 1.0 / world, qv);
           for (const Slot& s : sp->slots)
             m.gemm(false, true, s.n, s.m, s.r, pv.slice(sp->plain_numel + s.p_off, s.n * s.r),
@@ -306,6 +325,7 @@ class PowerSgdHook final : public CommHook {
           // What this rank meant to send minus what everyone now holds.
           if (opt.error_feedback) m.axpby(-1.0, buf, 1.0, src_all);
           if (!opt.warm_start) sp->have_q = false;
+          if (narrow) cpu_hook_math().compress(buf, outer, 1);
         });
     return tail_;
   }
@@ -367,16 +387,16 @@ class PowerSgdHook final : public CommHook {
     bool have_q = false;
     std::vector<uint8_t> q, error;  // kept across iterations (and saved)
     std::vector<uint8_t> pbuf, square;  // scratch
+    std::vector<uint8_t> wide, pwire, qwire;  // 16-bit buckets: f32 copy, P and Q on the wire
   };
 
   State& state_for(const GradBucket& b) {
     const DType t = b.buffer.dtype;
-    if ((t != DType::f32 && t != DType::f64) || !b.buffer.device.is_cpu())
+    if (!is_floating(t) || !b.buffer.device.is_cpu())
       throw Error(ErrorCode::invalid_argument,
                   "comm hook " + name() + ": bucket " + std::to_string(b.index) + " holds " +
                       std::string(to_string(t)) + (b.buffer.device.is_cpu() ? "" : " on CUDA") +
-                      " gradients; the CPU PowerSGD takes f32 or f64 (not inside "
-                      "fp16_wrap/bf16_wrap: its factors are small already)");
+                      " gradients; the CPU PowerSGD takes floating-point CPU buckets");
     uint64_t h = 1469598103934665603ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     mix(static_cast<uint64_t>(t));
@@ -422,11 +442,14 @@ class PowerSgdHook final : public CommHook {
       }
     }
     st.p_numel = p_numel;
-    if (st.q.size() != q_numel * es) {
-      st.q.assign(q_numel * es, 0);
+    // The arithmetic runs in f64 for f64 buckets, else in f32.
+    const size_t ws = t == DType::f64 ? 8 : 4;
+    if (st.q.size() != q_numel * ws) {
+      st.q.assign(q_numel * ws, 0);
       st.have_q = false;
     }
-    if (!st.error.empty() && st.error.size() != b.buffer.nbytes())
+    const size_t wide_bytes = b.buffer.numel * ws;
+    if (!st.error.empty() && st.error.size() != wide_bytes)
       throw bad(name() + ": the loaded state's error for bucket " + std::to_string(b.index) +
                 " does not fit the bucket; was it saved with another model or bucket size?");
     return st;

@@ -140,7 +140,8 @@ TEST(CompressionHooks, TrainingConvergesWithinTenPercentOfAllreduce) {
   EXPECT_LT(base, 0.7 * start) << "allreduce itself must train";
   for (const char* spec : {"fp16", "bf16", "fp16_wrap:allreduce", "bf16_wrap:allreduce",
                            "powersgd:start_iter=10", "powersgd:rank=2,start_iter=2",
-                           "batched_powersgd:start_iter=10"}) {
+                           "batched_powersgd:start_iter=10", "fp16_wrap:powersgd:start_iter=10",
+                           "bf16_wrap:powersgd:rank=2,start_iter=2"}) {
     if (std::string(spec).find("powersgd") != std::string::npos && !testing::have_powersgd()) continue;
     double loss = train(spec);
     EXPECT_LE(std::abs(loss - base), 0.1 * base) << spec << ": " << loss << " vs " << base;
