@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "comm/config/config.h"
+#include "comm/core/state_bytes.h"
 
 namespace collie {
 
@@ -138,8 +139,8 @@ int host_color(Communicator& comm) {
 }
 
 Bytes counter_state(uint64_t count) {
-  Bytes b(8);
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(count >> (8 * i));
+  Bytes b;
+  put_u64(b, count);
   return b;
 }
 
@@ -147,9 +148,7 @@ uint64_t counter_from_state(const Bytes& state, const std::string& who) {
   if (state.size() != 8)
     throw invalid(who + ": a saved state is 8 bytes (the step count), but was given " +
                   std::to_string(state.size()));
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(state[i]) << (8 * i);
-  return v;
+  return StateReader(state, who + ": truncated state").u64();
 }
 
 // --- PeriodicModelAverager ---------------------------------------------------

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "collie_build_config.h"
+#include "comm/core/state_bytes.h"
 #if COLLIE_HAVE_BLAS
 #include <cblas.h>
 #endif
@@ -136,38 +137,6 @@ class CpuLowRankMath final : public LowRankMath {
                       std::string(to_string(a.dtype)) + ")");
     if (!a.device.is_cpu() || !b.device.is_cpu())
       throw Error(ErrorCode::unavailable, "powersgd: CUDA buckets need the CUDA hook math (not built)");
-  }
-};
-
-// --- state serialisation ------------------------------------------------------
-
-void put_u64(Bytes& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void put_bytes(Bytes& out, const std::vector<uint8_t>& b) {
-  put_u64(out, b.size());
-  out.insert(out.end(), b.begin(), b.end());
-}
-
-struct Reader {
-  const Bytes& in;
-  size_t at = 0;
-  uint64_t u64() {
-    need(8);
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(in[at + i]) << (8 * i);
-    at += 8;
-    return v;
-  }
-  std::vector<uint8_t> bytes() {
-    uint64_t n = u64();
-    need(n);
-    std::vector<uint8_t> b(in.begin() + static_cast<long>(at), in.begin() + static_cast<long>(at + n));
-    at += n;
-    return b;
-  }
-  void need(uint64_t n) {
-    if (n > in.size() - at) throw bad("powersgd: the saved state is truncated or not PowerSGD's");
   }
 };
 
@@ -349,7 +318,7 @@ class PowerSgdHook final : public CommHook {
   }
 
   void load_state(const Bytes& in) override {
-    Reader r{in};
+    StateReader r(in, "comm hook: powersgd: the saved state is truncated or not PowerSGD's");
     if (r.u64() != kStateMagic) throw bad("powersgd: the state to load is not PowerSGD's");
     uint64_t rank = r.u64(), batched = r.u64();
     if (rank != static_cast<uint64_t>(opt_.rank) || batched != opt_.batched)
@@ -367,7 +336,7 @@ class PowerSgdHook final : public CommHook {
       st.error = r.bytes();
       states[index] = std::move(st);
     }
-    if (r.at != in.size()) throw bad("powersgd: the state to load has trailing bytes");
+    if (r.remaining() != 0) throw bad("powersgd: the state to load has trailing bytes");
     iter_ = iter;
     rng_draws_ = draws;
     states_ = std::move(states);

@@ -6,6 +6,7 @@
 
 #include "comm/config/config.h"
 #include "comm/core/log.h"
+#include "comm/core/state_bytes.h"
 
 namespace collie {
 
@@ -342,23 +343,20 @@ void Reducer::apply_order(const std::vector<size_t>& new_order) {
 
 namespace {
 constexpr uint64_t kReducerMagic = 0x3154534552444352ull;  // "RCDREST1"
-void put64(Bytes& b, uint64_t v) {
-  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
 }  // namespace
 
 Bytes Reducer::save_state() {
   std::lock_guard lk(mu_);
   if (in_backward_) throw misuse("save_state in the middle of a backward pass");
   Bytes out;
-  put64(out, kReducerMagic);
-  put64(out, params_.size());
-  put64(out, iteration_);
-  put64(out, rebuilt_);
-  put64(out, bucket_order_.size());
-  for (size_t p : bucket_order_) put64(out, p);
+  put_u64(out, kReducerMagic);
+  put_u64(out, params_.size());
+  put_u64(out, iteration_);
+  put_u64(out, rebuilt_);
+  put_u64(out, bucket_order_.size());
+  for (size_t p : bucket_order_) put_u64(out, p);
   Bytes hook = hook_->save_state();
-  put64(out, hook.size());
+  put_u64(out, hook.size());
   out.insert(out.end(), hook.begin(), hook.end());
   return out;
 }
@@ -366,33 +364,26 @@ Bytes Reducer::save_state() {
 void Reducer::load_state(const Bytes& in) {
   std::lock_guard lk(mu_);
   if (in_backward_) throw misuse("load_state in the middle of a backward pass");
-  size_t at = 0;
-  auto get = [&]() -> uint64_t {
-    if (in.size() - at < 8) throw misuse("the state to load is truncated");
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(in[at + i]) << (8 * i);
-    at += 8;
-    return v;
-  };
-  if (in.size() < 8 || get() != kReducerMagic) throw misuse("the state to load is not a reducer's");
-  uint64_t n = get();
+  StateReader r(in, misuse("the state to load is truncated").what());
+  if (in.size() < 8 || r.u64() != kReducerMagic) throw misuse("the state to load is not a reducer's");
+  uint64_t n = r.u64();
   if (n != params_.size())
     throw misuse("the state was saved by a reducer over " + std::to_string(n) +
                  " parameters; this one has " + std::to_string(params_.size()));
-  uint64_t iteration = get();
-  bool rebuilt = get() != 0;
-  uint64_t count = get();
+  uint64_t iteration = r.u64();
+  bool rebuilt = r.u64() != 0;
+  uint64_t count = r.u64();
   if (count != 0 && count != n) throw misuse("the saved bucket order does not cover the parameters");
   std::vector<size_t> order;
   std::vector<bool> seen(n, false);
   for (uint64_t i = 0; i < count; ++i) {
-    uint64_t p = get();
+    uint64_t p = r.u64();
     if (p >= n || seen[p]) throw misuse("the saved bucket order is not a permutation of the parameters");
     seen[p] = true;
     order.push_back(p);
   }
-  uint64_t hook_size = get();
-  if (hook_size != in.size() - at) throw misuse("the saved hook state is truncated");
+  uint64_t hook_size = r.u64();
+  if (hook_size != r.remaining()) throw misuse("the saved hook state is truncated");
   // Collective: every rank must resume from the same step with the same
   // layout, or their buckets (and the collectives) would not match.
   uint64_t h = mix(mix(1469598103934665603ull, iteration), rebuilt);
@@ -407,7 +398,7 @@ void Reducer::load_state(const Bytes& in) {
                   "reducer on rank " + std::to_string(comm_.rank()) + ": rank " + std::to_string(r) +
                       " loads a state saved at another step or with another bucket layout than rank "
                       "0's: every rank must load the checkpoint it saved at the same step");
-  hook_->load_state(Bytes(in.begin() + static_cast<long>(at), in.end()));
+  hook_->load_state(r.rest());
   if (order != bucket_order_) apply_order(order);
   iteration_ = iteration;
   rebuilt_ = rebuilt;
