@@ -7,7 +7,6 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <optional>
 
 #include "comm/config/config.h"
 #include "comm/core/state_bytes.h"
@@ -93,15 +92,9 @@ void average_parameters(Communicator& comm, const std::vector<TensorView>& param
 
   // Waits for all of them even after a failure: the ones still running write
   // into `scratch` and the parameters.
-  std::optional<Error> first_error;
-  for (auto& f : flights) {
-    try {
-      f.work.wait();
-    } catch (const Error& e) {
-      if (!first_error) first_error = e;
-    }
-  }
-  if (first_error) throw *first_error;
+  std::vector<Work> works;
+  for (const auto& f : flights) works.push_back(f.work);
+  wait_all(works);
 
   for (const auto& f : flights) {
     const auto& idx = by_dtype[f.dtype];

@@ -248,15 +248,7 @@ void Reducer::finalize_backward() {
   auto wait_start = Clock::now();
   // Every bucket's reduction is waited for before an error is reported, so
   // that none is still writing when the caller goes on (or retries).
-  std::optional<Error> first_error;
-  for (auto& w : works_) {
-    try {
-      w.wait();
-    } catch (const Error& e) {
-      if (!first_error) first_error = e;
-    }
-  }
-  if (first_error) throw *first_error;
+  wait_all(works_);
   auto wait_end = Clock::now();
   uint64_t hook_total = hook_->bytes_communicated();
   stats_.hook_bytes = hook_total - hook_bytes_before_;

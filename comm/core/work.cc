@@ -142,4 +142,16 @@ Work Work::then_work(std::function<Work(const Work&)> fn) const {
 
 void Work::wait_on(void* /*stream*/) const { wait(); }
 
+void wait_all(const std::vector<Work>& works) {
+  std::optional<Error> first;
+  for (const Work& w : works) {
+    try {
+      w.wait();
+    } catch (const Error& e) {
+      if (!first) first = e;
+    }
+  }
+  if (first) throw *first;
+}
+
 }  // namespace collie

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "collie/error.h"
 
@@ -66,5 +67,10 @@ class Work {
   explicit Work(std::shared_ptr<State> s) : state_(std::move(s)) {}
   std::shared_ptr<State> state_;
 };
+
+// Waits for every one of `works`, even after one has failed (those still
+// running may be writing memory the caller is about to reuse), then throws
+// the first failure, in order.
+void wait_all(const std::vector<Work>& works);
 
 }  // namespace collie
