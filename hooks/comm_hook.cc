@@ -163,40 +163,39 @@ std::string accepted_names() {
 
 }  // namespace
 
-int64_t hook_param_int(const HookParams& p, const std::string& hook, const std::string& key,
-                       int64_t fallback, int64_t lo, int64_t hi) {
+namespace {
+// The shared part of reading a numeric parameter: absent gives `fallback`;
+// `parse` must consume the whole value, which must lie in [lo, hi].
+template <typename T, typename Parse>
+T hook_param_number(const HookParams& p, const std::string& hook, const std::string& key, T fallback,
+                    T lo, T hi, const char* kind, Parse parse) {
   auto it = p.find(key);
   if (it == p.end()) return fallback;
   const std::string& v = it->second;
   size_t used = 0;
-  long long x = 0;
+  T x{};
   try {
-    x = std::stoll(v, &used, 10);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (v.empty() || used != v.size() || x < lo || x > hi)
-    throw bad_spec("hook '" + hook + "': " + key + "='" + v + "' is not an integer in [" +
-                   std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return x;
-}
-
-double hook_param_double(const HookParams& p, const std::string& hook, const std::string& key,
-                         double fallback, double lo, double hi) {
-  auto it = p.find(key);
-  if (it == p.end()) return fallback;
-  const std::string& v = it->second;
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
+    x = parse(v, &used);
   } catch (const std::exception&) {
     used = 0;
   }
   if (v.empty() || used != v.size() || !(x >= lo && x <= hi))
-    throw bad_spec("hook '" + hook + "': " + key + "='" + v + "' is not a number in [" +
+    throw bad_spec("hook '" + hook + "': " + key + "='" + v + "' is not " + kind + " in [" +
                    std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return x;
+}
+}  // namespace
+
+int64_t hook_param_int(const HookParams& p, const std::string& hook, const std::string& key,
+                       int64_t fallback, int64_t lo, int64_t hi) {
+  return hook_param_number<int64_t>(p, hook, key, fallback, lo, hi, "an integer",
+                                    [](const std::string& v, size_t* used) { return std::stoll(v, used, 10); });
+}
+
+double hook_param_double(const HookParams& p, const std::string& hook, const std::string& key,
+                         double fallback, double lo, double hi) {
+  return hook_param_number<double>(p, hook, key, fallback, lo, hi, "a number",
+                                   [](const std::string& v, size_t* used) { return std::stod(v, used); });
 }
 
 bool hook_param_bool(const HookParams& p, const std::string& hook, const std::string& key,
