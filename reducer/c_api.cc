@@ -104,6 +104,17 @@ bool has_field(const S* s, size_t offset, size_t size) {
   return s->struct_size >= offset + size;
 }
 
+// The checkpoint calls' protocol: *size is always the state's size; the
+// bytes are copied only when the caller's buffer holds them all.
+void copy_out(const collie::Bytes& state, void* buf, size_t capacity, size_t* size) {
+  *size = state.size();
+  if (buf && capacity >= state.size()) std::memcpy(buf, state.data(), state.size());
+}
+collie::Bytes bytes_in(const void* buf, size_t size) {
+  const uint8_t* b = static_cast<const uint8_t*>(buf);
+  return collie::Bytes(b, b + size);
+}
+
 #define COLLIE_REQUIRE(ptr, name)                                              \
   if (!(ptr)) return fail(COLLIE_ERR_INVALID_ARGUMENT, std::string(__func__) + ": " name " is NULL")
 
@@ -315,9 +326,7 @@ collie_status collie_reducer_save_state(collie_reducer* r, void* buf, size_t cap
   COLLIE_REQUIRE(r, "reducer");
   COLLIE_REQUIRE(size, "size");
   return guarded([&] {
-    collie::Bytes st = r->reducer->save_state();
-    *size = st.size();
-    if (buf && capacity >= st.size()) std::memcpy(buf, st.data(), st.size());
+    copy_out(r->reducer->save_state(), buf, capacity, size);
   });
 }
 
@@ -325,8 +334,7 @@ collie_status collie_reducer_load_state(collie_reducer* r, const void* buf, size
   COLLIE_REQUIRE(r, "reducer");
   if (size > 0 && !buf) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_load_state: buf is NULL");
   return guarded([&] {
-    const uint8_t* b = static_cast<const uint8_t*>(buf);
-    r->reducer->load_state(collie::Bytes(b, b + size));
+    r->reducer->load_state(bytes_in(buf, size));
   });
 }
 
@@ -495,9 +503,8 @@ collie_status collie_averager_save_state(collie_averager* a, void* buf, size_t c
   COLLIE_REQUIRE(a, "averager");
   COLLIE_REQUIRE(size, "size");
   return guarded([&] {
-    collie::Bytes st = a->periodic ? a->periodic->save_state() : a->hierarchical->save_state();
-    *size = st.size();
-    if (buf && capacity >= st.size()) std::memcpy(buf, st.data(), st.size());
+    copy_out(a->periodic ? a->periodic->save_state() : a->hierarchical->save_state(), buf, capacity,
+             size);
   });
 }
 
@@ -505,8 +512,7 @@ collie_status collie_averager_load_state(collie_averager* a, const void* buf, si
   COLLIE_REQUIRE(a, "averager");
   if (size > 0 && !buf) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_averager_load_state: buf is NULL");
   return guarded([&] {
-    const uint8_t* b = static_cast<const uint8_t*>(buf);
-    collie::Bytes st(b, b + size);
+    collie::Bytes st = bytes_in(buf, size);
     if (a->periodic) a->periodic->load_state(st);
     else a->hierarchical->load_state(st);
   });
