@@ -203,14 +203,12 @@ class PowerSgdHook final : public CommHook {
     // the next error: no separate copy of the input (PyTorch keeps one).
     // Batched, the matrix is the input copied into a zero-padded square.
     TensorView src_all = opt_.error_feedback ? view(st.error) : buf;
-    auto source = [sp, src_all, batched = opt_.batched](const Slot& s) {
-      return batched ? TensorView{sp->square.data(), src_all.dtype, sp->side * sp->side, Device::cpu()}
-                     : src_all.slice(s.offset, s.n * s.m);
+    auto matrix_in = [sp, batched = opt_.batched](TensorView all, const Slot& s) {
+      return batched ? TensorView{sp->square.data(), all.dtype, sp->side * sp->side, Device::cpu()}
+                     : all.slice(s.offset, s.n * s.m);
     };
-    auto target = [sp, buf, batched = opt_.batched](const Slot& s) {
-      return batched ? TensorView{sp->square.data(), buf.dtype, sp->side * sp->side, Device::cpu()}
-                     : buf.slice(s.offset, s.n * s.m);
-    };
+    auto source = [matrix_in, src_all](const Slot& s) { return matrix_in(src_all, s); };
+    auto target = [matrix_in, buf](const Slot& s) { return matrix_in(buf, s); };
     const double world = comm.size();
     Communicator* cp = &comm;
     const PowerSgdOptions opt = opt_;
@@ -227,7 +225,7 @@ class PowerSgdHook final : public CommHook {
                                comm.timeout() * 2 + std::chrono::seconds(1));
     if (b.index == 0) start.complete();
     else tail_.then([start](const Work&) { start.complete(); });
-    Work first = start.then_work([this, sp, cp, pv, qv, pw, buf, outer, narrow, src_all, opt,
+    Work first = start.then_work([this, sp, cp, pv, qv, pw, qw, buf, outer, narrow, src_all, opt,
                                   source](const Work&) -> Work {
       LowRankMath& m = cpu_low_rank_math();
       const size_t es = dtype_size(buf.dtype);
@@ -259,7 +257,7 @@ class PowerSgdHook final : public CommHook {
       for (const Slot& s : sp->slots)
         m.gemm(false, false, s.n, s.r, s.m, source(s), qv.slice(s.q_off, s.m * s.r),
                pv.slice(sp->plain_numel + s.p_off, s.n * s.r));
-      count_bytes(pv.numel * dtype_size(pw.dtype) + qv.numel * dtype_size(pw.dtype));
+      count_bytes(pw.nbytes() + qw.nbytes());
       if (narrow && pv.numel) cpu_hook_math().compress(pv, pw, 1);
       return pv.numel ? cp->allreduce(pw, ReduceOp::sum) : Work();
     });
