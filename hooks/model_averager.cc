@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "comm/config/config.h"
+#include "comm/core/fingerprint.h"
 #include "comm/core/state_bytes.h"
 
 namespace collie {
@@ -22,13 +23,6 @@ std::string rank_of(Communicator& comm) {
 Error invalid(const std::string& msg) {
   return Error(ErrorCode::invalid_argument, msg);
 }
-
-uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-constexpr uint64_t kFnvBasis = 1469598103934665603ull;
 
 // Every rank's 64-bit `value`, in rank order.
 std::vector<int64_t> allgather_one(Communicator& comm, uint64_t value) {
@@ -208,12 +202,10 @@ HierarchicalModelAverager::HierarchicalModelAverager(Communicator& comm,
     h = fnv1a(h, &l.period, sizeof l.period);
     h = fnv1a(h, &l.group_size, sizeof l.group_size);
   }
-  auto hashes = allgather_one(comm, h);
-  for (int q = 1; q < n; ++q)
-    if (hashes[static_cast<size_t>(q)] != hashes[0])
-      throw Error(ErrorCode::mismatch, who + ": rank " + std::to_string(q) +
-                                           " was given other levels or warmup_steps than rank 0; "
-                                           "every rank must build the same hierarchy");
+  if (int q = first_rank_differing(comm, h); q >= 0)
+    throw Error(ErrorCode::mismatch, who + ": rank " + std::to_string(q) +
+                                         " was given other levels or warmup_steps than rank 0; "
+                                         "every rank must build the same hierarchy");
 
   std::vector<int> hosts;
   for (const AveragingLevel& l : levels)

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <limits>
 
+#include "comm/core/fingerprint.h"
 #include "hooks/model_averager.h"
 
 namespace collie {
@@ -118,16 +119,10 @@ class PostLocalSgdHook final : public CommHook {
     // Ranks with other settings would switch at other iterations or split
     // into groups that do not match: a silent divergence. Name the rank.
     std::string mine = name();
-    uint64_t h = 1469598103934665603ull;
-    for (char ch : mine) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-    int64_t h64 = static_cast<int64_t>(h);
-    std::vector<int64_t> all(static_cast<size_t>(n));
-    comm.allgather(view_of(&h64, 1), view_of(all.data(), all.size())).wait();
-    for (int q = 1; q < n; ++q)
-      if (all[static_cast<size_t>(q)] != all[0])
-        throw Error(ErrorCode::mismatch, who + ": rank " + std::to_string(q) +
-                                             " runs post_local_sgd with other parameters than "
-                                             "rank 0; every rank must use the same hook spec");
+    if (int q = first_rank_differing(comm, fnv1a(kFnvBasis, mine.data(), mine.size())); q >= 0)
+      throw Error(ErrorCode::mismatch, who + ": rank " + std::to_string(q) +
+                                           " runs post_local_sgd with other parameters than "
+                                           "rank 0; every rank must use the same hook spec");
 
     if (subgroup_.kind == Subgroup::Kind::none) return;
     std::vector<int> colors(static_cast<size_t>(n));

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "collie_build_config.h"
+#include "comm/core/fingerprint.h"
 #include "comm/core/state_bytes.h"
 #if COLLIE_HAVE_BLAS
 #include <cblas.h>
@@ -364,8 +365,8 @@ class PowerSgdHook final : public CommHook {
                   "comm hook " + name() + ": bucket " + std::to_string(b.index) + " holds " +
                       std::string(to_string(t)) + (b.buffer.device.is_cpu() ? "" : " on CUDA") +
                       " gradients; the CPU PowerSGD takes floating-point CPU buckets");
-    uint64_t h = 1469598103934665603ull;
-    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    uint64_t h = kFnvBasis;
+    auto mix = [&h](uint64_t v) { h = fnv_mix(h, v); };
     mix(static_cast<uint64_t>(t));
     mix(b.buffer.numel);
     for (size_t k = 0; k < b.grads.size(); ++k) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "comm/config/config.h"
+#include "comm/core/fingerprint.h"
 #include "comm/core/log.h"
 #include "comm/core/state_bytes.h"
 
@@ -20,7 +21,6 @@ double us_between(Clock::time_point a, Clock::time_point b) {
 
 Error misuse(const std::string& msg) { return Error(ErrorCode::invalid_argument, "reducer: " + msg); }
 
-uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; }
 
 std::string list(const std::vector<size_t>& v) {
   std::string s;
@@ -34,7 +34,7 @@ std::string list(const std::vector<size_t>& v) {
 Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptions options)
     : comm_(comm), params_(std::move(params)), opt_(options) {
   const std::string who = "rank " + std::to_string(comm_.rank());
-  uint64_t shape_hash = 1469598103934665603ull;
+  uint64_t shape_hash = kFnvBasis;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = params_[i];
     if (p.value.numel > 0 && !p.value.data)
@@ -51,15 +51,15 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
                    std::to_string(p.value.numel) + " elements, which is not a whole number of its " +
                    std::to_string(p.rows) + " rows");
     specs_.push_back({p.value.numel, p.value.dtype, p.value.device});
-    shape_hash = mix(mix(mix(shape_hash, p.value.numel), static_cast<uint64_t>(p.value.dtype)), p.rows);
+    shape_hash = fnv_mix(fnv_mix(fnv_mix(shape_hash, p.value.numel), static_cast<uint64_t>(p.value.dtype)), p.rows);
   }
 
   // Every rank must hold the same parameters and build the same buckets:
   // compare counts, shapes and the bucket plan (it also depends on the
   // bucket sizes, which a rank could be given differently).
   build_buckets({});
-  uint64_t plan_hash = 1469598103934665603ull;
-  for (char ch : plan_.fingerprint()) plan_hash = mix(plan_hash, static_cast<unsigned char>(ch));
+  uint64_t plan_hash = kFnvBasis;
+  for (char ch : plan_.fingerprint()) plan_hash = fnv_mix(plan_hash, static_cast<unsigned char>(ch));
   int n = comm_.size();
   std::vector<int64_t> mine{static_cast<int64_t>(params_.size()), static_cast<int64_t>(shape_hash),
                             static_cast<int64_t>(plan_hash)};
@@ -378,18 +378,13 @@ void Reducer::load_state(const Bytes& in) {
   if (hook_size != r.remaining()) throw misuse("the saved hook state is truncated");
   // Collective: every rank must resume from the same step with the same
   // layout, or their buckets (and the collectives) would not match.
-  uint64_t h = mix(mix(1469598103934665603ull, iteration), rebuilt);
-  for (size_t p : order) h = mix(h, p);
-  const int world = comm_.size();
-  std::vector<int64_t> all(static_cast<size_t>(world));
-  int64_t mine = static_cast<int64_t>(h);
-  comm_.allgather(view_of(&mine, 1), view_of(all.data(), all.size())).wait();
-  for (int r = 0; r < world; ++r)
-    if (all[static_cast<size_t>(r)] != all[0])
-      throw Error(ErrorCode::mismatch,
-                  "reducer on rank " + std::to_string(comm_.rank()) + ": rank " + std::to_string(r) +
-                      " loads a state saved at another step or with another bucket layout than rank "
-                      "0's: every rank must load the checkpoint it saved at the same step");
+  uint64_t h = fnv_mix(fnv_mix(kFnvBasis, iteration), rebuilt);
+  for (size_t p : order) h = fnv_mix(h, p);
+  if (int q = first_rank_differing(comm_, h); q >= 0)
+    throw Error(ErrorCode::mismatch,
+                "reducer on rank " + std::to_string(comm_.rank()) + ": rank " + std::to_string(q) +
+                    " loads a state saved at another step or with another bucket layout than rank "
+                    "0's: every rank must load the checkpoint it saved at the same step");
   hook_->load_state(r.rest());
   if (order != bucket_order_) apply_order(order);
   iteration_ = iteration;
