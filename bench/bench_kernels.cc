@@ -40,16 +40,20 @@ void BM_HalfRoundTrip(benchmark::State& state) {
 // and M = P Q^T (written). Each should run near memory bandwidth: the
 // gradient is read or written once and the factors stay in cache.
 void BM_PowerSgdPass(benchmark::State& state, int pass) {
-  const size_t rows = static_cast<size_t>(state.range(0)), cols = static_cast<size_t>(state.range(1));
+  const size_t rows = static_cast<size_t>(state.range(0)),
+               cols = static_cast<size_t>(state.range(1));
   const size_t r = static_cast<size_t>(state.range(2));
   std::vector<float> m(rows * cols, 0.25f), p(rows * r, 0.5f), q(cols * r, 0.5f);
   collie::LowRankMath& math = collie::cpu_low_rank_math();
   auto M = collie::view_of(m.data(), m.size()), P = collie::view_of(p.data(), p.size()),
        Q = collie::view_of(q.data(), q.size());
   for (auto _ : state) {
-    if (pass == 0) math.gemm(false, false, rows, r, cols, M, Q, P);
-    else if (pass == 1) math.gemm(true, false, cols, r, rows, M, P, Q);
-    else math.gemm(false, true, rows, cols, r, P, Q, M);
+    if (pass == 0)
+      math.gemm(false, false, rows, r, cols, M, Q, P);
+    else if (pass == 1)
+      math.gemm(true, false, cols, r, rows, M, P, Q);
+    else
+      math.gemm(false, true, rows, cols, r, P, Q, M);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * m.size() * sizeof(float)));
@@ -68,15 +72,32 @@ void BM_Orthogonalize(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_PowerSgdPass, MQ, 0)->Args({1024, 1024, 1})->Args({3072, 768, 1})->Args({30522, 768, 1})->Args({3072, 768, 4});
-BENCHMARK_CAPTURE(BM_PowerSgdPass, MtP, 1)->Args({1024, 1024, 1})->Args({3072, 768, 1})->Args({30522, 768, 1})->Args({3072, 768, 4});
-BENCHMARK_CAPTURE(BM_PowerSgdPass, PQt, 2)->Args({1024, 1024, 1})->Args({3072, 768, 1})->Args({30522, 768, 1})->Args({3072, 768, 4});
+BENCHMARK_CAPTURE(BM_PowerSgdPass, MQ, 0)
+    ->Args({1024, 1024, 1})
+    ->Args({3072, 768, 1})
+    ->Args({30522, 768, 1})
+    ->Args({3072, 768, 4});
+BENCHMARK_CAPTURE(BM_PowerSgdPass, MtP, 1)
+    ->Args({1024, 1024, 1})
+    ->Args({3072, 768, 1})
+    ->Args({30522, 768, 1})
+    ->Args({3072, 768, 4});
+BENCHMARK_CAPTURE(BM_PowerSgdPass, PQt, 2)
+    ->Args({1024, 1024, 1})
+    ->Args({3072, 768, 1})
+    ->Args({30522, 768, 1})
+    ->Args({3072, 768, 4});
 BENCHMARK(BM_Orthogonalize)->Args({3072, 1})->Args({3072, 4})->Args({30522, 1});
-BENCHMARK_CAPTURE(BM_Reduce, f32_sum, collie::DType::f32, collie::ReduceOp::sum)->Range(1 << 12, 1 << 24);
-BENCHMARK_CAPTURE(BM_Reduce, f64_sum, collie::DType::f64, collie::ReduceOp::sum)->Range(1 << 12, 1 << 23);
-BENCHMARK_CAPTURE(BM_Reduce, f16_sum, collie::DType::f16, collie::ReduceOp::sum)->Range(1 << 12, 1 << 24);
-BENCHMARK_CAPTURE(BM_Reduce, bf16_sum, collie::DType::bf16, collie::ReduceOp::sum)->Range(1 << 12, 1 << 24);
-BENCHMARK_CAPTURE(BM_Reduce, f32_max, collie::DType::f32, collie::ReduceOp::max)->Range(1 << 12, 1 << 24);
+BENCHMARK_CAPTURE(BM_Reduce, f32_sum, collie::DType::f32, collie::ReduceOp::sum)
+    ->Range(1 << 12, 1 << 24);
+BENCHMARK_CAPTURE(BM_Reduce, f64_sum, collie::DType::f64, collie::ReduceOp::sum)
+    ->Range(1 << 12, 1 << 23);
+BENCHMARK_CAPTURE(BM_Reduce, f16_sum, collie::DType::f16, collie::ReduceOp::sum)
+    ->Range(1 << 12, 1 << 24);
+BENCHMARK_CAPTURE(BM_Reduce, bf16_sum, collie::DType::bf16, collie::ReduceOp::sum)
+    ->Range(1 << 12, 1 << 24);
+BENCHMARK_CAPTURE(BM_Reduce, f32_max, collie::DType::f32, collie::ReduceOp::max)
+    ->Range(1 << 12, 1 << 24);
 BENCHMARK(BM_HalfRoundTrip)->Range(1 << 12, 1 << 20);
 
 BENCHMARK_MAIN();

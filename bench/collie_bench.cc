@@ -53,11 +53,22 @@ size_t parse_size(const char* s) {
   double v = std::strtod(s, &end);
   if (end == s || v < 0) usage("bad size");
   switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    case '\0': break;
-    default: usage("bad size suffix");
+    case 'K':
+    case 'k':
+      v *= 1024;
+      break;
+    case 'M':
+    case 'm':
+      v *= 1024 * 1024;
+      break;
+    case 'G':
+    case 'g':
+      v *= 1024.0 * 1024 * 1024;
+      break;
+    case '\0':
+      break;
+    default:
+      usage("bad size suffix");
   }
   return static_cast<size_t>(v);
 }
@@ -76,15 +87,24 @@ Args parse(int argc, char** argv) {
     if (f == "-h" || f == "--help") usage(nullptr);
     if (i + 1 >= argc) usage(("missing value for " + f).c_str());
     const char* v = argv[++i];
-    if (f == "-b") a.min_bytes = parse_size(v);
-    else if (f == "-e") a.max_bytes = parse_size(v);
-    else if (f == "-f") a.factor = parse_size(v);
-    else if (f == "-n") a.iters = std::max(1, parse_int(v));
-    else if (f == "-w") a.warmup = parse_int(v);
-    else if (f == "-c") a.check = parse_int(v);
-    else if (f == "-i") a.in_place = parse_int(v);
-    else if (f == "-a") a.algo = v;
-    else if (f == "-B") a.backend = v;
+    if (f == "-b")
+      a.min_bytes = parse_size(v);
+    else if (f == "-e")
+      a.max_bytes = parse_size(v);
+    else if (f == "-f")
+      a.factor = parse_size(v);
+    else if (f == "-n")
+      a.iters = std::max(1, parse_int(v));
+    else if (f == "-w")
+      a.warmup = parse_int(v);
+    else if (f == "-c")
+      a.check = parse_int(v);
+    else if (f == "-i")
+      a.in_place = parse_int(v);
+    else if (f == "-a")
+      a.algo = v;
+    else if (f == "-B")
+      a.backend = v;
     else if (f == "-d") {
       auto d = collie::parse_dtype(v);
       if (!d) usage("unknown dtype");
@@ -101,7 +121,9 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-double contribution(int r, size_t i) { return (r + 1) + static_cast<double>(i % 13); }
+double contribution(int r, size_t i) {
+  return (r + 1) + static_cast<double>(i % 13);
+}
 
 double expected(collie::ReduceOp op, int n, size_t i) {
   double acc = contribution(0, i);
@@ -109,10 +131,18 @@ double expected(collie::ReduceOp op, int n, size_t i) {
     double x = contribution(r, i);
     switch (op) {
       case collie::ReduceOp::sum:
-      case collie::ReduceOp::avg: acc += x; break;
-      case collie::ReduceOp::prod: acc *= x; break;
-      case collie::ReduceOp::min: acc = std::min(acc, x); break;
-      case collie::ReduceOp::max: acc = std::max(acc, x); break;
+      case collie::ReduceOp::avg:
+        acc += x;
+        break;
+      case collie::ReduceOp::prod:
+        acc *= x;
+        break;
+      case collie::ReduceOp::min:
+        acc = std::min(acc, x);
+        break;
+      case collie::ReduceOp::max:
+        acc = std::max(acc, x);
+        break;
     }
   }
   return op == collie::ReduceOp::avg ? acc / n : acc;
@@ -156,7 +186,8 @@ int main(int argc, char** argv) {
     for (size_t bytes : sizes) {
       size_t count = std::max<size_t>(1, bytes / es);
       size_t nbytes = count * es;
-      for (size_t i = 0; i < count; ++i) collie::put_element(a.dtype, in.data(), i, contribution(rank, i));
+      for (size_t i = 0; i < count; ++i)
+        collie::put_element(a.dtype, in.data(), i, contribution(rank, i));
       collie::TensorView vin{in.data(), a.dtype, count, collie::Device::cpu()};
       collie::TensorView vout{a.in_place ? in.data() : out.data(), a.dtype, count,
                               collie::Device::cpu()};
@@ -164,14 +195,15 @@ int main(int argc, char** argv) {
       comm->barrier().wait();
       auto t0 = std::chrono::steady_clock::now();
       for (int it = 0; it < a.iters; ++it) comm->allreduce(vin, vout, a.op).wait();
-      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                      .count() /
-                  a.iters;
+      double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+          a.iters;
       comm->allreduce(collie::view_of(&us, 1), collie::ReduceOp::max).wait();
 
       int64_t wrong = 0;
       if (a.check) {
-        for (size_t i = 0; i < count; ++i) collie::put_element(a.dtype, in.data(), i, contribution(rank, i));
+        for (size_t i = 0; i < count; ++i)
+          collie::put_element(a.dtype, in.data(), i, contribution(rank, i));
         comm->allreduce(vin, vout, a.op).wait();
         const void* res = vout.data;
         for (size_t i = 0; i < count; ++i) {
@@ -195,7 +227,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    if (rank == 0) std::printf("# Avg bus bandwidth    : %.3f GB/s\n", bw_sum / std::max(1, bw_count));
+    if (rank == 0)
+      std::printf("# Avg bus bandwidth    : %.3f GB/s\n", bw_sum / std::max(1, bw_count));
   } catch (const collie::Error& e) {
     std::fprintf(stderr, "collie-bench: %s error: %s\n",
                  std::string(collie::to_string(e.code())).c_str(), e.what());

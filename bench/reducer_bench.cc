@@ -53,8 +53,15 @@ std::vector<Tensor> resnet50() {
   for (int s = 0; s < 4; ++s)
     for (int b = 0; b < blocks[s]; ++b) {
       size_t w = static_cast<size_t>(widths[s]), out = 4 * w;
-      for (Tensor x : {Tensor{w * in, w}, {w, 0}, {w, 0}, {w * w * 9, w}, {w, 0}, {w, 0},
-                       {out * w, out}, {out, 0}, {out, 0}})
+      for (Tensor x : {Tensor{w * in, w},
+                       {w, 0},
+                       {w, 0},
+                       {w * w * 9, w},
+                       {w, 0},
+                       {w, 0},
+                       {out * w, out},
+                       {out, 0},
+                       {out, 0}})
         t.push_back(x);
       if (b == 0)
         for (Tensor x : {Tensor{out * in, out}, {out, 0}, {out, 0}}) t.push_back(x);  // downsample
@@ -69,8 +76,21 @@ std::vector<Tensor> bert_base() {
   const size_t h = 768, ff = 3072;
   std::vector<Tensor> t{{30522 * h, 30522}, {512 * h, 512}, {2 * h, 2}, {h, 0}, {h, 0}};
   for (int l = 0; l < 12; ++l)
-    for (Tensor x : {Tensor{h * h, h}, {h, 0}, {h * h, h}, {h, 0}, {h * h, h}, {h, 0}, {h * h, h},
-                     {h, 0}, {h, 0}, {h, 0}, {ff * h, ff}, {ff, 0}, {h * ff, h}, {h, 0}, {h, 0},
+    for (Tensor x : {Tensor{h * h, h},
+                     {h, 0},
+                     {h * h, h},
+                     {h, 0},
+                     {h * h, h},
+                     {h, 0},
+                     {h * h, h},
+                     {h, 0},
+                     {h, 0},
+                     {h, 0},
+                     {ff * h, ff},
+                     {ff, 0},
+                     {h * ff, h},
+                     {h, 0},
+                     {h, 0},
                      {h, 0}})
       t.push_back(x);
   t.push_back({h * h, h});
@@ -116,18 +136,27 @@ int main(int argc, char** argv) {
   int average_every = 0;  // > 0: also time the model averaging of post-local SGD
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--model") model = argv[i + 1];
-    else if (a == "--work") work = argv[i + 1];
-    else if (a == "--compute-ms") compute_ms = std::atof(argv[i + 1]);
-    else if (a == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
-    else if (a == "--bucket-mb") bucket_mb = std::atof(argv[i + 1]);
-    else if (a == "--hook") hooks.push_back(argv[i + 1]);
-    else if (a == "--modes") modes = argv[i + 1];
-    else if (a == "--average-every") average_every = std::max(0, std::atoi(argv[i + 1]));
+    if (a == "--model")
+      model = argv[i + 1];
+    else if (a == "--work")
+      work = argv[i + 1];
+    else if (a == "--compute-ms")
+      compute_ms = std::atof(argv[i + 1]);
+    else if (a == "--iters")
+      iters = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--bucket-mb")
+      bucket_mb = std::atof(argv[i + 1]);
+    else if (a == "--hook")
+      hooks.push_back(argv[i + 1]);
+    else if (a == "--modes")
+      modes = argv[i + 1];
+    else if (a == "--average-every")
+      average_every = std::max(0, std::atoi(argv[i + 1]));
     else {
-      std::fprintf(stderr, "usage: reducer_bench [--model resnet50|bert] [--compute-ms T] "
-                           "[--work sleep|cpu] [--iters N] [--bucket-mb MB] [--hook SPEC]... "
-                           "[--modes view,copy] [--average-every K]\n");
+      std::fprintf(stderr,
+                   "usage: reducer_bench [--model resnet50|bert] [--compute-ms T] "
+                   "[--work sleep|cpu] [--iters N] [--bucket-mb MB] [--hook SPEC]... "
+                   "[--modes view,copy] [--average-every K]\n");
       return 2;
     }
   }
@@ -144,10 +173,11 @@ int main(int argc, char** argv) {
     auto comm = collie::connect();
     const int rank = comm->rank(), nranks = comm->size();
     if (rank == 0)
-      std::printf("# reducer_bench: %s, %zu tensors, %.1f M parameters (%.0f MB f32), %d ranks, "
-                  "backward %.0f ms of %s, median of %d steps; times in ms\n",
-                  model.c_str(), sizes.size(), total / 1e6, total * 4 / 1e6, nranks, compute_ms,
-                  cpu ? "CPU work" : "free CPU (sleep)", iters);
+      std::printf(
+          "# reducer_bench: %s, %zu tensors, %.1f M parameters (%.0f MB f32), %d ranks, "
+          "backward %.0f ms of %s, median of %d steps; times in ms\n",
+          model.c_str(), sizes.size(), total / 1e6, total * 4 / 1e6, nranks, compute_ms,
+          cpu ? "CPU work" : "free CPU (sleep)", iters);
     std::vector<std::vector<float>> values;
     for (size_t s : sizes) values.emplace_back(s, 0.5f);
     std::vector<float> pattern(*std::max_element(sizes.begin(), sizes.end()) + 1024);
@@ -165,10 +195,10 @@ int main(int argc, char** argv) {
         std::vector<collie::Parameter> params;
         for (size_t i = 0; i < sizes.size(); ++i) {
           if (!view) grads.emplace_back(sizes[i], 0.0f);
-          params.push_back({collie::view_of(values[i].data(), sizes[i]),
-                            view ? collie::TensorView{}
-                                 : collie::view_of(grads.back().data(), sizes[i]),
-                            tensors[i].rows});
+          params.push_back(
+              {collie::view_of(values[i].data(), sizes[i]),
+               view ? collie::TensorView{} : collie::view_of(grads.back().data(), sizes[i]),
+               tensors[i].rows});
         }
         collie::ReducerOptions opt;
         opt.gradient_as_bucket_view = view;
@@ -197,8 +227,10 @@ int main(int argc, char** argv) {
             if (m != comm_only) spend(compute_ms * 1e3 * sizes[k] / total, cpu);
             auto g = red.grad_view(k);
             std::memcpy(g.data, pattern.data() + (salt * 97 + k) % 1024, sizes[k] * sizeof(float));
-            if (m == overlap || m == comm_only) red.mark_grad_ready(k);
-            else done.push_back(k);
+            if (m == overlap || m == comm_only)
+              red.mark_grad_ready(k);
+            else
+              done.push_back(k);
           }
           if (m == no_overlap)
             for (size_t k : done) red.mark_grad_ready(k);
@@ -240,17 +272,20 @@ int main(int argc, char** argv) {
         double floor_ms = median(tl);
         double c = median(tc), a = median(ta), n = median(tn), o = median(to), f = median(waited);
         if (rank == 0) {
-          std::printf("%-12s buckets %3zu | compute %7.1f | allreduce %7.1f | no-overlap %7.1f | "
-                      "collie %7.1f | overlap efficiency %5.2f | finalize waited %6.1f (%3.0f%% "
-                      "of allreduce) | collie - compute %6.1f (%3.0f%%)\n",
-                      view ? "bucket-view" : "copy", red.plan().buckets().size(), c, a, n, o,
-                      (n - o) / a, f, 100.0 * f / a, o - c, 100.0 * (o - c) / a);
-          std::printf("%-13s last bucket (%.0f MB) all-reduced alone: %.1f ms = %.0f%% of allreduce, "
-                      "the floor for finalize's wait\n",
-                      "", last.size() * 4 / 1e6, floor_ms, 100.0 * floor_ms / a);
-          std::printf("%-13s memory: buckets %.0f MB, engine gradients %.0f MB, extra beyond the "
-                      "buckets %.0f MB\n",
-                      "", bucket_bytes / 1e6, engine_grad_bytes / 1e6, engine_grad_bytes / 1e6);
+          std::printf(
+              "%-12s buckets %3zu | compute %7.1f | allreduce %7.1f | no-overlap %7.1f | "
+              "collie %7.1f | overlap efficiency %5.2f | finalize waited %6.1f (%3.0f%% "
+              "of allreduce) | collie - compute %6.1f (%3.0f%%)\n",
+              view ? "bucket-view" : "copy", red.plan().buckets().size(), c, a, n, o, (n - o) / a,
+              f, 100.0 * f / a, o - c, 100.0 * (o - c) / a);
+          std::printf(
+              "%-13s last bucket (%.0f MB) all-reduced alone: %.1f ms = %.0f%% of allreduce, "
+              "the floor for finalize's wait\n",
+              "", last.size() * 4 / 1e6, floor_ms, 100.0 * floor_ms / a);
+          std::printf(
+              "%-13s memory: buckets %.0f MB, engine gradients %.0f MB, extra beyond the "
+              "buckets %.0f MB\n",
+              "", bucket_bytes / 1e6, engine_grad_bytes / 1e6, engine_grad_bytes / 1e6);
         }
         if (view || modes.find("view") == std::string::npos) {
           HookResult r;
@@ -282,24 +317,26 @@ int main(int argc, char** argv) {
     if (rank == 0 && !results.empty()) {
       // Bytes each rank hands to all-reduces per step (what the hook counts),
       // and what a ring then sends: 2(n-1)/n of it.
-      std::printf("\n# per hook (%s gradients): bytes per rank per step, compression, and time "
-                  "against the first hook\n",
-                  modes.find("view") != std::string::npos ? "bucket-view" : "copy");
-      std::printf("# %-36s %12s %12s %8s %12s %10s %12s %10s\n", "hook", "payload MB", "ring wire MB",
-                  "ratio", "comm-only ms", "vs first", "step ms", "vs first");
+      std::printf(
+          "\n# per hook (%s gradients): bytes per rank per step, compression, and time "
+          "against the first hook\n",
+          modes.find("view") != std::string::npos ? "bucket-view" : "copy");
+      std::printf("# %-36s %12s %12s %8s %12s %10s %12s %10s\n", "hook", "payload MB",
+                  "ring wire MB", "ratio", "comm-only ms", "vs first", "step ms", "vs first");
       for (const HookResult& r : results)
         std::printf("  %-36s %12.2f %12.2f %7.1f%s %12.1f %9.2fx %12.1f %9.2fx\n", r.hook.c_str(),
                     r.payload_mb, r.payload_mb * 2 * (nranks - 1) / nranks, r.ratio,
                     r.ratio > 0 ? "x" : " (local)", r.comm_ms, r.comm_ms / results[0].comm_ms,
                     r.step_ms, r.step_ms / results[0].step_ms);
       if (average_every > 0) {
-        std::printf("# model averaging (post-local SGD): average_parameters over %.0f MB took %.1f ms; "
-                    "every %d steps that adds %.1f ms per step\n",
-                    total * 4 / 1e6, average_ms, average_every, average_ms / average_every);
+        std::printf(
+            "# model averaging (post-local SGD): average_parameters over %.0f MB took %.1f ms; "
+            "every %d steps that adds %.1f ms per step\n",
+            total * 4 / 1e6, average_ms, average_every, average_ms / average_every);
         for (const HookResult& r : results)
           if (r.hook.rfind("post_local_sgd", 0) == 0)
-            std::printf("  %-36s step with averaging %.1f ms, %.2fx the first hook's\n", r.hook.c_str(),
-                        r.step_ms + average_ms / average_every,
+            std::printf("  %-36s step with averaging %.1f ms, %.2fx the first hook's\n",
+                        r.hook.c_str(), r.step_ms + average_ms / average_every,
                         (r.step_ms + average_ms / average_every) / results[0].step_ms);
       }
     }

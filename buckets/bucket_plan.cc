@@ -17,9 +17,8 @@ BucketPlan BucketPlan::build(const std::vector<ParamSpec>& params, std::vector<s
     for (size_t i = 0; i < n; ++i) order[i] = n - 1 - i;
   }
   if (order.size() != n)
-    throw Error(ErrorCode::invalid_argument,
-                "bucket order lists " + std::to_string(order.size()) + " parameters, not " +
-                    std::to_string(n));
+    throw Error(ErrorCode::invalid_argument, "bucket order lists " + std::to_string(order.size()) +
+                                                 " parameters, not " + std::to_string(n));
   std::vector<bool> seen(n, false);
   for (size_t p : order) {
     if (p >= n || seen[p])

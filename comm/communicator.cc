@@ -26,8 +26,9 @@ constexpr BackendInfo kBackends[] = {
     {"tcp", true, ""},
     {"shm", false, "the shared-memory transport is not part of this version of collie yet"},
     {"mpi", false,
-     COLLIE_HAVE_MPI ? "the MPI backend is not part of this version of collie yet"
-                     : "this build has no MPI: install libopenmpi-dev and configure with -Dmpi=enabled"},
+     COLLIE_HAVE_MPI
+         ? "the MPI backend is not part of this version of collie yet"
+         : "this build has no MPI: install libopenmpi-dev and configure with -Dmpi=enabled"},
     {"nccl", false, "the NCCL backend is not part of this version of collie yet"},
 };
 
@@ -36,8 +37,8 @@ std::string resolve_backend(const std::string& requested) {
   for (const auto& b : kBackends) {
     if (requested != b.name) continue;
     if (b.built) return requested;
-    throw Error(ErrorCode::unavailable, "backend '" + requested + "' is not available: " +
-                                            b.missing + " (available: tcp)");
+    throw Error(ErrorCode::unavailable,
+                "backend '" + requested + "' is not available: " + b.missing + " (available: tcp)");
   }
   throw Error(ErrorCode::invalid_argument,
               "unknown backend '" + requested + "'; choose one of auto, tcp, shm, mpi, nccl");
@@ -63,8 +64,9 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   setup.tuning = config::tcp_tuning(env);
   setup.key = "collie/world";
   if (options.store || !launch.store_file.empty()) {
-    setup.store = options.store ? options.store
-                                : std::shared_ptr<Store>(make_file_store(launch.store_file, launch.timeout));
+    setup.store = options.store
+                      ? options.store
+                      : std::shared_ptr<Store>(make_file_store(launch.store_file, launch.timeout));
     // Peers find this rank by the address it publishes: loopback when every
     // rank is on this host, else this host's name.
     if (launch.local_world_size < launch.world_size) {

@@ -71,9 +71,12 @@ int main(int argc, char** argv) {
   bool bucket_view = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (a == "--hidden" && i + 1 < argc) hidden = std::atoi(argv[++i]);
-    else if (a == "--copy") bucket_view = false;
+    if (a == "--steps" && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (a == "--hidden" && i + 1 < argc)
+      hidden = std::atoi(argv[++i]);
+    else if (a == "--copy")
+      bucket_view = false;
     else {
       std::fprintf(stderr, "usage: train_mlp [--steps N] [--hidden H] [--copy]\n");
       return 2;
@@ -108,11 +111,12 @@ int main(int argc, char** argv) {
     opt.bucket_bytes = 256 * 1024;
     collie::Reducer reducer(*comm, params, opt);
     if (rank == 0)
-      std::printf("training a %d-%d-%d-%d-%d MLP on %d ranks x %d samples, %zu buckets, %s, "
-                  "comm hook %s\n",
-                  sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], n, batch,
-                  reducer.plan().buckets().size(), bucket_view ? "bucket views" : "copies",
-                  reducer.comm_hook().name().c_str());
+      std::printf(
+          "training a %d-%d-%d-%d-%d MLP on %d ranks x %d samples, %zu buckets, %s, "
+          "comm hook %s\n",
+          sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], n, batch,
+          reducer.plan().buckets().size(), bucket_view ? "bucket views" : "copies",
+          reducer.comm_hook().name().c_str());
 
     std::mt19937 data_rng(100 + rank);
     std::normal_distribution<float> gauss(0.0f, 1.0f);
@@ -189,7 +193,8 @@ int main(int argc, char** argv) {
     comm->broadcast(collie::view_of(ref.data(), ref.size()), 0).wait();
     int64_t differs = std::memcmp(ref.data(), flat.data(), flat.size() * sizeof(float)) != 0;
     comm->allreduce(collie::view_of(&differs, 1), collie::ReduceOp::sum).wait();
-    if (rank == 0) std::printf("replicas identical on all %d ranks: %s\n", n, differs ? "NO" : "yes");
+    if (rank == 0)
+      std::printf("replicas identical on all %d ranks: %s\n", n, differs ? "NO" : "yes");
     return differs ? 1 : 0;
   } catch (const collie::Error& e) {
     std::fprintf(stderr, "train_mlp: %s\n", e.what());

@@ -6,18 +6,17 @@
 #include <mutex>
 #include <vector>
 
+#include "comm/core/reduce.h"
 #include "hooks/post_local_sgd.h"
 #include "hooks/powersgd.h"
-
-#include "comm/core/reduce.h"
 
 namespace collie {
 
 void CommHook::load_state(const Bytes& state) {
   if (!state.empty())
-    throw Error(ErrorCode::invalid_argument,
-                "comm hook '" + name() + "' has no state to load, but was given " +
-                    std::to_string(state.size()) + " bytes");
+    throw Error(ErrorCode::invalid_argument, "comm hook '" + name() +
+                                                 "' has no state to load, but was given " +
+                                                 std::to_string(state.size()) + " bytes");
 }
 
 namespace {
@@ -45,7 +44,8 @@ class CpuHookMath final : public HookMath {
     if (!is_floating(a.dtype) || !is_floating(b.dtype))
       throw bad_spec("compression needs floating-point gradients");
     if (!a.device.is_cpu() || !b.device.is_cpu())
-      throw Error(ErrorCode::unavailable, "comm hook: CUDA buffers need the CUDA hook math (not built)");
+      throw Error(ErrorCode::unavailable,
+                  "comm hook: CUDA buffers need the CUDA hook math (not built)");
   }
 };
 
@@ -116,8 +116,10 @@ class CompressHook final : public CommHook {
 
   Bytes save_state() const override { return inner_ ? inner_->save_state() : Bytes{}; }
   void load_state(const Bytes& s) override {
-    if (inner_) inner_->load_state(s);
-    else CommHook::load_state(s);
+    if (inner_)
+      inner_->load_state(s);
+    else
+      CommHook::load_state(s);
   }
 
  private:
@@ -143,8 +145,10 @@ std::map<std::string, Entry>& registry() {
     std::map<std::string, Entry> m;
     m["allreduce"] = {{}, [](const HookParams&) { return std::make_unique<AllreduceHook>(); }};
     m["noop"] = {{}, [](const HookParams&) { return std::make_unique<NoopHook>(); }};
-    m["fp16"] = {{}, [](const HookParams&) { return std::make_unique<CompressHook>(DType::f16, nullptr); }};
-    m["bf16"] = {{}, [](const HookParams&) { return std::make_unique<CompressHook>(DType::bf16, nullptr); }};
+    m["fp16"] = {
+        {}, [](const HookParams&) { return std::make_unique<CompressHook>(DType::f16, nullptr); }};
+    m["bf16"] = {
+        {}, [](const HookParams&) { return std::make_unique<CompressHook>(DType::bf16, nullptr); }};
     m["powersgd"] = {powersgd_param_names(),
                      [](const HookParams& p) { return make_powersgd_hook(p, false); }};
     m["batched_powersgd"] = {powersgd_param_names(),
@@ -167,8 +171,8 @@ namespace {
 // The shared part of reading a numeric parameter: absent gives `fallback`;
 // `parse` must consume the whole value, which must lie in [lo, hi].
 template <typename T, typename Parse>
-T hook_param_number(const HookParams& p, const std::string& hook, const std::string& key, T fallback,
-                    T lo, T hi, const char* kind, Parse parse) {
+T hook_param_number(const HookParams& p, const std::string& hook, const std::string& key,
+                    T fallback, T lo, T hi, const char* kind, Parse parse) {
   auto it = p.find(key);
   if (it == p.end()) return fallback;
   const std::string& v = it->second;
@@ -188,14 +192,16 @@ T hook_param_number(const HookParams& p, const std::string& hook, const std::str
 
 int64_t hook_param_int(const HookParams& p, const std::string& hook, const std::string& key,
                        int64_t fallback, int64_t lo, int64_t hi) {
-  return hook_param_number<int64_t>(p, hook, key, fallback, lo, hi, "an integer",
-                                    [](const std::string& v, size_t* used) { return std::stoll(v, used, 10); });
+  return hook_param_number<int64_t>(
+      p, hook, key, fallback, lo, hi, "an integer",
+      [](const std::string& v, size_t* used) { return std::stoll(v, used, 10); });
 }
 
 double hook_param_double(const HookParams& p, const std::string& hook, const std::string& key,
                          double fallback, double lo, double hi) {
-  return hook_param_number<double>(p, hook, key, fallback, lo, hi, "a number",
-                                   [](const std::string& v, size_t* used) { return std::stod(v, used); });
+  return hook_param_number<double>(
+      p, hook, key, fallback, lo, hi, "a number",
+      [](const std::string& v, size_t* used) { return std::stod(v, used); });
 }
 
 bool hook_param_bool(const HookParams& p, const std::string& hook, const std::string& key,
@@ -205,7 +211,8 @@ bool hook_param_bool(const HookParams& p, const std::string& hook, const std::st
   const std::string& v = it->second;
   if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
   if (v == "0" || v == "false" || v == "off" || v == "no") return false;
-  throw bad_spec("hook '" + hook + "': " + key + "='" + v + "' is not a boolean (1/0, true/false, on/off)");
+  throw bad_spec("hook '" + hook + "': " + key + "='" + v +
+                 "' is not a boolean (1/0, true/false, on/off)");
 }
 
 HookMath& cpu_hook_math() {

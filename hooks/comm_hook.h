@@ -33,7 +33,7 @@ struct GradBucket {
   // Each gradient's first dimension when it is a matrix (viewed as
   // rows x numel/rows, as PowerSGD compresses it); 0 for a vector.
   std::vector<size_t> rows;
-  bool is_last = false;            // the last bucket of this iteration
+  bool is_last = false;  // the last bucket of this iteration
   uint64_t iteration = 0;
 };
 

@@ -27,7 +27,9 @@ namespace collie {
 
 namespace {
 
-Error bad(const std::string& msg) { return Error(ErrorCode::invalid_argument, "comm hook: " + msg); }
+Error bad(const std::string& msg) {
+  return Error(ErrorCode::invalid_argument, "comm hook: " + msg);
+}
 
 template <typename T>
 T* at(TensorView v) {
@@ -35,7 +37,8 @@ T* at(TensorView v) {
 }
 
 #if COLLIE_HAVE_BLAS
-void gemm_t(bool ta, bool tb, size_t m, size_t n, size_t k, const float* a, const float* b, float* c) {
+void gemm_t(bool ta, bool tb, size_t m, size_t n, size_t k, const float* a, const float* b,
+            float* c) {
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   if (n == 1 && !tb) {
     // A matrix times a vector: gemv reads the matrix once at full bandwidth.
@@ -66,14 +69,17 @@ void orthogonalize_t(T* a, size_t rows, size_t cols, double eps) {
   // precision even for long columns.
   for (size_t i = 0; i < cols; ++i) {
     double norm2 = 0;
-    for (size_t r = 0; r < rows; ++r) norm2 += static_cast<double>(a[r * cols + i]) * a[r * cols + i];
+    for (size_t r = 0; r < rows; ++r)
+      norm2 += static_cast<double>(a[r * cols + i]) * a[r * cols + i];
     double norm = std::sqrt(norm2) + eps;
     double inv = norm > 0 ? 1.0 / norm : 0.0;
     for (size_t r = 0; r < rows; ++r) a[r * cols + i] = static_cast<T>(a[r * cols + i] * inv);
     for (size_t j = i + 1; j < cols; ++j) {
       double dot = 0;
-      for (size_t r = 0; r < rows; ++r) dot += static_cast<double>(a[r * cols + i]) * a[r * cols + j];
-      for (size_t r = 0; r < rows; ++r) a[r * cols + j] = static_cast<T>(a[r * cols + j] - dot * a[r * cols + i]);
+      for (size_t r = 0; r < rows; ++r)
+        dot += static_cast<double>(a[r * cols + i]) * a[r * cols + j];
+      for (size_t r = 0; r < rows; ++r)
+        a[r * cols + j] = static_cast<T>(a[r * cols + j] - dot * a[r * cols + i]);
     }
   }
 }
@@ -111,22 +117,28 @@ class CpuLowRankMath final : public LowRankMath {
   }
   void orthogonalize(TensorView mat, size_t rows, size_t cols, double eps) override {
     check(mat, mat);
-    if (mat.dtype == DType::f32) orthogonalize_t(at<float>(mat), rows, cols, eps);
-    else orthogonalize_t(at<double>(mat), rows, cols, eps);
+    if (mat.dtype == DType::f32)
+      orthogonalize_t(at<float>(mat), rows, cols, eps);
+    else
+      orthogonalize_t(at<double>(mat), rows, cols, eps);
   }
   void axpby(double a, TensorView x, double b, TensorView y) override {
     check(x, y);
     if (x.numel != y.numel) throw Error(ErrorCode::internal, "powersgd: axpby sizes differ");
-    if (x.dtype == DType::f32) axpby_t(a, at<float>(x), b, at<float>(y), x.numel);
-    else axpby_t(a, at<double>(x), b, at<double>(y), x.numel);
+    if (x.dtype == DType::f32)
+      axpby_t(a, at<float>(x), b, at<float>(y), x.numel);
+    else
+      axpby_t(a, at<double>(x), b, at<double>(y), x.numel);
   }
   void fill_normal(TensorView x, uint64_t seed) override {
     check(x, x);
     std::mt19937_64 g(seed);
     std::normal_distribution<double> d;
     for (size_t i = 0; i < x.numel; ++i) {
-      if (x.dtype == DType::f32) at<float>(x)[i] = static_cast<float>(d(g));
-      else at<double>(x)[i] = d(g);
+      if (x.dtype == DType::f32)
+        at<float>(x)[i] = static_cast<float>(d(g));
+      else
+        at<double>(x)[i] = d(g);
     }
   }
 
@@ -137,7 +149,8 @@ class CpuLowRankMath final : public LowRankMath {
                   "powersgd: the low-rank arithmetic runs on f32 or f64 (got " +
                       std::string(to_string(a.dtype)) + ")");
     if (!a.device.is_cpu() || !b.device.is_cpu())
-      throw Error(ErrorCode::unavailable, "powersgd: CUDA buckets need the CUDA hook math (not built)");
+      throw Error(ErrorCode::unavailable,
+                  "powersgd: CUDA buckets need the CUDA hook math (not built)");
   }
 };
 
@@ -224,8 +237,10 @@ class PowerSgdHook final : public CommHook {
     Work start = Work::pending(name() + " on bucket " + std::to_string(b.index) + " (rank " +
                                    std::to_string(comm.rank()) + ")",
                                comm.timeout() * 2 + std::chrono::seconds(1));
-    if (b.index == 0) start.complete();
-    else tail_.then([start](const Work&) { start.complete(); });
+    if (b.index == 0)
+      start.complete();
+    else
+      tail_.then([start](const Work&) { start.complete(); });
     Work first = start.then_work([this, sp, cp, pv, qv, pw, qw, buf, outer, narrow, src_all, opt,
                                   source](const Work&) -> Work {
       LowRankMath& m = cpu_low_rank_math();
@@ -262,39 +277,40 @@ class PowerSgdHook final : public CommHook {
       if (narrow && pv.numel) cpu_hook_math().compress(pv, pw, 1);
       return pv.numel ? cp->allreduce(pw, ReduceOp::sum) : Work();
     });
-    tail_ = first
-        .then_work([sp, cp, pv, qv, pw, qw, narrow, opt, source](const Work& w) -> Work {
-          if (auto e = w.error()) throw *e;
-          LowRankMath& m = cpu_low_rank_math();
-          if (narrow && pv.numel) cpu_hook_math().decompress(pw, pv);
-          for (const Slot& s : sp->slots) {
-            TensorView p = pv.slice(sp->plain_numel + s.p_off, s.n * s.r);
-            m.orthogonalize(p, s.n, s.r, opt.orthogonalization_epsilon);
-            m.gemm(true, false, s.m, s.r, s.n, source(s), p, qv.slice(s.q_off, s.m * s.r));
-          }
-          if (narrow && qv.numel) cpu_hook_math().compress(qv, qw, 1);
-          return qv.numel ? cp->allreduce(qw, ReduceOp::sum) : Work();
-        })
-        .then([sp, pv, qv, qw, buf, outer, narrow, src_all, opt, target, world](const Work& w) {
-          if (auto e = w.error()) throw *e;
-          LowRankMath& m = cpu_low_rank_math();
-          if (narrow && qv.numel) cpu_hook_math().decompress(qw, qv);
-          m.axpby(0.0, qv, 1.0 / world, qv);
-          for (const Slot& s : sp->slots)
-            m.gemm(false, true, s.n, s.m, s.r, pv.slice(sp->plain_numel + s.p_off, s.n * s.r),
-                   qv.slice(s.q_off, s.m * s.r), target(s));
-          if (opt.batched) std::memcpy(buf.data, sp->square.data(), buf.nbytes());
-          size_t at = 0;
-          for (const auto& [off, n] : sp->plain) {
-            TensorView src = pv.slice(at, n), dst = buf.slice(off, n);
-            m.axpby(1.0 / world, src, 0.0, dst);
-            at += n;
-          }
-          // What this rank meant to send minus what everyone now holds.
-          if (opt.error_feedback) m.axpby(-1.0, buf, 1.0, src_all);
-          if (!opt.warm_start) sp->have_q = false;
-          if (narrow) cpu_hook_math().compress(buf, outer, 1);
-        });
+    tail_ =
+        first
+            .then_work([sp, cp, pv, qv, pw, qw, narrow, opt, source](const Work& w) -> Work {
+              if (auto e = w.error()) throw *e;
+              LowRankMath& m = cpu_low_rank_math();
+              if (narrow && pv.numel) cpu_hook_math().decompress(pw, pv);
+              for (const Slot& s : sp->slots) {
+                TensorView p = pv.slice(sp->plain_numel + s.p_off, s.n * s.r);
+                m.orthogonalize(p, s.n, s.r, opt.orthogonalization_epsilon);
+                m.gemm(true, false, s.m, s.r, s.n, source(s), p, qv.slice(s.q_off, s.m * s.r));
+              }
+              if (narrow && qv.numel) cpu_hook_math().compress(qv, qw, 1);
+              return qv.numel ? cp->allreduce(qw, ReduceOp::sum) : Work();
+            })
+            .then([sp, pv, qv, qw, buf, outer, narrow, src_all, opt, target, world](const Work& w) {
+              if (auto e = w.error()) throw *e;
+              LowRankMath& m = cpu_low_rank_math();
+              if (narrow && qv.numel) cpu_hook_math().decompress(qw, qv);
+              m.axpby(0.0, qv, 1.0 / world, qv);
+              for (const Slot& s : sp->slots)
+                m.gemm(false, true, s.n, s.m, s.r, pv.slice(sp->plain_numel + s.p_off, s.n * s.r),
+                       qv.slice(s.q_off, s.m * s.r), target(s));
+              if (opt.batched) std::memcpy(buf.data, sp->square.data(), buf.nbytes());
+              size_t at = 0;
+              for (const auto& [off, n] : sp->plain) {
+                TensorView src = pv.slice(at, n), dst = buf.slice(off, n);
+                m.axpby(1.0 / world, src, 0.0, dst);
+                at += n;
+              }
+              // What this rank meant to send minus what everyone now holds.
+              if (opt.error_feedback) m.axpby(-1.0, buf, 1.0, src_all);
+              if (!opt.warm_start) sp->have_q = false;
+              if (narrow) cpu_hook_math().compress(buf, outer, 1);
+            });
     return tail_;
   }
 
@@ -344,7 +360,7 @@ class PowerSgdHook final : public CommHook {
  private:
   struct Slot {
     size_t offset, n, m, r;  // a gradient at `offset` viewed as n x m, compressed at rank r
-    size_t p_off, q_off;      // its factors' places in the P and Q buffers
+    size_t p_off, q_off;     // its factors' places in the P and Q buffers
   };
   struct State {
     uint64_t layout = 0;  // fingerprint of the bucket's gradients and dtype
@@ -353,8 +369,8 @@ class PowerSgdHook final : public CommHook {
     std::vector<std::pair<size_t, size_t>> plain;  // uncompressed gradients: offset, numel
     size_t plain_numel = 0, p_numel = 0, side = 0;
     bool have_q = false;
-    std::vector<uint8_t> q, error;  // kept across iterations (and saved)
-    std::vector<uint8_t> pbuf, square;  // scratch
+    std::vector<uint8_t> q, error;            // kept across iterations (and saved)
+    std::vector<uint8_t> pbuf, square;        // scratch
     std::vector<uint8_t> wide, pwire, qwire;  // 16-bit buckets: f32 copy, P and Q on the wire
   };
 
@@ -444,23 +460,28 @@ LowRankMath& cpu_low_rank_math() {
 }
 
 std::vector<std::string> powersgd_param_names() {
-  return {"rank", "start_iter", "min_compression_rate", "error_feedback", "warm_start",
-          "orthogonalization_epsilon", "seed"};
+  return {"rank",
+          "start_iter",
+          "min_compression_rate",
+          "error_feedback",
+          "warm_start",
+          "orthogonalization_epsilon",
+          "seed"};
 }
 
 std::unique_ptr<CommHook> make_powersgd_hook(const PowerSgdOptions& o) {
   const std::string name = o.batched ? "batched_powersgd" : "powersgd";
 #if !COLLIE_HAVE_BLAS
-  throw Error(ErrorCode::unavailable, "comm hook " + name + ": collie was built without BLAS "
-                                      "(install libopenblas-dev and reconfigure)");
+  throw Error(ErrorCode::unavailable, "comm hook " + name +
+                                          ": collie was built without BLAS "
+                                          "(install libopenblas-dev and reconfigure)");
 #endif
   if (o.rank < 1) throw bad(name + ": rank must be at least 1, not " + std::to_string(o.rank));
   if ((o.error_feedback || o.warm_start) && o.start_iter <= 1)
     throw bad(name + ": start_iter=" + std::to_string(o.start_iter) +
               " with error_feedback or warm_start: it must be > 1, because buckets are rebuilt "
               "after the first iteration and the state kept per bucket would not fit them");
-  if (!(o.min_compression_rate >= 1))
-    throw bad(name + ": min_compression_rate must be at least 1");
+  if (!(o.min_compression_rate >= 1)) throw bad(name + ": min_compression_rate must be at least 1");
   return std::make_unique<PowerSgdHook>(o);
 }
 

@@ -34,8 +34,8 @@ struct PowerSgdOptions {
   bool error_feedback = true;
   bool warm_start = true;
   double orthogonalization_epsilon = 0;
-  uint64_t seed = 0;                // the random initial Q; the same on every rank
-  bool batched = false;             // the whole bucket as one square matrix
+  uint64_t seed = 0;     // the random initial Q; the same on every rank
+  bool batched = false;  // the whole bucket as one square matrix
 };
 
 // Checks the options (start_iter > 1 with error feedback or warm start:

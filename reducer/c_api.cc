@@ -2,8 +2,6 @@
 // the top of the stack (it needs both the communicator and the reducer);
 // every entry point turns a collie::Error into its status code and keeps the
 // message for collie_last_error().
-#include "collie/collie.h"
-
 #include <atomic>
 #include <cstddef>
 #include <cstring>
@@ -13,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "collie/collie.h"
 #include "collie/comm.h"
 #include "hooks/model_averager.h"
 #include "reducer/reducer.h"
@@ -70,10 +69,11 @@ collie::TensorView to_view(const collie_tensor& t, const char* what) {
     throw collie::Error(collie::ErrorCode::invalid_argument,
                         std::string(what) + ": unknown dtype code " + std::to_string(t.dtype));
   if (t.device_type != COLLIE_CPU && t.device_type != COLLIE_CUDA)
-    throw collie::Error(collie::ErrorCode::invalid_argument,
-                        std::string(what) + ": unknown device type " + std::to_string(t.device_type));
-  collie::Device d = t.device_type == COLLIE_CPU ? collie::Device::cpu()
-                                                 : collie::Device::cuda(t.device_index);
+    throw collie::Error(
+        collie::ErrorCode::invalid_argument,
+        std::string(what) + ": unknown device type " + std::to_string(t.device_type));
+  collie::Device d =
+      t.device_type == COLLIE_CPU ? collie::Device::cpu() : collie::Device::cuda(t.device_index);
   return collie::TensorView{t.data, static_cast<collie::DType>(t.dtype), t.numel, d};
 }
 
@@ -115,15 +115,23 @@ collie::Bytes bytes_in(const void* buf, size_t size) {
   return collie::Bytes(b, b + size);
 }
 
-#define COLLIE_REQUIRE(ptr, name)                                              \
-  if (!(ptr)) return fail(COLLIE_ERR_INVALID_ARGUMENT, std::string(__func__) + ": " name " is NULL")
+collie_status null_argument(const char* func, const char* name) {
+  return fail(COLLIE_ERR_INVALID_ARGUMENT, std::string(func) + ": " + name + " is NULL");
+}
+
+#define COLLIE_REQUIRE(ptr, name) \
+  if (!(ptr)) return null_argument(__func__, name)
 
 }  // namespace
 
 extern "C" {
 
-const char* collie_last_error(void) { return g_last_error.c_str(); }
-int collie_abi_version(void) { return COLLIE_ABI_VERSION; }
+const char* collie_last_error(void) {
+  return g_last_error.c_str();
+}
+int collie_abi_version(void) {
+  return COLLIE_ABI_VERSION;
+}
 
 void collie_comm_options_init(collie_comm_options* o) {
   if (!o) return;
@@ -136,9 +144,9 @@ collie_status collie_comm_connect(const collie_comm_options* o, collie_comm** ou
   COLLIE_REQUIRE(out, "out");
   *out = nullptr;
   if (o && o->struct_size < sizeof(collie_comm_options))
-    return fail(COLLIE_ERR_INVALID_ARGUMENT,
-                "collie_comm_connect: options struct_size is " + std::to_string(o->struct_size) +
-                    "; call collie_comm_options_init first");
+    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_comm_connect: options struct_size is " +
+                                                 std::to_string(o->struct_size) +
+                                                 "; call collie_comm_options_init first");
   return guarded([&] {
     collie::Options opt;
     if (o) {
@@ -181,7 +189,8 @@ collie_status collie_comm_size(const collie_comm* c, int* size) {
 
 collie_status collie_allreduce(collie_comm* c, collie_tensor in, collie_tensor out, collie_op op) {
   COLLIE_REQUIRE(c, "comm");
-  return guarded([&] { c->comm->allreduce(to_view(in, "in"), to_view(out, "out"), to_op(op)).wait(); });
+  return guarded(
+      [&] { c->comm->allreduce(to_view(in, "in"), to_view(out, "out"), to_op(op)).wait(); });
 }
 
 collie_status collie_broadcast(collie_comm* c, collie_tensor buf, int root) {
@@ -215,13 +224,14 @@ collie_status collie_reducer_create(collie_comm* c, const collie_tensor* params,
   COLLIE_REQUIRE(c, "comm");
   COLLIE_REQUIRE(out, "out");
   *out = nullptr;
-  if (n > 0 && !params) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_create: params is NULL");
+  if (n > 0 && !params)
+    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_create: params is NULL");
   // The struct grows at its end: a caller built against an older header
   // passes a smaller size, and the fields it does not have keep defaults.
   if (o && o->struct_size < kReducerOptionsV1)
-    return fail(COLLIE_ERR_INVALID_ARGUMENT,
-                "collie_reducer_create: options struct_size is " + std::to_string(o->struct_size) +
-                    "; call collie_reducer_options_init first");
+    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_create: options struct_size is " +
+                                                 std::to_string(o->struct_size) +
+                                                 "; call collie_reducer_options_init first");
   return guarded([&] {
     collie::ReducerOptions opt;
     if (o) {
@@ -231,15 +241,18 @@ collie_status collie_reducer_create(collie_comm* c, const collie_tensor* params,
       opt.find_unused_parameters = o->find_unused_parameters != 0;
       opt.static_graph = o->static_graph != 0;
       opt.broadcast_parameters = o->broadcast_parameters != 0;
-      if (has_field(o, offsetof(collie_reducer_options, comm_hook), sizeof o->comm_hook) && o->comm_hook)
+      if (has_field(o, offsetof(collie_reducer_options, comm_hook), sizeof o->comm_hook) &&
+          o->comm_hook)
         opt.comm_hook = o->comm_hook;
     }
     const uint64_t* rows =
-        o && has_field(o, offsetof(collie_reducer_options, param_rows), sizeof o->param_rows) ? o->param_rows
-                                                                                              : nullptr;
+        o && has_field(o, offsetof(collie_reducer_options, param_rows), sizeof o->param_rows)
+            ? o->param_rows
+            : nullptr;
     if (!grads && !opt.gradient_as_bucket_view)
-      throw collie::Error(collie::ErrorCode::invalid_argument,
-                          "collie_reducer_create: grads is NULL, which needs gradient_as_bucket_view");
+      throw collie::Error(
+          collie::ErrorCode::invalid_argument,
+          "collie_reducer_create: grads is NULL, which needs gradient_as_bucket_view");
     std::vector<collie::Parameter> ps;
     for (size_t i = 0; i < n; ++i)
       ps.push_back({to_view(params[i], "params[i]"),
@@ -311,35 +324,34 @@ collie_status collie_reducer_get_stats(const collie_reducer* r, collie_reducer_s
   return COLLIE_OK;
 }
 
-collie_status collie_reducer_get_bucket_times(const collie_reducer* r, double* us,
-                                              size_t capacity, size_t* count) {
+collie_status collie_reducer_get_bucket_times(const collie_reducer* r, double* us, size_t capacity,
+                                              size_t* count) {
   COLLIE_REQUIRE(r, "reducer");
   COLLIE_REQUIRE(count, "count");
-  if (capacity > 0 && !us) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_get_bucket_times: us is NULL");
+  if (capacity > 0 && !us)
+    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_get_bucket_times: us is NULL");
   const auto& t = r->reducer->last_stats().bucket_comm_us;
   for (size_t i = 0; i < t.size() && i < capacity; ++i) us[i] = t[i];
   *count = t.size();
   return COLLIE_OK;
 }
 
-collie_status collie_reducer_save_state(collie_reducer* r, void* buf, size_t capacity, size_t* size) {
+collie_status collie_reducer_save_state(collie_reducer* r, void* buf, size_t capacity,
+                                        size_t* size) {
   COLLIE_REQUIRE(r, "reducer");
   COLLIE_REQUIRE(size, "size");
-  return guarded([&] {
-    copy_out(r->reducer->save_state(), buf, capacity, size);
-  });
+  return guarded([&] { copy_out(r->reducer->save_state(), buf, capacity, size); });
 }
 
 collie_status collie_reducer_load_state(collie_reducer* r, const void* buf, size_t size) {
   COLLIE_REQUIRE(r, "reducer");
-  if (size > 0 && !buf) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_load_state: buf is NULL");
-  return guarded([&] {
-    r->reducer->load_state(bytes_in(buf, size));
-  });
+  if (size > 0 && !buf)
+    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_load_state: buf is NULL");
+  return guarded([&] { r->reducer->load_state(bytes_in(buf, size)); });
 }
 
-collie_status collie_allreduce_async(collie_comm* c, collie_tensor in, collie_tensor out, collie_op op,
-                                     collie_work** w) {
+collie_status collie_allreduce_async(collie_comm* c, collie_tensor in, collie_tensor out,
+                                     collie_op op, collie_work** w) {
   COLLIE_REQUIRE(c, "comm");
   COLLIE_REQUIRE(w, "work");
   *w = nullptr;
@@ -375,7 +387,8 @@ namespace {
 // A hook written in C, behind the C++ CommHook interface.
 class CHook final : public collie::CommHook {
  public:
-  CHook(std::string name, collie_comm_hook_fn fn, void* user) : name_(std::move(name)), fn_(fn), user_(user) {}
+  CHook(std::string name, collie_comm_hook_fn fn, void* user)
+      : name_(std::move(name)), fn_(fn), user_(user) {}
   std::string name() const override { return name_; }
 
   collie::Work run(collie::Communicator& comm, collie::GradBucket& b) override {
@@ -385,9 +398,10 @@ class CHook final : public collie::CommHook {
     }
     // The deadline is generous: the hook may run several collectives.
     auto done = new collie_hook_done;
-    done->work = collie::Work::pending("comm hook '" + name_ + "' on bucket " + std::to_string(b.index) +
-                                           " (rank " + std::to_string(comm.rank()) + ")",
-                                       comm.timeout() * 2 + std::chrono::seconds(1));
+    done->work =
+        collie::Work::pending("comm hook '" + name_ + "' on bucket " + std::to_string(b.index) +
+                                  " (rank " + std::to_string(comm.rank()) + ")",
+                              comm.timeout() * 2 + std::chrono::seconds(1));
     collie::Work w = done->work;
     std::vector<collie_tensor> grads, params;
     std::vector<uint64_t> rows;
@@ -431,7 +445,8 @@ collie_status collie_register_comm_hook(const char* name, collie_comm_hook_fn fn
   });
 }
 
-collie_status collie_hook_complete(collie_hook_done* done, collie_status status, const char* message) {
+collie_status collie_hook_complete(collie_hook_done* done, collie_status status,
+                                   const char* message) {
   COLLIE_REQUIRE(done, "done");
   collie::Work w = done->work;
   delete done;
@@ -453,14 +468,16 @@ collie_status collie_hook_complete_after(collie_hook_done* done, collie_work* wo
   collie::Work op = work->work;
   delete work;
   op.then([target](const collie::Work& w) {
-    if (auto e = w.error()) target.fail(*e);
-    else target.complete();
+    if (auto e = w.error())
+      target.fail(*e);
+    else
+      target.complete();
   });
   return COLLIE_OK;
 }
 
-collie_status collie_averager_create_periodic(collie_comm* c, uint64_t period, uint64_t warmup_steps,
-                                              collie_averager** out) {
+collie_status collie_averager_create_periodic(collie_comm* c, uint64_t period,
+                                              uint64_t warmup_steps, collie_averager** out) {
   COLLIE_REQUIRE(c, "comm");
   COLLIE_REQUIRE(out, "out");
   *out = nullptr;
@@ -478,28 +495,34 @@ collie_status collie_averager_create_hierarchical(collie_comm* c, const uint64_t
   COLLIE_REQUIRE(out, "out");
   *out = nullptr;
   if (levels > 0 && (!periods || !group_sizes))
-    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_averager_create_hierarchical: periods or group_sizes is NULL");
+    return fail(COLLIE_ERR_INVALID_ARGUMENT,
+                "collie_averager_create_hierarchical: periods or group_sizes is NULL");
   return guarded([&] {
     std::vector<collie::AveragingLevel> lv;
     for (size_t i = 0; i < levels; ++i) lv.push_back({periods[i], group_sizes[i]});
     auto a = std::make_unique<collie_averager>();
-    a->hierarchical = std::make_unique<collie::HierarchicalModelAverager>(*c->comm, std::move(lv), warmup_steps);
+    a->hierarchical =
+        std::make_unique<collie::HierarchicalModelAverager>(*c->comm, std::move(lv), warmup_steps);
     *out = a.release();
   });
 }
 
 collie_status collie_averager_average(collie_averager* a, const collie_tensor* params, size_t n) {
   COLLIE_REQUIRE(a, "averager");
-  if (n > 0 && !params) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_averager_average: params is NULL");
+  if (n > 0 && !params)
+    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_averager_average: params is NULL");
   return guarded([&] {
     std::vector<collie::TensorView> v;
     for (size_t i = 0; i < n; ++i) v.push_back(to_view(params[i], "params[i]"));
-    if (a->periodic) a->periodic->average_parameters(v);
-    else a->hierarchical->average_parameters(v);
+    if (a->periodic)
+      a->periodic->average_parameters(v);
+    else
+      a->hierarchical->average_parameters(v);
   });
 }
 
-collie_status collie_averager_save_state(collie_averager* a, void* buf, size_t capacity, size_t* size) {
+collie_status collie_averager_save_state(collie_averager* a, void* buf, size_t capacity,
+                                         size_t* size) {
   COLLIE_REQUIRE(a, "averager");
   COLLIE_REQUIRE(size, "size");
   return guarded([&] {
@@ -510,11 +533,14 @@ collie_status collie_averager_save_state(collie_averager* a, void* buf, size_t c
 
 collie_status collie_averager_load_state(collie_averager* a, const void* buf, size_t size) {
   COLLIE_REQUIRE(a, "averager");
-  if (size > 0 && !buf) return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_averager_load_state: buf is NULL");
+  if (size > 0 && !buf)
+    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_averager_load_state: buf is NULL");
   return guarded([&] {
     collie::Bytes st = bytes_in(buf, size);
-    if (a->periodic) a->periodic->load_state(st);
-    else a->hierarchical->load_state(st);
+    if (a->periodic)
+      a->periodic->load_state(st);
+    else
+      a->hierarchical->load_state(st);
   });
 }
 

@@ -19,8 +19,9 @@ double us_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
-Error misuse(const std::string& msg) { return Error(ErrorCode::invalid_argument, "reducer: " + msg); }
-
+Error misuse(const std::string& msg) {
+  return Error(ErrorCode::invalid_argument, "reducer: " + msg);
+}
 
 std::string list(const std::vector<size_t>& v) {
   std::string s;
@@ -48,10 +49,12 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
                    " elements), or use gradient_as_bucket_view");
     if (p.rows > 0 && p.value.numel % p.rows != 0)
       throw misuse("parameter " + std::to_string(i) + " on " + who + " has " +
-                   std::to_string(p.value.numel) + " elements, which is not a whole number of its " +
-                   std::to_string(p.rows) + " rows");
+                   std::to_string(p.value.numel) +
+                   " elements, which is not a whole number of its " + std::to_string(p.rows) +
+                   " rows");
     specs_.push_back({p.value.numel, p.value.dtype, p.value.device});
-    shape_hash = fnv_mix(fnv_mix(fnv_mix(shape_hash, p.value.numel), static_cast<uint64_t>(p.value.dtype)), p.rows);
+    shape_hash = fnv_mix(
+        fnv_mix(fnv_mix(shape_hash, p.value.numel), static_cast<uint64_t>(p.value.dtype)), p.rows);
   }
 
   // Every rank must hold the same parameters and build the same buckets:
@@ -59,7 +62,8 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
   // bucket sizes, which a rank could be given differently).
   build_buckets({});
   uint64_t plan_hash = kFnvBasis;
-  for (char ch : plan_.fingerprint()) plan_hash = fnv_mix(plan_hash, static_cast<unsigned char>(ch));
+  for (char ch : plan_.fingerprint())
+    plan_hash = fnv_mix(plan_hash, static_cast<unsigned char>(ch));
   int n = comm_.size();
   std::vector<int64_t> mine{static_cast<int64_t>(params_.size()), static_cast<int64_t>(shape_hash),
                             static_cast<int64_t>(plan_hash)};
@@ -106,7 +110,8 @@ Reducer::~Reducer() {
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   plan_ = BucketPlan::build(specs_, order, opt_.first_bucket_bytes, opt_.bucket_bytes);
   buffers_.clear();
-  for (const Bucket& b : plan_.buckets()) buffers_.push_back(FlatBuffer::allocate(b.dtype, b.numel));
+  for (const Bucket& b : plan_.buckets())
+    buffers_.push_back(FlatBuffer::allocate(b.dtype, b.numel));
   works_.assign(plan_.buckets().size(), Work());
   launched_at_.assign(plan_.buckets().size(), {});
   comm_us_ = std::make_shared<std::vector<double>>(plan_.buckets().size(), 0.0);
@@ -119,7 +124,9 @@ TensorView Reducer::grad_view(size_t i) const {
   return buffers_[b].slice(plan_.buckets()[b].offsets[k], specs_[i].numel);
 }
 
-void Reducer::set_comm_hook(const std::string& spec) { set_comm_hook(make_comm_hook(spec)); }
+void Reducer::set_comm_hook(const std::string& spec) {
+  set_comm_hook(make_comm_hook(spec));
+}
 
 void Reducer::set_comm_hook(std::shared_ptr<CommHook> hook) {
   if (!hook) throw misuse("set_comm_hook: no hook");
@@ -138,15 +145,16 @@ void Reducer::set_no_sync(bool on) {
 void Reducer::prepare_for_backward(const std::vector<bool>& used) {
   std::lock_guard lk(mu_);
   if (in_backward_)
-    throw misuse("prepare_for_backward called again before finalize_backward: the previous "
-                 "iteration's reduction is still pending");
+    throw misuse(
+        "prepare_for_backward called again before finalize_backward: the previous "
+        "iteration's reduction is still pending");
   in_backward_ = true;
   backward_start_ = last_mark_ = Clock::now();
   if (no_sync_) return;
   const size_t n = params_.size();
   if (!used.empty() && used.size() != n)
-    throw misuse("the used-parameter mask has " + std::to_string(used.size()) +
-                 " entries for " + std::to_string(n) + " parameters");
+    throw misuse("the used-parameter mask has " + std::to_string(used.size()) + " entries for " +
+                 std::to_string(n) + " parameters");
   if (!opt_.find_unused_parameters) {
     used_.assign(n, true);
   } else if (opt_.static_graph && static_used_) {
@@ -193,8 +201,8 @@ void Reducer::mark_grad_ready(size_t i) {
     throw misuse("gradient of parameter " + std::to_string(i) +
                  " marked ready, but this iteration declared it unused");
   if (marked_[i])
-    throw misuse("gradient of parameter " + std::to_string(i) + " marked ready twice in iteration " +
-                 std::to_string(iteration_));
+    throw misuse("gradient of parameter " + std::to_string(i) +
+                 " marked ready twice in iteration " + std::to_string(iteration_));
   marked_[i] = true;
   ready_order_.push_back(i);
   last_mark_ = Clock::now();
@@ -226,10 +234,11 @@ void Reducer::launch_ready_buckets() {
     // The continuation keeps the bucket's memory and the hook alive until
     // the hook is done with them: a hook that completes only after a
     // timeout (and after this reducer is gone) must not write freed memory.
-    works_[b] = hook_->run(comm_, gb).then([times, b, start, keep = buffers_[b], hook = hook_](const Work& w) {
-      (*times)[b] = us_between(start, Clock::now());
-      if (auto e = w.error()) throw *e;
-    });
+    works_[b] = hook_->run(comm_, gb).then(
+        [times, b, start, keep = buffers_[b], hook = hook_](const Work& w) {
+          (*times)[b] = us_between(start, Clock::now());
+          if (auto e = w.error()) throw *e;
+        });
   }
 }
 
@@ -284,15 +293,16 @@ void Reducer::log_stats() const {
     per_bucket += buf;
   }
   char line[384];
-  std::snprintf(line, sizeof line,
-                "reducer on rank %d, iteration %llu: backward %.2f ms, exposed communication "
-                "%.2f ms, hook %s sent %.3f MB for %.3f MB of gradients (%.1fx), %zu buckets, "
-                "comm ms per bucket: ",
-                comm_.rank(), static_cast<unsigned long long>(stats_.iteration),
-                stats_.backward_us / 1e3, stats_.exposed_us / 1e3, hook_->name().c_str(),
-                stats_.hook_bytes / 1e6, stats_.gradient_bytes / 1e6,
-                stats_.hook_bytes ? static_cast<double>(stats_.gradient_bytes) / stats_.hook_bytes : 0.0,
-                stats_.bucket_comm_us.size());
+  std::snprintf(
+      line, sizeof line,
+      "reducer on rank %d, iteration %llu: backward %.2f ms, exposed communication "
+      "%.2f ms, hook %s sent %.3f MB for %.3f MB of gradients (%.1fx), %zu buckets, "
+      "comm ms per bucket: ",
+      comm_.rank(), static_cast<unsigned long long>(stats_.iteration), stats_.backward_us / 1e3,
+      stats_.exposed_us / 1e3, hook_->name().c_str(), stats_.hook_bytes / 1e6,
+      stats_.gradient_bytes / 1e6,
+      stats_.hook_bytes ? static_cast<double>(stats_.gradient_bytes) / stats_.hook_bytes : 0.0,
+      stats_.bucket_comm_us.size());
   log::info(line + per_bucket);
 }
 
@@ -357,7 +367,8 @@ void Reducer::load_state(const Bytes& in) {
   std::lock_guard lk(mu_);
   if (in_backward_) throw misuse("load_state in the middle of a backward pass");
   StateReader r(in, misuse("the state to load is truncated").what());
-  if (in.size() < 8 || r.u64() != kReducerMagic) throw misuse("the state to load is not a reducer's");
+  if (in.size() < 8 || r.u64() != kReducerMagic)
+    throw misuse("the state to load is not a reducer's");
   uint64_t n = r.u64();
   if (n != params_.size())
     throw misuse("the state was saved by a reducer over " + std::to_string(n) +
@@ -365,12 +376,14 @@ void Reducer::load_state(const Bytes& in) {
   uint64_t iteration = r.u64();
   bool rebuilt = r.u64() != 0;
   uint64_t count = r.u64();
-  if (count != 0 && count != n) throw misuse("the saved bucket order does not cover the parameters");
+  if (count != 0 && count != n)
+    throw misuse("the saved bucket order does not cover the parameters");
   std::vector<size_t> order;
   std::vector<bool> seen(n, false);
   for (uint64_t i = 0; i < count; ++i) {
     uint64_t p = r.u64();
-    if (p >= n || seen[p]) throw misuse("the saved bucket order is not a permutation of the parameters");
+    if (p >= n || seen[p])
+      throw misuse("the saved bucket order is not a permutation of the parameters");
     seen[p] = true;
     order.push_back(p);
   }

@@ -67,11 +67,11 @@ struct Parameter {
 // Per-iteration timings, microseconds.
 struct ReducerStats {
   uint64_t iteration = 0;
-  double backward_us = 0;    // prepare_for_backward -> last mark_grad_ready
-  double exposed_us = 0;     // time finalize_backward waited for communication
+  double backward_us = 0;              // prepare_for_backward -> last mark_grad_ready
+  double exposed_us = 0;               // time finalize_backward waited for communication
   std::vector<double> bucket_comm_us;  // launch -> completion, per bucket
-  uint64_t gradient_bytes = 0;  // bytes of the buckets handed to the comm hook
-  uint64_t hook_bytes = 0;      // bytes the hook handed to collectives (see CommHook)
+  uint64_t gradient_bytes = 0;         // bytes of the buckets handed to the comm hook
+  uint64_t hook_bytes = 0;             // bytes the hook handed to collectives (see CommHook)
 };
 
 class Reducer {
@@ -140,11 +140,11 @@ class Reducer {
   bool in_backward_ = false;
   bool no_sync_ = false;
   bool rebuilt_ = false;
-  uint64_t iteration_ = 0;        // synchronised iterations finished
+  uint64_t iteration_ = 0;  // synchronised iterations finished
   std::vector<bool> marked_;
   std::vector<bool> used_;
   std::optional<std::vector<bool>> static_used_;
-  std::vector<size_t> pending_;   // per bucket: gradients still to come
+  std::vector<size_t> pending_;  // per bucket: gradients still to come
   size_t next_launch_ = 0;
   std::vector<Work> works_;
   std::vector<std::chrono::steady_clock::time_point> launched_at_;

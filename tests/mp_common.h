@@ -18,8 +18,12 @@ namespace collie::testing {
 
 using collie::get_element;
 using collie::put_element;
-inline void put(DType t, void* buf, size_t i, double v) { put_element(t, buf, i, v); }
-inline double get(DType t, const void* buf, size_t i) { return get_element(t, buf, i); }
+inline void put(DType t, void* buf, size_t i, double v) {
+  put_element(t, buf, i, v);
+}
+inline double get(DType t, const void* buf, size_t i) {
+  return get_element(t, buf, i);
+}
 
 // Small integers and quarter steps: exact in every dtype, and sums,
 // products, minima and maxima of up to 4 ranks stay exact too (products are
@@ -43,10 +47,14 @@ inline std::vector<double> random_values(int rank, size_t n, uint64_t seed) {
 inline double combine(ReduceOp op, double a, double b) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return a + b;
-    case ReduceOp::prod: return a * b;
-    case ReduceOp::min: return std::min(a, b);
-    case ReduceOp::max: return std::max(a, b);
+    case ReduceOp::avg:
+      return a + b;
+    case ReduceOp::prod:
+      return a * b;
+    case ReduceOp::min:
+      return std::min(a, b);
+    case ReduceOp::max:
+      return std::max(a, b);
   }
   return 0;
 }

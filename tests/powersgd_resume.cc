@@ -61,8 +61,10 @@ std::unique_ptr<Reducer> make_reducer(Communicator& c, Net& n) {
   ReducerOptions opt;
   opt.comm_hook = kHook;
   return std::make_unique<Reducer>(
-      c, std::vector<Parameter>{{view_of(n.w.data(), n.w.size()), view_of(n.gw.data(), n.gw.size()), kOut},
-                                {view_of(n.b.data(), n.b.size()), view_of(n.gb.data(), n.gb.size()), 0}},
+      c,
+      std::vector<Parameter>{
+          {view_of(n.w.data(), n.w.size()), view_of(n.gw.data(), n.gw.size()), kOut},
+          {view_of(n.b.data(), n.b.size()), view_of(n.gb.data(), n.gb.size()), 0}},
       opt);
 }
 
@@ -83,7 +85,8 @@ std::vector<uint8_t> params_bytes(const Net& n) {
   return out;
 }
 void load_params(Net& n, const std::vector<uint8_t>& in) {
-  if (in.size() != (n.w.size() + n.b.size()) * 4) throw std::runtime_error("checkpoint has the wrong size");
+  if (in.size() != (n.w.size() + n.b.size()) * 4)
+    throw std::runtime_error("checkpoint has the wrong size");
   std::memcpy(n.w.data(), in.data(), n.w.size() * 4);
   std::memcpy(n.b.data(), in.data() + n.w.size() * 4, n.b.size() * 4);
 }
@@ -123,11 +126,14 @@ int main(int argc, char** argv) {
     red->load_state(read(dir + "/reducer" + me));
     for (int step = kSaveAt; step < kSteps; ++step) backward(n, rank, step, *red);
     if (params_bytes(n) != want) {
-      std::fprintf(stderr, "rank %d: resumed from step %d with the reducer's state, the parameters "
-                   "differ from the uninterrupted run's\n", rank, kSaveAt);
+      std::fprintf(stderr,
+                   "rank %d: resumed from step %d with the reducer's state, the parameters "
+                   "differ from the uninterrupted run's\n",
+                   rank, kSaveAt);
       return 1;
     }
-    std::printf("rank %d: resumed run bit-identical from step %d to %d\n", rank, kSaveAt + 1, kSteps);
+    std::printf("rank %d: resumed run bit-identical from step %d to %d\n", rank, kSaveAt + 1,
+                kSteps);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());

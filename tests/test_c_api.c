@@ -18,7 +18,6 @@
 #define SAMPLES 24
 #define STEPS 20
 
-
 static double xs[SAMPLES][D], ys[SAMPLES];
 
 static void make_data(void) {
@@ -36,12 +35,12 @@ static void make_data(void) {
 
 /* Adds the mean-squared-error gradient over samples [first, first+count),
  * normalised by `norm`, to gw/gb. Generic over float and double by macro. */
-#define GRAD(T, w, b, gw, gb, first, count, norm)             \
-  for (int i_ = (first); i_ < (first) + (count); ++i_) {       \
-    T err_ = (b) - (T)ys[i_];                                  \
-    for (int d_ = 0; d_ < D; ++d_) err_ += (w)[d_] * (T)xs[i_][d_]; \
+#define GRAD(T, w, b, gw, gb, first, count, norm)                                       \
+  for (int i_ = (first); i_ < (first) + (count); ++i_) {                                \
+    T err_ = (b) - (T)ys[i_];                                                           \
+    for (int d_ = 0; d_ < D; ++d_) err_ += (w)[d_] * (T)xs[i_][d_];                     \
     for (int d_ = 0; d_ < D; ++d_) (gw)[d_] += (T)2 * err_ * (T)xs[i_][d_] / (T)(norm); \
-    *(gb) += (T)2 * err_ / (T)(norm);                          \
+    *(gb) += (T)2 * err_ / (T)(norm);                                                   \
   }
 
 int main(void) {
@@ -135,6 +134,7 @@ int main(void) {
   OK(collie_allreduce(comm, ft, ft, COLLIE_SUM));
   OK(collie_reducer_destroy(red));
   OK(collie_comm_destroy(comm));
-  if (rank == 0) printf("C ABI: %d ranks, relative error %.2g, %s\n", size, worst, f ? "FAILED" : "ok");
+  if (rank == 0)
+    printf("C ABI: %d ranks, relative error %.2g, %s\n", size, worst, f ? "FAILED" : "ok");
   return f ? 1 : 0;
 }

@@ -21,7 +21,6 @@
 #include "c_check.h"
 #include "collie/collie.h"
 
-
 static collie_tensor f32(float* p, uint64_t n) {
   collie_tensor t;
   memset(&t, 0, sizeof t);
@@ -35,7 +34,8 @@ static collie_tensor f32(float* p, uint64_t n) {
 static int calls = 0;
 
 /* Sum, then divide by the world size, before returning. */
-static void sum_then_scale(void* user, collie_comm* comm, const collie_grad_bucket* b, collie_hook_done* done) {
+static void sum_then_scale(void* user, collie_comm* comm, const collie_grad_bucket* b,
+                           collie_hook_done* done) {
   int size = 0;
   (void)user;
   ++calls;
@@ -49,17 +49,22 @@ static void sum_then_scale(void* user, collie_comm* comm, const collie_grad_buck
 }
 
 /* Starts an averaging all-reduce and returns at once: the hook ends with it. */
-static void async_avg(void* user, collie_comm* comm, const collie_grad_bucket* b, collie_hook_done* done) {
+static void async_avg(void* user, collie_comm* comm, const collie_grad_bucket* b,
+                      collie_hook_done* done) {
   collie_work* w = NULL;
   if (++*(int*)user == 1)
-    CHECK(collie_comm_destroy(comm) == COLLIE_ERR_INVALID_ARGUMENT && strstr(collie_last_error(), "lent"),
+    CHECK(collie_comm_destroy(comm) == COLLIE_ERR_INVALID_ARGUMENT &&
+              strstr(collie_last_error(), "lent"),
           "a hook must not destroy the communicator it was lent: %s", collie_last_error());
   collie_status st = collie_allreduce_async(comm, b->buffer, b->buffer, COLLIE_AVG, &w);
-  if (st != COLLIE_OK) collie_hook_complete(done, st, collie_last_error());
-  else collie_hook_complete_after(done, w);
+  if (st != COLLIE_OK)
+    collie_hook_complete(done, st, collie_last_error());
+  else
+    collie_hook_complete_after(done, w);
 }
 
-static void fails(void* user, collie_comm* comm, const collie_grad_bucket* b, collie_hook_done* done) {
+static void fails(void* user, collie_comm* comm, const collie_grad_bucket* b,
+                  collie_hook_done* done) {
   (void)user;
   (void)comm;
   (void)b;
@@ -85,17 +90,20 @@ static void check_average(const float* g1, const float* g2, int size, int salt, 
     double want = 0;
     for (int q = 0; q < size; ++q) want += (q * 7 + i * 3 + salt) % 11;
     want /= size;
-    CHECK(fabs(g1[i] - want) <= 1e-6 * (1 + want), "%s: g1[%d] = %g, want %g", what, i, g1[i], want);
+    CHECK(fabs(g1[i] - want) <= 1e-6 * (1 + want), "%s: g1[%d] = %g, want %g", what, i, g1[i],
+          want);
   }
   for (int i = 0; i < N2; ++i) {
     double want = 0;
     for (int q = 0; q < size; ++q) want += (q * 5 + i + salt) % 13;
     want /= size;
-    CHECK(fabs(g2[i] - want) <= 1e-6 * (1 + want), "%s: g2[%d] = %g, want %g", what, i, g2[i], want);
+    CHECK(fabs(g2[i] - want) <= 1e-6 * (1 + want), "%s: g2[%d] = %g, want %g", what, i, g2[i],
+          want);
   }
 }
 
-static collie_reducer* make(collie_comm* comm, float* v1, float* g1, float* v2, float* g2, const char* hook) {
+static collie_reducer* make(collie_comm* comm, float* v1, float* g1, float* v2, float* g2,
+                            const char* hook) {
   collie_tensor p[2] = {f32(v1, N1), f32(v2, N2)}, g[2] = {f32(g1, N1), f32(g2, N2)};
   uint64_t rows[2] = {8, 0}; /* parameter 0 is an 8 x 5 matrix */
   collie_reducer_options o;
@@ -131,7 +139,8 @@ int main(void) {
     }
     OK(collie_reducer_destroy(red));
   }
-  CHECK(calls == 6 && async_calls == 6, "hook calls %d and %d, want 6 each (2 buckets x 3 steps)", calls, async_calls);
+  CHECK(calls == 6 && async_calls == 6, "hook calls %d and %d, want 6 each (2 buckets x 3 steps)",
+        calls, async_calls);
 
   /* Swapped between iterations, by spec: the default all-reduce first, then
    * the C hook; an unknown name keeps the old hook and lists the known ones. */
@@ -144,7 +153,8 @@ int main(void) {
     check_average(g1, g2, size, 2, "after set_comm_hook");
     CHECK(calls == 8, "the swapped-in C hook ran %d times, want 2", calls - 6);
     CHECK(collie_reducer_set_comm_hook(red, "nope") == COLLIE_ERR_INVALID_ARGUMENT &&
-              strstr(collie_last_error(), "c_sum_then_scale") && strstr(collie_last_error(), "powersgd"),
+              strstr(collie_last_error(), "c_sum_then_scale") &&
+              strstr(collie_last_error(), "powersgd"),
           "unknown hook: %s", collie_last_error());
     OK(step(red, g1, g2, rank, 3));
     CHECK(calls == 10, "the old hook stays after a bad spec (%d calls)", calls);
@@ -171,7 +181,8 @@ int main(void) {
           "first-ABI stats: %u buckets, fields past the end untouched", stats.num_buckets);
     o.struct_size = 8;
     collie_reducer* bad = NULL;
-    CHECK(collie_reducer_create(comm, p, g, 2, &o, &bad) == COLLIE_ERR_INVALID_ARGUMENT, "tiny struct_size");
+    CHECK(collie_reducer_create(comm, p, g, 2, &o, &bad) == COLLIE_ERR_INVALID_ARGUMENT,
+          "tiny struct_size");
     OK(collie_reducer_destroy(red));
   }
 
@@ -180,7 +191,8 @@ int main(void) {
     collie_reducer* red = make(comm, v1, g1, v2, g2, "c_fails");
     collie_status st = step(red, g1, g2, rank, 0);
     CHECK(st == COLLIE_ERR_INVALID_ARGUMENT, "failing hook status %d", (int)st);
-    CHECK(strstr(collie_last_error(), "custom failure from C") && strstr(collie_last_error(), "c_fails"),
+    CHECK(strstr(collie_last_error(), "custom failure from C") &&
+              strstr(collie_last_error(), "c_fails"),
           "message: %s", collie_last_error());
     OK(collie_reducer_destroy(red));
   }
@@ -226,7 +238,8 @@ int main(void) {
       CHECK(memcmp(g1, h1, sizeof g1) == 0 && memcmp(g2, h2, sizeof g2) == 0,
             "step %d: the reducer loaded from the checkpoint differs", s);
     }
-    CHECK(collie_reducer_load_state(b, state, need / 2) == COLLIE_ERR_INVALID_ARGUMENT, "truncated state");
+    CHECK(collie_reducer_load_state(b, state, need / 2) == COLLIE_ERR_INVALID_ARGUMENT,
+          "truncated state");
     free(state);
     OK(collie_reducer_destroy(a));
     OK(collie_reducer_destroy(b));
@@ -236,7 +249,8 @@ averagers:
   /* Periodic model averaging after each optimizer step. */
   {
     collie_averager* avg = NULL;
-    CHECK(collie_averager_create_periodic(comm, 0, 0, &avg) == COLLIE_ERR_INVALID_ARGUMENT, "period 0");
+    CHECK(collie_averager_create_periodic(comm, 0, 0, &avg) == COLLIE_ERR_INVALID_ARGUMENT,
+          "period 0");
     OK(collie_averager_create_periodic(comm, 2, 1, &avg));
     float p[5];
     collie_tensor t = f32(p, 5);
@@ -269,7 +283,8 @@ averagers:
     uint64_t periods[2] = {2, 4};
     int32_t groups[2] = {1, size};
     int32_t bad[2] = {1, size + 1};
-    CHECK(collie_averager_create_hierarchical(comm, periods, bad, 2, 0, &avg) == COLLIE_ERR_INVALID_ARGUMENT,
+    CHECK(collie_averager_create_hierarchical(comm, periods, bad, 2, 0, &avg) ==
+              COLLIE_ERR_INVALID_ARGUMENT,
           "a group larger than the world");
     OK(collie_averager_create_hierarchical(comm, periods, groups, 2, 0, &avg));
     float p[3];
@@ -280,14 +295,17 @@ averagers:
       int global = s % 4 == 0;
       for (int i = 0; i < 3; ++i) {
         double want = global ? (4.0 * (size - 1) / 2.0 + i - s) : (double)(rank * 4 + i - s);
-        CHECK(fabs(p[i] - want) < 1e-5, "hierarchical step %d: p[%d] = %g, want %g", s, i, p[i], want);
+        CHECK(fabs(p[i] - want) < 1e-5, "hierarchical step %d: p[%d] = %g, want %g", s, i, p[i],
+              want);
       }
     }
     OK(collie_averager_destroy(avg));
   }
 
   OK(collie_comm_destroy(comm));
-  if (failures) fprintf(stderr, "rank %d: %d checks failed\n", rank, failures);
-  else printf("rank %d: C hooks, checkpoints and averaging all correct\n", rank);
+  if (failures)
+    fprintf(stderr, "rank %d: %d checks failed\n", rank, failures);
+  else
+    printf("rank %d: C hooks, checkpoints and averaging all correct\n", rank);
   return failures ? 1 : 0;
 }

@@ -25,7 +25,9 @@ using testing::exact_value;
 using testing::get;
 using testing::put;
 
-Communicator& comm() { return testing::world(); }
+Communicator& comm() {
+  return testing::world();
+}
 
 const std::vector<size_t> kCounts = {0, 1, 2, 3, 7, 13, 97, 1000, 4099, 65537};
 constexpr DType kDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
@@ -239,8 +241,10 @@ TEST(SendRecv, MessagesBetweenAPairArriveInOrder) {
     int peer = 1 - r;
     for (int k = 0; k < 20; ++k) {
       int64_t x = r == 0 ? k * 100 : -1;
-      if (r == 0) comm().send(view_of(&x, 1), peer, k).wait();
-      else comm().recv(view_of(&x, 1), peer, k).wait();
+      if (r == 0)
+        comm().send(view_of(&x, 1), peer, k).wait();
+      else
+        comm().recv(view_of(&x, 1), peer, k).wait();
       EXPECT_EQ(x, k * 100);
     }
   }
@@ -276,20 +280,17 @@ TEST(Work, ThenRunsAfterCompletionAndChainsAnotherOp) {
   const int n = comm().size();
   std::vector<double> a(1000, 1.0);
   bool saw_done = false;
-  Work w = comm()
-               .allreduce(view_of(a.data(), a.size()), ReduceOp::sum)
-               .then([&](const Work& prev) {
-                 saw_done = prev.done() && !prev.error();
-                 for (auto& x : a) x *= 2;
-               });
+  Work w = comm().allreduce(view_of(a.data(), a.size()), ReduceOp::sum).then([&](const Work& prev) {
+    saw_done = prev.done() && !prev.error();
+    for (auto& x : a) x *= 2;
+  });
   w.wait();
   EXPECT_TRUE(saw_done);
   EXPECT_EQ(a[0], 2.0 * n);
-  Work chained = comm()
-                     .allreduce(view_of(a.data(), a.size()), ReduceOp::sum)
-                     .then_work([&](const Work&) {
-                       return comm().allreduce(view_of(a.data(), a.size()), ReduceOp::sum);
-                     });
+  Work chained =
+      comm().allreduce(view_of(a.data(), a.size()), ReduceOp::sum).then_work([&](const Work&) {
+        return comm().allreduce(view_of(a.data(), a.size()), ReduceOp::sum);
+      });
   chained.wait();
   EXPECT_EQ(a[999], 2.0 * n * n * n);
 }
@@ -309,15 +310,18 @@ TEST(Errors, BadArgumentsAreRefusedAtTheCallNamingTheRank) {
       EXPECT_NE(msg.find(needle), std::string::npos) << msg;
     }
   };
-  expect_invalid([&] { comm().allreduce(view_of(a.data(), 10), view_of(b.data(), 11), ReduceOp::sum); },
-                 "elements");
+  expect_invalid(
+      [&] { comm().allreduce(view_of(a.data(), 10), view_of(b.data(), 11), ReduceOp::sum); },
+      "elements");
   expect_invalid([&] { comm().allreduce(view_of(ints.data(), 10), ReduceOp::avg); }, "avg");
   expect_invalid([&] { comm().broadcast(view_of(a.data(), 10), n); }, "root");
   expect_invalid([&] { comm().allgather(view_of(a.data(), 10), view_of(b.data(), 11)); }, "output");
   expect_invalid([&] { comm().send(view_of(a.data(), 10), r, 0); }, "itself");
-  expect_invalid([&] {
-    comm().allreduce(TensorView{a.data(), DType::f32, 10, Device::cuda(0)}, ReduceOp::sum);
-  }, "cuda:0");
+  expect_invalid(
+      [&] {
+        comm().allreduce(TensorView{a.data(), DType::f32, 10, Device::cuda(0)}, ReduceOp::sum);
+      },
+      "cuda:0");
   // The communicator is still usable after refused calls.
   float x = 1.0f;
   comm().allreduce(view_of(&x, 1), ReduceOp::sum).wait();

@@ -26,9 +26,9 @@ TEST(Half, KnownEncodings) {
   EXPECT_EQ(kernels::float_to_half(1.0f), 0x3c00);
   EXPECT_EQ(kernels::float_to_half(-2.0f), 0xc000);
   EXPECT_EQ(kernels::float_to_half(65504.0f), 0x7bff);
-  EXPECT_EQ(kernels::float_to_half(65520.0f), 0x7c00);       // rounds up to inf
-  EXPECT_EQ(kernels::float_to_half(0x1p-24f), 0x0001);       // smallest subnormal
-  EXPECT_EQ(kernels::float_to_half(0x1p-25f), 0x0000);       // ties to even: 0
+  EXPECT_EQ(kernels::float_to_half(65520.0f), 0x7c00);         // rounds up to inf
+  EXPECT_EQ(kernels::float_to_half(0x1p-24f), 0x0001);         // smallest subnormal
+  EXPECT_EQ(kernels::float_to_half(0x1p-25f), 0x0000);         // ties to even: 0
   EXPECT_EQ(kernels::float_to_half(1.0f + 0x1p-11f), 0x3c00);  // tie, to even
   EXPECT_EQ(kernels::float_to_half(1.0f + 0x1p-10f + 0x1p-11f), 0x3c02);
   EXPECT_TRUE(std::isnan(kernels::half_to_float(kernels::float_to_half(NAN))));
@@ -67,7 +67,7 @@ TEST(Half, RoundingIsToNearestAgainstDoubleReference) {
 TEST(BFloat16, KnownEncodingsAndRounding) {
   EXPECT_EQ(kernels::float_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(kernels::float_to_bf16(-1.0f), 0xbf80);
-  EXPECT_EQ(kernels::float_to_bf16(1.0f + 0x1p-8f), 0x3f80);          // tie, to even
+  EXPECT_EQ(kernels::float_to_bf16(1.0f + 0x1p-8f), 0x3f80);            // tie, to even
   EXPECT_EQ(kernels::float_to_bf16(1.0f + 0x1p-7f + 0x1p-8f), 0x3f82);  // tie, to even
   EXPECT_EQ(kernels::bf16_to_float(0x4049), 3.140625f);
   EXPECT_TRUE(std::isnan(kernels::bf16_to_float(kernels::float_to_bf16(NAN))));
@@ -89,7 +89,8 @@ TEST(Kernels, EveryDtypeAndOpAgainstDoubleReference) {
       int divisor = op == ReduceOp::avg ? 2 : 0;
       kernels::reduce(t, op, out.data(), a.data(), b.data(), n, divisor);
       for (size_t i = 0; i < n; ++i) {
-        double want = testing::combine(op, testing::get(t, a.data(), i), testing::get(t, b.data(), i));
+        double want =
+            testing::combine(op, testing::get(t, a.data(), i), testing::get(t, b.data(), i));
         if (divisor) want = testing::rounded(t, want / divisor);
         ASSERT_EQ(testing::get(t, out.data(), i), want)
             << to_string(t) << " " << to_string(op) << " at " << i;
@@ -170,42 +171,49 @@ std::string error_of(const std::function<void()>& fn) {
 
 TEST(Config, SourcesInPrecedenceOrder) {
   Options none;
-  auto l = config::resolve_launch(none, fake({{"RANK", "1"}, {"WORLD_SIZE", "4"},
-                                             {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"},
-                                             {"OMPI_COMM_WORLD_RANK", "3"},
-                                             {"OMPI_COMM_WORLD_SIZE", "8"}}));
+  auto l = config::resolve_launch(none, fake({{"RANK", "1"},
+                                              {"WORLD_SIZE", "4"},
+                                              {"MASTER_ADDR", "node0"},
+                                              {"MASTER_PORT", "29500"},
+                                              {"OMPI_COMM_WORLD_RANK", "3"},
+                                              {"OMPI_COMM_WORLD_SIZE", "8"}}));
   EXPECT_EQ(l.rank, 1);
   EXPECT_EQ(l.world_size, 4);
   EXPECT_EQ(l.master_addr, "node0");
   EXPECT_EQ(l.master_port, 29500);
 
-  l = config::resolve_launch(none, fake({{"COLLIE_RANK", "2"}, {"COLLIE_WORLD_SIZE", "3"},
-                                        {"RANK", "0"}, {"WORLD_SIZE", "3"},
-                                        {"COLLIE_MASTER_PORT", "1234"}}));
+  l = config::resolve_launch(none, fake({{"COLLIE_RANK", "2"},
+                                         {"COLLIE_WORLD_SIZE", "3"},
+                                         {"RANK", "0"},
+                                         {"WORLD_SIZE", "3"},
+                                         {"COLLIE_MASTER_PORT", "1234"}}));
   EXPECT_EQ(l.rank, 2);
   EXPECT_EQ(l.master_port, 1234);
   EXPECT_EQ(l.master_addr, "127.0.0.1");  // all ranks local: loopback
 
   l = config::resolve_launch(none, fake({{"OMPI_COMM_WORLD_RANK", "3"},
-                                        {"OMPI_COMM_WORLD_SIZE", "4"},
-                                        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-                                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-                                        {"MASTER_ADDR", "n0"},
-                                        {"OMPI_MCA_ess_base_jobid", "12345"}}));
+                                         {"OMPI_COMM_WORLD_SIZE", "4"},
+                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                         {"MASTER_ADDR", "n0"},
+                                         {"OMPI_MCA_ess_base_jobid", "12345"}}));
   EXPECT_EQ(l.rank, 3);
   EXPECT_EQ(l.local_rank, 1);
   EXPECT_EQ(l.local_world_size, 2);
   EXPECT_GE(l.master_port, 20000);  // derived from the job id
 
   // Under torchrun the agent's own store holds MASTER_PORT: collie uses the next.
-  l = config::resolve_launch(none, fake({{"RANK", "1"}, {"WORLD_SIZE", "2"},
-                                        {"MASTER_PORT", "29500"},
-                                        {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+  l = config::resolve_launch(none, fake({{"RANK", "1"},
+                                         {"WORLD_SIZE", "2"},
+                                         {"MASTER_PORT", "29500"},
+                                         {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
   EXPECT_EQ(l.master_port, 29501);
 
-  l = config::resolve_launch(none, fake({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"},
-                                        {"SLURM_LOCALID", "1"}, {"MASTER_ADDR", "n0"},
-                                        {"MASTER_PORT", "4000"}}));
+  l = config::resolve_launch(none, fake({{"SLURM_PROCID", "5"},
+                                         {"SLURM_NTASKS", "6"},
+                                         {"SLURM_LOCALID", "1"},
+                                         {"MASTER_ADDR", "n0"},
+                                         {"MASTER_PORT", "4000"}}));
   EXPECT_EQ(l.rank, 5);
   EXPECT_EQ(l.world_size, 6);
   EXPECT_EQ(l.local_rank, 1);
@@ -226,18 +234,26 @@ TEST(Config, SourcesInPrecedenceOrder) {
 
 TEST(Config, BadValuesSayWhatToChange) {
   Options none;
-  EXPECT_EQ(error_of([&] { config::resolve_launch(none, fake({{"RANK", "0"}, {"WORLD_SIZE", "abc"}})); }),
+  EXPECT_EQ(error_of([&] {
+              config::resolve_launch(none, fake({{"RANK", "0"}, {"WORLD_SIZE", "abc"}}));
+            }),
             "invalid_argument: WORLD_SIZE='abc' is not an integer; set it to a whole number");
-  auto msg = error_of([&] { config::resolve_launch(none, fake({{"RANK", "4"}, {"WORLD_SIZE", "4"}})); });
+  auto msg = error_of([&] {
+    config::resolve_launch(none, fake({{"RANK", "4"}, {"WORLD_SIZE", "4"}}));
+  });
   EXPECT_NE(msg.find("RANK=4 is not below WORLD_SIZE=4"), std::string::npos) << msg;
   msg = error_of([&] { config::resolve_launch(none, fake({{"RANK", "1"}})); });
   EXPECT_NE(msg.find("WORLD_SIZE"), std::string::npos) << msg;
   msg = error_of([&] {
-    config::resolve_launch(none, fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}));
+    config::resolve_launch(none,
+                           fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}));
   });
   EXPECT_NE(msg.find("MASTER_PORT=70000"), std::string::npos) << msg;
   msg = error_of([&] {
-    config::resolve_launch(none, fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}, {"COLLIE_TIMEOUT", "-3"}}));
+    config::resolve_launch(none, fake({{"RANK", "0"},
+                                       {"WORLD_SIZE", "2"},
+                                       {"MASTER_PORT", "29500"},
+                                       {"COLLIE_TIMEOUT", "-3"}}));
   });
   EXPECT_NE(msg.find("COLLIE_TIMEOUT"), std::string::npos) << msg;
   msg = error_of([&] { config::tcp_tuning(fake({{"COLLIE_ALLREDUCE_ALGO", "fast"}})); });
@@ -283,8 +299,10 @@ TEST(Algorithm, CostModelPicksLatencyForSmallAndRingForLarge) {
 TEST(Topology, UsableCpusFollowTheProcessBinding) {
   int n = topology::usable_cpus();
   EXPECT_GE(n, 1);
-  if (const char* want = std::getenv("COLLIE_TEST_EXPECT_CPUS")) EXPECT_EQ(n, std::atoi(want));
-  else EXPECT_LE(n, static_cast<int>(std::thread::hardware_concurrency()));
+  if (const char* want = std::getenv("COLLIE_TEST_EXPECT_CPUS"))
+    EXPECT_EQ(n, std::atoi(want));
+  else
+    EXPECT_LE(n, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 TEST(WorkHandle, CompletionErrorAndTimeout) {
@@ -332,7 +350,8 @@ TEST(WorkHandle, ThenChainsAndPropagatesErrors) {
   EXPECT_TRUE(c.done());
   EXPECT_EQ(c.error()->code(), ErrorCode::mismatch);
 
-  Work d = Work().then([](const Work&) { throw Error(ErrorCode::invalid_argument, "hook said no"); });
+  Work d =
+      Work().then([](const Work&) { throw Error(ErrorCode::invalid_argument, "hook said no"); });
   EXPECT_EQ(d.error()->code(), ErrorCode::invalid_argument);
 }
 

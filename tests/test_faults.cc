@@ -32,9 +32,9 @@ namespace {
 using namespace std::chrono_literals;
 
 struct Outcome {
-  bool exited = false;   // false: killed by a signal, or hung and killed
+  bool exited = false;  // false: killed by a signal, or hung and killed
   bool hung = false;
-  std::string report;    // "OK ...", or "ERR <code>|<message>"
+  std::string report;  // "OK ...", or "ERR <code>|<message>"
 
   bool ok() const { return report.rfind("OK", 0) == 0; }
   std::string code() const {
@@ -147,7 +147,8 @@ void kill_mid_allreduce(int n, size_t count) {
             raise(SIGKILL);
           }).detach();
         }
-        for (int it = 0; it < 1000000; ++it) c->allreduce(view_of(buf.data(), count), ReduceOp::sum).wait();
+        for (int it = 0; it < 1000000; ++it)
+          c->allreduce(view_of(buf.data(), count), ReduceOp::sum).wait();
         return std::string("finished without noticing");
       },
       30s);
@@ -172,8 +173,12 @@ TEST(Faults, RankKilledDuringSmallAllreduceIsReportedByEverySurvivor4) {
 }
 
 TEST(Faults, RankThatNeverJoinsIsNamedInARendezvousTimeout) {
-  auto out = run_ranks(
-      4, [](int, Options opt) { connect(opt); return std::string("joined"); }, 2s, {2});
+  auto out = run_ranks(4,
+                       [](int, Options opt) {
+                         connect(opt);
+                         return std::string("joined");
+                       },
+                       2s, {2});
   // Rank 0 times out; a rank whose deadline falls a moment later may find the
   // store (which rank 0 serves) gone first: that is peer_lost, still naming
   // the rank that never came.
@@ -224,8 +229,10 @@ TEST(Faults, DifferentDtypesFailEveryRank) {
 TEST(Faults, DifferentCollectivesFailEveryRank) {
   expect_mismatch_everywhere(3, [](Communicator& c, int rank) {
     std::vector<float> buf(64, 1.0f);
-    if (rank == 1) c.broadcast(view_of(buf.data(), 64), 0).wait();
-    else c.allreduce(view_of(buf.data(), 64), ReduceOp::sum).wait();
+    if (rank == 1)
+      c.broadcast(view_of(buf.data(), 64), 0).wait();
+    else
+      c.allreduce(view_of(buf.data(), 64), ReduceOp::sum).wait();
   });
 }
 
@@ -235,8 +242,10 @@ TEST(Faults, StalledRankTimesOutItsPartnerNamingIt) {
       [](int rank, Options opt) {
         auto c = connect(opt);
         float x = 1;
-        if (rank == 1) std::this_thread::sleep_for(8s);  // stalls past the deadline
-        else c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+        if (rank == 1)
+          std::this_thread::sleep_for(8s);  // stalls past the deadline
+        else
+          c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
         return std::string("done");
       },
       3s);

@@ -19,7 +19,9 @@
 namespace collie {
 namespace {
 
-Communicator& comm() { return testing::world(); }
+Communicator& comm() {
+  return testing::world();
+}
 
 using testing::error_of;
 
@@ -34,7 +36,8 @@ TEST(HookRegistry, UnknownNamesAndParametersListWhatIsAccepted) {
   EXPECT_NE(m.find("fp16_wrap:allreduce"), std::string::npos) << m;
   m = error_of([] { make_comm_hook("bf16_wrap:nonsense"); });
   EXPECT_NE(m.find("unknown hook 'nonsense'"), std::string::npos) << m;
-  EXPECT_EQ(make_comm_hook("bf16_wrap:fp16_wrap:allreduce")->name(), "bf16_wrap:fp16_wrap:allreduce");
+  EXPECT_EQ(make_comm_hook("bf16_wrap:fp16_wrap:allreduce")->name(),
+            "bf16_wrap:fp16_wrap:allreduce");
   m = error_of([] { make_comm_hook("noop")->load_state({1, 2, 3}); });
   EXPECT_NE(m.find("no state"), std::string::npos) << m;
 }
@@ -110,7 +113,8 @@ double train(const std::string& spec, uint64_t average_every = 0, uint64_t avera
   std::unique_ptr<PeriodicModelAverager> averager;
   std::vector<TensorView> values;
   for (auto& v : params) values.push_back(view_of(v.data(), v.size()));
-  if (average_every) averager = std::make_unique<PeriodicModelAverager>(comm(), average_every, average_after);
+  if (average_every)
+    averager = std::make_unique<PeriodicModelAverager>(comm(), average_every, average_after);
   for (int step = 0; step < kSteps; ++step) {
     std::vector<float*> grads;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -138,11 +142,12 @@ TEST(CompressionHooks, TrainingConvergesWithinTenPercentOfAllreduce) {
   double start = testing::full_batch_loss(testing::init_params<double>(7),
                                           testing::make_dataset(48, 11), true);
   EXPECT_LT(base, 0.7 * start) << "allreduce itself must train";
-  for (const char* spec : {"fp16", "bf16", "fp16_wrap:allreduce", "bf16_wrap:allreduce",
-                           "powersgd:start_iter=10", "powersgd:rank=2,start_iter=2",
-                           "batched_powersgd:start_iter=10", "fp16_wrap:powersgd:start_iter=10",
-                           "bf16_wrap:powersgd:rank=2,start_iter=2"}) {
-    if (std::string(spec).find("powersgd") != std::string::npos && !testing::have_powersgd()) continue;
+  for (const char* spec :
+       {"fp16", "bf16", "fp16_wrap:allreduce", "bf16_wrap:allreduce", "powersgd:start_iter=10",
+        "powersgd:rank=2,start_iter=2", "batched_powersgd:start_iter=10",
+        "fp16_wrap:powersgd:start_iter=10", "bf16_wrap:powersgd:rank=2,start_iter=2"}) {
+    if (std::string(spec).find("powersgd") != std::string::npos && !testing::have_powersgd())
+      continue;
     double loss = train(spec);
     EXPECT_LE(std::abs(loss - base), 0.1 * base) << spec << ": " << loss << " vs " << base;
   }
@@ -161,7 +166,8 @@ class SumThenScale final : public CommHook {
     TensorView buf = b.buffer;
     double s = scale_;
     return c.allreduce(buf, ReduceOp::sum).then([buf, s](const Work&) {
-      for (size_t i = 0; i < buf.numel; ++i) static_cast<float*>(buf.data)[i] *= static_cast<float>(s);
+      for (size_t i = 0; i < buf.numel; ++i)
+        static_cast<float*>(buf.data)[i] *= static_cast<float>(s);
     });
   }
 

@@ -28,7 +28,9 @@
 namespace collie {
 namespace {
 
-Communicator& comm() { return testing::world(); }
+Communicator& comm() {
+  return testing::world();
+}
 
 std::optional<Error> error_of(const std::function<void()>& fn) {
   try {

@@ -20,7 +20,9 @@
 namespace collie {
 namespace {
 
-Communicator& comm() { return testing::world(); }
+Communicator& comm() {
+  return testing::world();
+}
 
 using testing::error_of;
 
@@ -40,7 +42,8 @@ struct Model {
       grads.emplace_back(sizes[i], 0.0f);
     }
     for (size_t i = 0; i < sizes.size(); ++i)
-      ps.push_back({view_of(values[i].data(), sizes[i]), view_of(grads[i].data(), sizes[i]), rows[i]});
+      ps.push_back(
+          {view_of(values[i].data(), sizes[i]), view_of(grads[i].data(), sizes[i]), rows[i]});
     ReducerOptions opt;
     opt.comm_hook = hook;
     opt.bucket_bytes = bucket_bytes;
@@ -57,9 +60,9 @@ struct Model {
 
 TEST(PowerSgdRule, CompressesOnlyWhenItSavesTheRate) {
   EXPECT_TRUE(powersgd_compresses(1024, 1024, 1, 2));
-  EXPECT_FALSE(powersgd_compresses(3, 5, 1, 2));    // (3+5)*2 = 16 >= 15
-  EXPECT_TRUE(powersgd_compresses(5, 6, 1, 2));     // 22 < 30
-  EXPECT_FALSE(powersgd_compresses(64, 64, 16, 2)); // (64+64)*16*2 = 4096, not < 4096
+  EXPECT_FALSE(powersgd_compresses(3, 5, 1, 2));     // (3+5)*2 = 16 >= 15
+  EXPECT_TRUE(powersgd_compresses(5, 6, 1, 2));      // 22 < 30
+  EXPECT_FALSE(powersgd_compresses(64, 64, 16, 2));  // (64+64)*16*2 = 4096, not < 4096
   EXPECT_FALSE(powersgd_compresses(0, 10, 1, 2));
 }
 
@@ -75,14 +78,16 @@ TEST(PowerSgdParams, BadValuesNameTheParameterAndWhatIsAccepted) {
   EXPECT_NE(m.find("no parameter 'ranks'"), std::string::npos) << m;
   EXPECT_NE(m.find("it takes rank, start_iter, min_compression_rate"), std::string::npos) << m;
   // Without error feedback and warm start, compressing from the start is allowed.
-  EXPECT_EQ(make_comm_hook("powersgd:start_iter=0,error_feedback=0,warm_start=0")->name(), "powersgd");
+  EXPECT_EQ(make_comm_hook("powersgd:start_iter=0,error_feedback=0,warm_start=0")->name(),
+            "powersgd");
   EXPECT_EQ(make_comm_hook("batched_powersgd:rank=2,start_iter=2")->name(), "batched_powersgd");
 }
 
 // Every rank's gradient is A (c_q B)^T, so the average over ranks is exactly
 // rank r: PowerSGD at rank r must give it back to float precision, while the
 // bias and the matrix too small to compress travel exactly.
-void check_exact_low_rank(const std::string& spec, int r, double tol = 2e-5, size_t wire_bytes = 4) {
+void check_exact_low_rank(const std::string& spec, int r, double tol = 2e-5,
+                          size_t wire_bytes = 4) {
   const int n = comm().size(), me = comm().rank();
   const size_t rows = 40, cols = 30, small_r = 3, small_c = 4, bias = 7;
   Model m({rows * cols, bias, small_r * small_c}, {rows, 0, small_r}, spec);
@@ -101,10 +106,12 @@ void check_exact_low_rank(const std::string& spec, int r, double tol = 2e-5, siz
         double a = 0;
         for (int k = 0; k < r; ++k) a += A[i * r + k] * B[j * r + k];
         m.grads[0][i * cols + j] = static_cast<float>(a * scale(me, step));
-        for (int q = 0; q < n; ++q) want[i * cols + j] += static_cast<float>(a * scale(q, step)) / n;
+        for (int q = 0; q < n; ++q)
+          want[i * cols + j] += static_cast<float>(a * scale(q, step)) / n;
       }
     for (size_t i = 0; i < bias; ++i) m.grads[1][i] = static_cast<float>(b0[i] * scale(me, step));
-    for (size_t i = 0; i < s0.size(); ++i) m.grads[2][i] = static_cast<float>(s0[i] * scale(me, step));
+    for (size_t i = 0; i < s0.size(); ++i)
+      m.grads[2][i] = static_cast<float>(s0[i] * scale(me, step));
     m.step();
     double worst = 0, norm = 0;
     for (size_t i = 0; i < want.size(); ++i) {
@@ -119,9 +126,11 @@ void check_exact_low_rank(const std::string& spec, int r, double tol = 2e-5, siz
     };
     const double plain_tol = tol > 1e-4 ? tol : 1e-6;
     for (size_t i = 0; i < bias; ++i)
-      EXPECT_NEAR(m.grads[1][i], avg_of(b0[i], step), plain_tol * (1 + std::abs(b0[i]) * 3)) << spec;
+      EXPECT_NEAR(m.grads[1][i], avg_of(b0[i], step), plain_tol * (1 + std::abs(b0[i]) * 3))
+          << spec;
     for (size_t i = 0; i < s0.size(); ++i)
-      EXPECT_NEAR(m.grads[2][i], avg_of(s0[i], step), plain_tol * (1 + std::abs(s0[i]) * 3)) << spec;
+      EXPECT_NEAR(m.grads[2][i], avg_of(s0[i], step), plain_tol * (1 + std::abs(s0[i]) * 3))
+          << spec;
   }
   // The compressed steps sent far fewer bytes than the gradients.
   if (spec.find("batched") == std::string::npos) {
@@ -165,7 +174,8 @@ TEST(PowerSgdWarmStart, IllConditionedGradientsStayNearTheBestApproximation) {
   // Orthonormal u_k, v_k (Gram-Schmidt in double), M = sum sigma_k u_k v_k^T.
   auto basis = [&](size_t len) {
     std::vector<std::vector<double>> b(3, std::vector<double>(len));
-    for (auto& v : b) for (auto& x : v) x = nd(g);
+    for (auto& v : b)
+      for (auto& x : v) x = nd(g);
     for (size_t k = 0; k < 3; ++k) {
       for (size_t j = 0; j < k; ++j) {
         double d = 0;
@@ -192,13 +202,15 @@ TEST(PowerSgdWarmStart, IllConditionedGradientsStayNearTheBestApproximation) {
       }
     m.step();
     double err2 = 0;
-    for (size_t i = 0; i < best.size(); ++i) err2 += (m.grads[0][i] - best[i]) * (m.grads[0][i] - best[i]);
+    for (size_t i = 0; i < best.size(); ++i)
+      err2 += (m.grads[0][i] - best[i]) * (m.grads[0][i] - best[i]);
     // Steps 0-1 are plain all-reduce (the error is sigma_3 itself); step 2
     // starts from a random Q, one power iteration (8e-5 here); from then on
     // the warm-started Q has converged.
     if (step != 2) {
-      EXPECT_LE(std::sqrt(err2), 1e-5) << "step " << step << ": Frobenius distance from the best rank-2 "
-                                        "approximation (whose own error is 1e-6)";
+      EXPECT_LE(std::sqrt(err2), 1e-5) << "step " << step
+                                       << ": Frobenius distance from the best rank-2 "
+                                          "approximation (whose own error is 1e-6)";
     }
   }
 }
@@ -246,7 +258,8 @@ TEST(PowerSgdErrorFeedback, TheSumOfAppliedUpdatesTracksTheSumOfTrueAverages) {
   residual_after("powersgd:start_iter=2", 200, &with);
   residual_after("powersgd:start_iter=2,error_feedback=0", 200, &without);
   double first = 0, second = 0;
-  for (size_t i = 0; i < with.size(); ++i) (i < 100 ? first : second) = std::max(i < 100 ? first : second, with[i]);
+  for (size_t i = 0; i < with.size(); ++i)
+    (i < 100 ? first : second) = std::max(i < 100 ? first : second, with[i]);
   // Bounded: after a rank-1 compressor has had time to fill its memory,
   // the residual stops growing (it levels off near 10 steps' worth here;
   // min(rows, cols) = 16 is a ceiling with room), however long it runs.
@@ -260,12 +273,15 @@ TEST(PowerSgdErrorFeedback, TheSumOfAppliedUpdatesTracksTheSumOfTrueAverages) {
 TEST(PowerSgdCompression, A1024SquareGradientAtRankOneTravelsInA512thOfItsBytes) {
   Model m({1024 * 1024}, {1024}, "powersgd:start_iter=2");
   for (int step = 0; step < 3; ++step) {
-    for (size_t i = 0; i < m.grads[0].size(); ++i) m.grads[0][i] = static_cast<float>((i * 7 + step) % 13) - 6;
+    for (size_t i = 0; i < m.grads[0].size(); ++i)
+      m.grads[0][i] = static_cast<float>((i * 7 + step) % 13) - 6;
     m.step();
     const auto& st = m.red->last_stats();
     double ratio = static_cast<double>(st.gradient_bytes) / static_cast<double>(st.hook_bytes);
-    if (step < 2) EXPECT_DOUBLE_EQ(ratio, 1.0) << "plain all-reduce before start_iter";
-    else EXPECT_GE(ratio, 500.0);
+    if (step < 2)
+      EXPECT_DOUBLE_EQ(ratio, 1.0) << "plain all-reduce before start_iter";
+    else
+      EXPECT_GE(ratio, 500.0);
   }
 }
 
@@ -283,7 +299,8 @@ TEST(BatchedPowerSgd, ExactOnARankOneSquareBucketAndBoundedOnNoise) {
         for (int q = 0; q < n; ++q) want[i * 6 + j] += static_cast<float>(a * (1 + q)) / n;
       }
     m.step();
-    for (size_t i = 0; i < 36; ++i) EXPECT_NEAR(m.grads[0][i], want[i], 2e-5 * 30) << "step " << step;
+    for (size_t i = 0; i < 36; ++i)
+      EXPECT_NEAR(m.grads[0][i], want[i], 2e-5 * 30) << "step " << step;
   }
   EXPECT_EQ(m.red->last_stats().hook_bytes, 2 * 6 * sizeof(float));
 }
@@ -295,14 +312,18 @@ TEST(PowerSgdConsistency, EveryRankHoldsTheSameBits) {
   for (int step = 0; step < 5; ++step) {
     std::mt19937_64 g(77 + 31 * me + step);
     std::normal_distribution<double> nd;
-    for (auto& v : m.grads) for (auto& x : v) x = static_cast<float>(nd(g));
+    for (auto& v : m.grads)
+      for (auto& x : v) x = static_cast<float>(nd(g));
     m.step();
   }
   const int n = comm().size();
   std::vector<float> all(n * m.grads[0].size());
-  comm().allgather(view_of(m.grads[0].data(), m.grads[0].size()), view_of(all.data(), all.size())).wait();
+  comm()
+      .allgather(view_of(m.grads[0].data(), m.grads[0].size()), view_of(all.data(), all.size()))
+      .wait();
   for (int q = 1; q < n; ++q)
-    EXPECT_EQ(std::memcmp(all.data(), all.data() + q * m.grads[0].size(), m.grads[0].size() * 4), 0) << q;
+    EXPECT_EQ(std::memcmp(all.data(), all.data() + q * m.grads[0].size(), m.grads[0].size() * 4), 0)
+        << q;
 }
 
 }  // namespace

@@ -23,7 +23,9 @@ namespace {
 
 using testing::MlpShape;
 
-Communicator& comm() { return testing::world(); }
+Communicator& comm() {
+  return testing::world();
+}
 
 constexpr int kSamples = 48, kSteps = 6;
 constexpr double kLr = 0.05;
@@ -103,7 +105,8 @@ void train_and_compare(const Config& c) {
       red.finalize_backward();
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      const float* g = static_cast<const float*>(red.grad_view(i).data);  // re-read: rebuilds move it
+      const float* g =
+          static_cast<const float*>(red.grad_view(i).data);  // re-read: rebuilds move it
       for (size_t k = 0; k < params[i].size(); ++k) params[i][k] -= static_cast<float>(kLr) * g[k];
     }
   }
@@ -112,7 +115,8 @@ void train_and_compare(const Config& c) {
   double worst = 0;
   for (size_t i = 0; i < params.size(); ++i)
     for (size_t k = 0; k < params[i].size(); ++k)
-      worst = std::max(worst, std::abs(params[i][k] - ref[i][k]) / std::max(1.0, std::abs(ref[i][k])));
+      worst =
+          std::max(worst, std::abs(params[i][k] - ref[i][k]) / std::max(1.0, std::abs(ref[i][k])));
   EXPECT_LE(worst, 1e-5) << c.name();
 
   // Every rank holds the same bits.
@@ -121,7 +125,8 @@ void train_and_compare(const Config& c) {
   std::vector<float> all(flat.size() * n);
   comm().allgather(view_of(flat.data(), flat.size()), view_of(all.data(), all.size())).wait();
   for (int q = 0; q < n; ++q)
-    EXPECT_EQ(0, std::memcmp(all.data() + q * flat.size(), flat.data(), flat.size() * sizeof(float)))
+    EXPECT_EQ(0,
+              std::memcmp(all.data() + q * flat.size(), flat.data(), flat.size() * sizeof(float)))
         << c.name() << ": rank " << q << " differs from rank " << r;
   EXPECT_EQ(red.iterations(), static_cast<uint64_t>(kSteps)) << c.name();
   EXPECT_GE(red.plan().buckets().size(), 3u) << c.name();
@@ -159,12 +164,14 @@ TEST(Reducer, MisuseIsAClearError) {
     }
     return "no error";
   };
-  EXPECT_NE(message([&] { red.mark_grad_ready(0); }).find("prepare_for_backward"), std::string::npos);
+  EXPECT_NE(message([&] { red.mark_grad_ready(0); }).find("prepare_for_backward"),
+            std::string::npos);
   red.prepare_for_backward();
   EXPECT_NE(message([&] { red.prepare_for_backward(); }).find("still pending"), std::string::npos);
   red.mark_grad_ready(1);
   EXPECT_NE(message([&] { red.mark_grad_ready(1); }).find("marked ready twice"), std::string::npos);
-  EXPECT_NE(message([&] { red.mark_grad_ready(5); }).find("there are 2 parameters"), std::string::npos);
+  EXPECT_NE(message([&] { red.mark_grad_ready(5); }).find("there are 2 parameters"),
+            std::string::npos);
   std::string early = message([&] { red.finalize_backward(); });
   EXPECT_NE(early.find("parameters 0"), std::string::npos) << early;
   EXPECT_NE(early.find("find_unused_parameters"), std::string::npos) << early;

@@ -19,7 +19,7 @@ namespace collie::testing {
 
 struct MlpShape {
   static constexpr int D = 6, H = 5, O = 3;
-  static constexpr size_t kSizes[5] = {H * D, H, O * H, O, O};
+  static constexpr size_t kSizes[5] = {H * D, H, O* H, O, O};
 };
 
 struct Dataset {
@@ -34,7 +34,8 @@ inline Dataset make_dataset(int samples, unsigned seed) {
   std::normal_distribution<double> n(0.0, 1.0);
   for (int s = 0; s < samples; ++s) {
     for (int i = 0; i < MlpShape::D; ++i) d.x.push_back(n(g));
-    for (int o = 0; o < MlpShape::O; ++o) d.y.push_back(std::sin(d.x[s * MlpShape::D + o]) + 0.1 * n(g));
+    for (int o = 0; o < MlpShape::O; ++o)
+      d.y.push_back(std::sin(d.x[s * MlpShape::D + o]) + 0.1 * n(g));
   }
   return d;
 }
@@ -61,7 +62,8 @@ double backward(const std::vector<const T*>& p, const std::vector<T*>& grad, con
                 const std::function<void(size_t)>& ready) {
   constexpr int D = MlpShape::D, H = MlpShape::H, O = MlpShape::O;
   const T *W1 = p[0], *b1 = p[1], *W2 = p[2], *b2 = p[3], *e = p[4];
-  std::vector<T> z1(static_cast<size_t>(count) * H), a1(z1.size()), dout(static_cast<size_t>(count) * O);
+  std::vector<T> z1(static_cast<size_t>(count) * H), a1(z1.size()),
+      dout(static_cast<size_t>(count) * O);
   double loss = 0;
   for (int s = 0; s < count; ++s) {
     const double* x = &d.x[(first + s) * D];
@@ -100,7 +102,8 @@ double backward(const std::vector<const T*>& p, const std::vector<T*>& grad, con
       T g = 0;
       for (int o = 0; o < O; ++o) g += W2[o * H + h] * dout[s * O + o];
       grad[1][h] += g;
-      for (int i = 0; i < D; ++i) grad[0][h * D + i] += g * static_cast<T>(d.x[(first + s) * D + i]);
+      for (int i = 0; i < D; ++i)
+        grad[0][h * D + i] += g * static_cast<T>(d.x[(first + s) * D + i]);
     }
   ready(0);
   ready(1);

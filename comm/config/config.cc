@@ -14,7 +14,9 @@ Env process_env() {
 
 namespace {
 
-Error bad(const std::string& msg) { return Error(ErrorCode::invalid_argument, msg); }
+Error bad(const std::string& msg) {
+  return Error(ErrorCode::invalid_argument, msg);
+}
 
 std::optional<long long> parse_int(const char* name, const char* value) {
   if (!value) return std::nullopt;
@@ -89,19 +91,25 @@ Launch resolve_launch(const Options& o, const Env& env) {
   auto rank = first_int(env, &Source::rank);
   auto world = first_int(env, &Source::world);
   std::string rank_name = o.rank >= 0 ? "Options::rank" : rank ? rank->second : "RANK";
-  std::string world_name =
-      o.world_size >= 0 ? "Options::world_size" : world ? world->second : "WORLD_SIZE";
+  std::string world_name = o.world_size >= 0 ? "Options::world_size"
+                           : world           ? world->second
+                                             : "WORLD_SIZE";
 
-  if (o.rank >= 0) l.rank = o.rank;
-  else if (rank) l.rank = static_cast<int>(rank->first);
-  if (o.world_size >= 0) l.world_size = o.world_size;
-  else if (world) l.world_size = static_cast<int>(world->first);
+  if (o.rank >= 0)
+    l.rank = o.rank;
+  else if (rank)
+    l.rank = static_cast<int>(rank->first);
+  if (o.world_size >= 0)
+    l.world_size = o.world_size;
+  else if (world)
+    l.world_size = static_cast<int>(world->first);
 
   bool have_rank = o.rank >= 0 || rank;
   bool have_world = o.world_size >= 0 || world;
   if (have_rank && !have_world)
-    throw bad(rank_name + " is set but no world size is: set WORLD_SIZE (or COLLIE_WORLD_SIZE) "
-                          "to the number of ranks");
+    throw bad(rank_name +
+              " is set but no world size is: set WORLD_SIZE (or COLLIE_WORLD_SIZE) "
+              "to the number of ranks");
   if (have_world && !have_rank)
     throw bad(world_name + " is set but no rank is: set RANK (or COLLIE_RANK) to 0 .. " +
               world_name + "-1");
@@ -113,15 +121,17 @@ Launch resolve_launch(const Options& o, const Env& env) {
     throw bad(rank_name + "=" + std::to_string(l.rank) + " is not below " + world_name + "=" +
               std::to_string(l.world_size) + ": ranks count from 0 to " +
               std::to_string(l.world_size - 1));
-  l.source = o.rank >= 0 ? "options" : rank ? rank->second.substr(0, rank->second.find('_')) : "none";
+  l.source = o.rank >= 0 ? "options"
+             : rank      ? rank->second.substr(0, rank->second.find('_'))
+                         : "none";
 
   auto local_rank = first_int(env, &Source::local_rank);
   auto local_world = first_int(env, &Source::local_world);
   l.local_rank = o.local_rank >= 0 ? o.local_rank : local_rank ? int(local_rank->first) : l.rank;
   l.local_world_size = o.local_world_size >= 0 ? o.local_world_size
-                       : local_world             ? int(local_world->first)
-                       : local_rank              ? l.world_size
-                                                 : l.world_size;
+                       : local_world           ? int(local_world->first)
+                       : local_rank            ? l.world_size
+                                               : l.world_size;
   if (l.local_world_size < 1 || l.local_rank < 0 || l.local_rank >= l.local_world_size)
     throw bad("local rank " + std::to_string(l.local_rank) + " is not below the local world size " +
               std::to_string(l.local_world_size) + ": check LOCAL_RANK / LOCAL_WORLD_SIZE");
@@ -149,16 +159,20 @@ Launch resolve_launch(const Options& o, const Env& env) {
   if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;
   if (l.world_size > 1 && !o.store && l.store_file.empty()) {
     if (l.master_addr.empty()) {
-      if (l.local_world_size == l.world_size) l.master_addr = "127.0.0.1";
+      if (l.local_world_size == l.world_size)
+        l.master_addr = "127.0.0.1";
       else
-        throw bad("no rendezvous address: set MASTER_ADDR to rank 0's host name or address "
-                  "(the ranks span several hosts)");
+        throw bad(
+            "no rendezvous address: set MASTER_ADDR to rank 0's host name or address "
+            "(the ranks span several hosts)");
     }
     if (l.master_port < 0) {
-      if (auto p = port_from_job_id(env)) l.master_port = *p;
+      if (auto p = port_from_job_id(env))
+        l.master_port = *p;
       else if (l.store_fd < 0)
-        throw bad("no rendezvous port: set MASTER_PORT (e.g. MASTER_PORT=29500), or launch with "
-                  "collie-run, which picks a free one");
+        throw bad(
+            "no rendezvous port: set MASTER_PORT (e.g. MASTER_PORT=29500), or launch with "
+            "collie-run, which picks a free one");
     }
   }
 

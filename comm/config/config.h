@@ -30,9 +30,9 @@ struct Launch {
   std::string master_addr;  // empty only when world_size == 1
   int master_port = -1;
   std::string secret;
-  int store_fd = -1;        // listening socket handed down by collie-run (rank 0)
-  std::string store_file;   // COLLIE_STORE_FILE: rendezvous through a shared file instead
-  std::string source;       // which launcher's variables were used, for messages
+  int store_fd = -1;       // listening socket handed down by collie-run (rank 0)
+  std::string store_file;  // COLLIE_STORE_FILE: rendezvous through a shared file instead
+  std::string source;      // which launcher's variables were used, for messages
   std::chrono::milliseconds timeout{300000};
 };
 

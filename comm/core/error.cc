@@ -6,12 +6,18 @@ namespace collie {
 
 std::string_view to_string(ErrorCode code) {
   switch (code) {
-    case ErrorCode::timeout: return "timeout";
-    case ErrorCode::peer_lost: return "peer_lost";
-    case ErrorCode::invalid_argument: return "invalid_argument";
-    case ErrorCode::mismatch: return "mismatch";
-    case ErrorCode::unavailable: return "unavailable";
-    case ErrorCode::internal: return "internal";
+    case ErrorCode::timeout:
+      return "timeout";
+    case ErrorCode::peer_lost:
+      return "peer_lost";
+    case ErrorCode::invalid_argument:
+      return "invalid_argument";
+    case ErrorCode::mismatch:
+      return "mismatch";
+    case ErrorCode::unavailable:
+      return "unavailable";
+    case ErrorCode::internal:
+      return "internal";
   }
   return "unknown";
 }

@@ -16,7 +16,9 @@ constexpr uint64_t kFnvBasis = 1469598103934665603ull;
 constexpr uint64_t kFnvPrime = 1099511628211ull;
 
 // Folds one 64-bit word into h.
-inline uint64_t fnv_mix(uint64_t h, uint64_t v) { return (h ^ v) * kFnvPrime; }
+inline uint64_t fnv_mix(uint64_t h, uint64_t v) {
+  return (h ^ v) * kFnvPrime;
+}
 
 // Folds n bytes into h, one at a time.
 inline uint64_t fnv1a(uint64_t h, const void* data, size_t n) {

@@ -13,7 +13,9 @@ int level() {
 }
 }  // namespace
 
-bool enabled(Level l) { return static_cast<int>(l) <= level(); }
+bool enabled(Level l) {
+  return static_cast<int>(l) <= level();
+}
 
 void write(Level l, const std::string& msg) {
   static constexpr const char* kNames[] = {"WARN", "INFO", "DEBUG"};

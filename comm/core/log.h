@@ -10,7 +10,9 @@ enum class Level { warn = 0, info = 1, debug = 2 };
 
 bool enabled(Level l);
 void write(Level l, const std::string& msg);
-inline void warn(const std::string& m) { write(Level::warn, m); }
+inline void warn(const std::string& m) {
+  write(Level::warn, m);
+}
 inline void info(const std::string& m) {
   if (enabled(Level::info)) write(Level::info, m);
 }

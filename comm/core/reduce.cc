@@ -55,7 +55,9 @@ uint16_t float_to_half(float f) {
   return sign | static_cast<uint16_t>(r >> 13);
 }
 
-float bf16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+float bf16_to_float(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
 
 uint16_t float_to_bf16(float f) {
   uint32_t x = std::bit_cast<uint32_t>(f);
@@ -66,19 +68,31 @@ uint16_t float_to_bf16(float f) {
 
 namespace {
 
-struct Sum { template <typename T> static T apply(T a, T b) { return a + b; } };
-struct Prod { template <typename T> static T apply(T a, T b) { return a * b; } };
+struct Sum {
+  template <typename T>
+  static T apply(T a, T b) {
+    return a + b;
+  }
+};
+struct Prod {
+  template <typename T>
+  static T apply(T a, T b) {
+    return a * b;
+  }
+};
 // NaN wins from either side (as in torch.minimum), which also keeps min and
 // max commutative: both ranks of a pair then compute the same bits.
 struct Min {
-  template <typename T> static T apply(T a, T b) {
+  template <typename T>
+  static T apply(T a, T b) {
     if (a != a) return a;
     if (b != b) return b;
     return b < a ? b : a;
   }
 };
 struct Max {
-  template <typename T> static T apply(T a, T b) {
+  template <typename T>
+  static T apply(T a, T b) {
     if (a != a) return a;
     if (b != b) return b;
     return a < b ? b : a;
@@ -123,14 +137,19 @@ void narrow_half(const float* s, uint16_t* d, size_t n) {
     d[i] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
   }
 }
-void widen_bf16(const uint16_t* s, float* d, size_t n) { widen_bf16_loop(s, d, n); }
-void narrow_bf16(const float* s, uint16_t* d, size_t n) { narrow_bf16_loop(s, d, n); }
+void widen_bf16(const uint16_t* s, float* d, size_t n) {
+  widen_bf16_loop(s, d, n);
+}
+void narrow_bf16(const float* s, uint16_t* d, size_t n) {
+  narrow_bf16_loop(s, d, n);
+}
 
 #if defined(__x86_64__)
 __attribute__((target("avx,f16c"))) void widen_half_f16c(const uint16_t* s, float* d, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+    _mm256_storeu_ps(d + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
   widen_half(s + i, d + i, n - i);
 }
 __attribute__((target("avx,f16c"))) void narrow_half_f16c(const float* s, uint16_t* d, size_t n) {
@@ -229,14 +248,18 @@ void dispatch(DType t, void* dst, const void* a, const void* b, size_t n, int di
 
 void reduce(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n, int divisor) {
   switch (op) {
-    case ReduceOp::sum: return dispatch<Sum>(t, dst, a, b, n, 0);
+    case ReduceOp::sum:
+      return dispatch<Sum>(t, dst, a, b, n, 0);
     case ReduceOp::avg:
       if (!is_floating(t))
         throw Error(ErrorCode::invalid_argument, "avg is not defined on integer tensors");
       return dispatch<Sum>(t, dst, a, b, n, divisor);
-    case ReduceOp::prod: return dispatch<Prod>(t, dst, a, b, n, 0);
-    case ReduceOp::min: return dispatch<Min>(t, dst, a, b, n, 0);
-    case ReduceOp::max: return dispatch<Max>(t, dst, a, b, n, 0);
+    case ReduceOp::prod:
+      return dispatch<Prod>(t, dst, a, b, n, 0);
+    case ReduceOp::min:
+      return dispatch<Min>(t, dst, a, b, n, 0);
+    case ReduceOp::max:
+      return dispatch<Max>(t, dst, a, b, n, 0);
   }
 }
 
@@ -249,17 +272,33 @@ void convert(DType st, const void* src, DType dt, void* dst, size_t n, int divis
     for (size_t i = 0; i < n; ++i) {
       double v;
       switch (st) {
-        case DType::f64: v = static_cast<const double*>(src)[i]; break;
-        case DType::f32: v = static_cast<const float*>(src)[i]; break;
-        case DType::f16: v = half_to_float(static_cast<const uint16_t*>(src)[i]); break;
-        default: v = bf16_to_float(static_cast<const uint16_t*>(src)[i]); break;
+        case DType::f64:
+          v = static_cast<const double*>(src)[i];
+          break;
+        case DType::f32:
+          v = static_cast<const float*>(src)[i];
+          break;
+        case DType::f16:
+          v = half_to_float(static_cast<const uint16_t*>(src)[i]);
+          break;
+        default:
+          v = bf16_to_float(static_cast<const uint16_t*>(src)[i]);
+          break;
       }
       v /= divisor;
       switch (dt) {
-        case DType::f64: static_cast<double*>(dst)[i] = v; break;
-        case DType::f32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
-        case DType::f16: static_cast<uint16_t*>(dst)[i] = float_to_half(static_cast<float>(v)); break;
-        default: static_cast<uint16_t*>(dst)[i] = float_to_bf16(static_cast<float>(v)); break;
+        case DType::f64:
+          static_cast<double*>(dst)[i] = v;
+          break;
+        case DType::f32:
+          static_cast<float*>(dst)[i] = static_cast<float>(v);
+          break;
+        case DType::f16:
+          static_cast<uint16_t*>(dst)[i] = float_to_half(static_cast<float>(v));
+          break;
+        default:
+          static_cast<uint16_t*>(dst)[i] = float_to_bf16(static_cast<float>(v));
+          break;
       }
     }
     return;
@@ -271,8 +310,10 @@ void convert(DType st, const void* src, DType dt, void* dst, size_t n, int divis
   for (size_t base = 0; base < n; base += kBlock) {
     size_t m = std::min(kBlock, n - base);
     const float* in = f;
-    if (st == DType::f32) in = static_cast<const float*>(src) + base;
-    else widen(static_cast<const uint16_t*>(src) + base, f, m);
+    if (st == DType::f32)
+      in = static_cast<const float*>(src) + base;
+    else
+      widen(static_cast<const uint16_t*>(src) + base, f, m);
     float* out = dt == DType::f32 ? static_cast<float*>(dst) + base : f;
     if (divisor != 1) {
       float k = static_cast<float>(divisor);
@@ -307,7 +348,8 @@ void divide(DType t, void* dst, const void* src, size_t n, int divisor) {
       float k = static_cast<float>(divisor);
       bool half = t == DType::f16;
       for (size_t i = 0; i < n; ++i)
-        d[i] = half ? float_to_half(half_to_float(s[i]) / k) : float_to_bf16(bf16_to_float(s[i]) / k);
+        d[i] =
+            half ? float_to_half(half_to_float(s[i]) / k) : float_to_bf16(bf16_to_float(s[i]) / k);
       return;
     }
     default:

@@ -26,8 +26,7 @@ void reduce(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_
 // Converts between float types (f32, f16, bf16; f64 too, slower):
 // dst[i] = src[i] / divisor, computed in f32 and rounded once. Uses the F16C
 // instructions for f16 where the CPU has them. For compression hooks.
-void convert(DType src_type, const void* src, DType dst_type, void* dst, size_t n,
-             int divisor = 1);
+void convert(DType src_type, const void* src, DType dst_type, void* dst, size_t n, int divisor = 1);
 
 // dst[i] = src[i] / divisor (float types): avg on a single rank, and the
 // finishing step of algorithms that sum first.

@@ -24,9 +24,15 @@ constexpr std::array<DTypeInfo, kNumDTypes> kDTypes = {{
 constexpr std::array<std::string_view, kNumReduceOps> kOps = {"sum", "avg", "min", "max", "prod"};
 }  // namespace
 
-size_t dtype_size(DType t) { return kDTypes.at(static_cast<size_t>(t)).size; }
-std::string_view to_string(DType t) { return kDTypes.at(static_cast<size_t>(t)).name; }
-bool is_floating(DType t) { return kDTypes.at(static_cast<size_t>(t)).floating; }
+size_t dtype_size(DType t) {
+  return kDTypes.at(static_cast<size_t>(t)).size;
+}
+std::string_view to_string(DType t) {
+  return kDTypes.at(static_cast<size_t>(t)).name;
+}
+bool is_floating(DType t) {
+  return kDTypes.at(static_cast<size_t>(t)).floating;
+}
 
 std::optional<DType> parse_dtype(std::string_view name) {
   for (size_t i = 0; i < kDTypes.size(); ++i)
@@ -41,7 +47,9 @@ std::optional<DType> parse_dtype(std::string_view name) {
   return std::nullopt;
 }
 
-std::string_view to_string(ReduceOp op) { return kOps.at(static_cast<size_t>(op)); }
+std::string_view to_string(ReduceOp op) {
+  return kOps.at(static_cast<size_t>(op));
+}
 
 std::optional<ReduceOp> parse_reduce_op(std::string_view name) {
   for (size_t i = 0; i < kOps.size(); ++i)
@@ -49,7 +57,9 @@ std::optional<ReduceOp> parse_reduce_op(std::string_view name) {
   return std::nullopt;
 }
 
-bool supports(ReduceOp op, DType t) { return op != ReduceOp::avg || is_floating(t); }
+bool supports(ReduceOp op, DType t) {
+  return op != ReduceOp::avg || is_floating(t);
+}
 
 std::string to_string(Device d) {
   return d.is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(d.index);

@@ -14,8 +14,9 @@ Error bad(const std::string& what, const std::string& msg) {
 
 void cpu_tensor(const TensorView& t, const std::string& what, const char* name) {
   if (!t.device.is_cpu())
-    throw bad(what, std::string(name) + " is on " + to_string(t.device) +
-                        "; this backend moves CPU memory only (CUDA tensors need the nccl backend)");
+    throw bad(what,
+              std::string(name) + " is on " + to_string(t.device) +
+                  "; this backend moves CPU memory only (CUDA tensors need the nccl backend)");
   if (t.numel > 0 && t.data == nullptr)
     throw bad(what, std::string(name) + " has " + std::to_string(t.numel) +
                         " elements but a null data pointer");
@@ -34,8 +35,7 @@ void op_on(ReduceOp op, DType t, const std::string& what) {
   if (static_cast<unsigned>(op) >= static_cast<unsigned>(kNumReduceOps))
     throw bad(what, "unknown reduce op code " + std::to_string(static_cast<int>(op)));
   if (!supports(op, t))
-    throw bad(what, std::string(to_string(op)) + " is not defined on " +
-                        std::string(to_string(t)) +
+    throw bad(what, std::string(to_string(op)) + " is not defined on " + std::string(to_string(t)) +
                         " (it would truncate); use sum and divide, or a floating dtype");
 }
 

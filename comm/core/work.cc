@@ -42,7 +42,9 @@ struct Work::State {
   }
 };
 
-Work::Work() : state_(std::make_shared<State>()) { state_->done = true; }
+Work::Work() : state_(std::make_shared<State>()) {
+  state_->done = true;
+}
 
 Work Work::pending(std::string description, std::chrono::milliseconds default_timeout) {
   auto s = std::make_shared<State>();
@@ -63,7 +65,9 @@ bool Work::done() const {
   return state_->done;
 }
 
-void Work::wait() const { wait(state_->default_timeout); }
+void Work::wait() const {
+  wait(state_->default_timeout);
+}
 
 void Work::wait(std::chrono::milliseconds timeout) const {
   State& s = *state_;
@@ -92,8 +96,12 @@ std::string Work::description() const {
   return state_->description;
 }
 
-void Work::complete() const { state_->finish(std::nullopt); }
-void Work::fail(const Error& e) const { state_->finish(e); }
+void Work::complete() const {
+  state_->finish(std::nullopt);
+}
+void Work::fail(const Error& e) const {
+  state_->finish(e);
+}
 
 void Work::set_inline_runner(std::function<bool()> runner) const {
   std::lock_guard lk(state_->mu);
@@ -132,15 +140,19 @@ Work Work::then_work(std::function<Work(const Work&)> fn) const {
       Work inner = fn(self);
       inner.state_->on_complete([inner, result] {
         auto e = inner.error();
-        if (e) result.fail(*e);
-        else result.complete();
+        if (e)
+          result.fail(*e);
+        else
+          result.complete();
       });
     });
   });
   return result;
 }
 
-void Work::wait_on(void* /*stream*/) const { wait(); }
+void Work::wait_on(void* /*stream*/) const {
+  wait();
+}
 
 void wait_all(const std::vector<Work>& works) {
   std::optional<Error> first;

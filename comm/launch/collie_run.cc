@@ -221,7 +221,8 @@ class Job {
   // give each rank its share unless the user chose: OMP_NUM_THREADS (which
   // OpenBLAS also reads) = CPUs / ranks on this host, at least 1.
   void share_cpus() {
-    if (a_.nproc <= 1 || std::getenv("OMP_NUM_THREADS") || std::getenv("OPENBLAS_NUM_THREADS")) return;
+    if (a_.nproc <= 1 || std::getenv("OMP_NUM_THREADS") || std::getenv("OPENBLAS_NUM_THREADS"))
+      return;
     int share = std::max(1, collie::topology::usable_cpus() / a_.nproc);
     setenv("OMP_NUM_THREADS", std::to_string(share).c_str(), 1);
     collie::log::info("collie-run: OMP_NUM_THREADS=" + std::to_string(share) + " for each of the " +

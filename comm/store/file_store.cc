@@ -56,7 +56,8 @@ class FileStore final : public Store {
   int64_t add(const std::string& key, int64_t delta) override {
     Locked l(*this, LOCK_EX);
     int64_t cur = 0, sum = 0;
-    if (auto it = map_.find(key); it != map_.end() && !store_detail::parse_i64(to_string(it->second), cur))
+    if (auto it = map_.find(key);
+        it != map_.end() && !store_detail::parse_i64(to_string(it->second), cur))
       throw Error(ErrorCode::invalid_argument,
                   "file store " + path_ + ": add: the value under '" + key + "' is not an integer");
     if (__builtin_add_overflow(cur, delta, &sum))

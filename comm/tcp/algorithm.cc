@@ -38,7 +38,8 @@ double allreduce_cost(AllreduceAlgo a, size_t bytes, int n, const config::TcpTun
   int k = floor_log2(n);
   int extra_steps = (1 << k) == n ? 0 : 2;
   double steps = k + extra_steps;
-  return steps * (t.latency_us + s * us_per_byte) + (k + (extra_steps ? 1 : 0)) * s * reduce_us_per_byte;
+  return steps * (t.latency_us + s * us_per_byte) +
+         (k + (extra_steps ? 1 : 0)) * s * reduce_us_per_byte;
 }
 
 double broadcast_cost(BroadcastAlgo a, size_t bytes, int n, const config::TcpTuning& t) {

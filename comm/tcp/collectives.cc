@@ -10,7 +10,9 @@ namespace collie::tcp {
 
 namespace {
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 
 // A ring pass: `steps` steps; at step t every rank sends segment
 // send_seg(t) to its right neighbour and receives segment send_seg(t) - 1
@@ -231,8 +233,10 @@ void ring_reduce_scatter(const Ctx& c, const void* in, void* out, size_t count, 
   auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   if (n == 1) {
-    if (op == ReduceOp::avg) kernels::divide(t, dst, src, count, 1);
-    else if (dst != src) std::memmove(dst, src, block);
+    if (op == ReduceOp::avg)
+      kernels::divide(t, dst, src, count, 1);
+    else if (dst != src)
+      std::memmove(dst, src, block);
     return;
   }
   size_t chunk = chunk_for(c.chunk_bytes, es);

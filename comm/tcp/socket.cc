@@ -52,7 +52,8 @@ Endpoint parse_endpoint(const std::string& s, const std::string& what) {
   char* end = nullptr;
   long p = std::strtol(port.c_str(), &end, 10);
   if (port.empty() || *end != '\0' || p < 0 || p > 65535)
-    throw Error(ErrorCode::invalid_argument, what + ": port '" + port + "' is not a number in 0..65535");
+    throw Error(ErrorCode::invalid_argument,
+                what + ": port '" + port + "' is not a number in 0..65535");
   ep.port = static_cast<int>(p);
   return ep;
 }
@@ -66,7 +67,8 @@ struct AddrInfo {
   }
 };
 
-void resolve(const std::string& host, int port, bool passive, AddrInfo& out, const std::string& what) {
+void resolve(const std::string& host, int port, bool passive, AddrInfo& out,
+             const std::string& what) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -118,10 +120,10 @@ Fd listen_tcp(const std::string& host, int port, const std::string& what, int ba
                 what + ": port " + std::to_string(port) +
                     " is already in use; choose another (MASTER_PORT / --master-port) "
                     "or let collie-run pick a free one");
-  throw system_error(ErrorCode::invalid_argument,
-                     what + ": cannot listen on " + (host.empty() ? "*" : host) + ":" +
-                         std::to_string(port),
-                     last_errno);
+  throw system_error(
+      ErrorCode::invalid_argument,
+      what + ": cannot listen on " + (host.empty() ? "*" : host) + ":" + std::to_string(port),
+      last_errno);
 }
 
 int local_port(int fd) {
@@ -183,7 +185,8 @@ Fd connect_tcp(const Endpoint& ep, Deadline deadline, const std::string& what) {
       last_errno = errno;
     }
     if (Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
+    std::this_thread::sleep_for(
+        std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
   throw Error(ErrorCode::timeout, what + ": could not connect to " + ep.str() +
@@ -197,7 +200,8 @@ Fd accept_tcp(int listen_fd, Deadline deadline, const std::string& what) {
     int n = ::poll(&p, 1, poll_timeout_ms(deadline));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw system_error(ErrorCode::internal, what + ": poll", errno);
-    if (n == 0) throw Error(ErrorCode::timeout, what + ": no connection arrived before the deadline");
+    if (n == 0)
+      throw Error(ErrorCode::timeout, what + ": no connection arrived before the deadline");
     int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) {
       set_nodelay(fd);

@@ -17,7 +17,9 @@ namespace collie::net {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
-inline Deadline deadline_after(std::chrono::milliseconds ms) { return Clock::now() + ms; }
+inline Deadline deadline_after(std::chrono::milliseconds ms) {
+  return Clock::now() + ms;
+}
 // Milliseconds left until `d` for poll(): 0 when passed, capped at INT_MAX.
 int poll_timeout_ms(Deadline d);
 
@@ -59,8 +61,8 @@ Endpoint parse_endpoint(const std::string& s, const std::string& what);
 // A port already in use throws invalid_argument with `what` in the message.
 Fd listen_tcp(const std::string& host, int port, const std::string& what, int backlog = 128);
 int local_port(int fd);
-std::string local_host(int fd);   // numeric address of the local end
-std::string peer_host(int fd);    // numeric address of the remote end
+std::string local_host(int fd);  // numeric address of the local end
+std::string peer_host(int fd);   // numeric address of the remote end
 
 // Connects to `ep`, retrying refused/unreachable attempts until `deadline`.
 // Throws Error{timeout} whose message names `what` and the last errno.

@@ -5,8 +5,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -54,7 +54,9 @@ Hello make_hello(int from, int to, const std::string& key, const std::string& se
   return h;
 }
 
-std::string rank_str(int r) { return "rank " + std::to_string(r); }
+std::string rank_str(int r) {
+  return "rank " + std::to_string(r);
+}
 
 std::string seconds(milliseconds ms) {
   char buf[32];
@@ -104,8 +106,8 @@ std::vector<net::Fd> build_mesh(const Setup& s) {
     auto left = std::chrono::duration_cast<milliseconds>(deadline - net::Clock::now());
     if (left.count() <= 0)
       throw Error(ErrorCode::timeout,
-                  "rendezvous timed out on " + who + " after " + seconds(s.launch.timeout) +
-                      ": " + missing_ranks() +
+                  "rendezvous timed out on " + who + " after " + seconds(s.launch.timeout) + ": " +
+                      missing_ranks() +
                       " (not started, crashed before connecting, or pointed at another "
                       "MASTER_ADDR/MASTER_PORT)");
     try {
@@ -113,9 +115,10 @@ std::vector<net::Fd> build_mesh(const Setup& s) {
       for (int q = 0; q < n; ++q) seen[q] = true;
     } catch (const Error& e) {
       if (e.code() == ErrorCode::peer_lost)
-        throw Error(ErrorCode::peer_lost,
-                    "rendezvous on " + who + " lost the store that rank 0 serves (rank 0 exited, "
-                    "perhaps at its own deadline) while " + missing_ranks() + ": " + e.what());
+        throw Error(ErrorCode::peer_lost, "rendezvous on " + who +
+                                              " lost the store that rank 0 serves (rank 0 exited, "
+                                              "perhaps at its own deadline) while " +
+                                              missing_ranks() + ": " + e.what());
       if (e.code() != ErrorCode::timeout) throw;
       try {
         for (int q = 0; q < n; ++q)
@@ -127,7 +130,8 @@ std::vector<net::Fd> build_mesh(const Setup& s) {
   }
 
   for (int q = 0; q < rank; ++q) {
-    auto ep = net::parse_endpoint(collie::to_string(s.store->get(keys[q])), "address of " + rank_str(q));
+    auto ep =
+        net::parse_endpoint(collie::to_string(s.store->get(keys[q])), "address of " + rank_str(q));
     std::string what = who + ": connecting to " + rank_str(q) + " at " + ep.str();
     net::Fd fd = net::connect_tcp(ep, deadline, what);
     Hello h = make_hello(rank, q, s.key, s.launch.secret);
@@ -138,8 +142,9 @@ std::vector<net::Fd> build_mesh(const Setup& s) {
     } catch (const Error& e) {
       if (e.code() != ErrorCode::peer_lost) throw;
       throw Error(ErrorCode::invalid_argument,
-                  what + ": it refused the connection (its COLLIE_JOB_SECRET differs, or another "
-                         "job is listening at that address)");
+                  what +
+                      ": it refused the connection (its COLLIE_JOB_SECRET differs, or another "
+                      "job is listening at that address)");
     }
     if (std::memcmp(ack, kAck, 4) != 0)
       throw Error(ErrorCode::mismatch, what + ": it answered with something that is not collie");
@@ -185,8 +190,10 @@ std::vector<net::Fd> build_mesh(const Setup& s) {
       if (!drop && (pfds.size() > i + 1 && pfds[i + 1].revents)) {
         ssize_t got = ::recv(p.fd.get(), reinterpret_cast<char*>(&p.hello) + p.got,
                              sizeof(Hello) - p.got, MSG_DONTWAIT);
-        if (got > 0) p.got += static_cast<size_t>(got);
-        else if (got == 0 || (errno != EAGAIN && errno != EINTR)) drop = true;
+        if (got > 0)
+          p.got += static_cast<size_t>(got);
+        else if (got == 0 || (errno != EAGAIN && errno != EINTR))
+          drop = true;
       }
       if (!drop && p.got == sizeof(Hello)) {
         const Hello& h = p.hello;
@@ -291,9 +298,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
       left.swap(queue_);
     }
     for (auto& t : left)
-      t.work.fail(Error(ErrorCode::unavailable,
-                        t.desc.describe() + " on " + rank_str(setup.launch.rank) +
-                            " never ran: its communicator was destroyed first"));
+      t.work.fail(
+          Error(ErrorCode::unavailable, t.desc.describe() + " on " + rank_str(setup.launch.rank) +
+                                            " never ran: its communicator was destroyed first"));
     mesh.close();
   }
 
@@ -356,16 +363,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void execute(std::vector<Task>& batch) {
     if (broken_) {
       for (auto& t : batch)
-        t.work.fail(Error(broken_->code(), t.desc.describe() + " on " +
-                                               rank_str(setup.launch.rank) +
-                                               " cannot run: the communicator failed earlier: " +
-                                               broken_->what()));
+        t.work.fail(Error(broken_->code(),
+                          t.desc.describe() + " on " + rank_str(setup.launch.rank) +
+                              " cannot run: the communicator failed earlier: " + broken_->what()));
       return;
     }
     try {
       auto deadline = net::deadline_after(setup.launch.timeout);
-      if (batch[0].p2p) run_p2p(batch, deadline);
-      else batch[0].run(batch[0].desc, deadline);
+      if (batch[0].p2p)
+        run_p2p(batch, deadline);
+      else
+        batch[0].run(batch[0].desc, deadline);
     } catch (const Error& e) {
       broken_ = e;
       log::info(std::string("communicator failed: ") + e.what());
@@ -451,8 +459,10 @@ class TcpCommunicator final : public Communicator {
     t.run = [e, in, out, op](const OpDesc& d, net::Deadline dl) {
       int n = e->mesh.size();
       if (n == 1 || in.numel == 0) {
-        if (op == ReduceOp::avg) kernels::divide(in.dtype, out.data, in.data, in.numel, 1);
-        else if (out.data != in.data) std::memmove(out.data, in.data, in.nbytes());
+        if (op == ReduceOp::avg)
+          kernels::divide(in.dtype, out.data, in.data, in.numel, 1);
+        else if (out.data != in.data)
+          std::memmove(out.data, in.data, in.nbytes());
         return;
       }
       Ctx c{e->mesh, d, e->setup.tuning.chunk_bytes, e->scratch, dl};
@@ -591,8 +601,10 @@ bool ranks_fit_cores(const config::Launch& l) {
 
 std::unique_ptr<Communicator> make_tcp_communicator(Setup setup) {
   std::vector<net::Fd> peers;
-  if (setup.launch.world_size > 1) peers = build_mesh(setup);
-  else peers.resize(1);
+  if (setup.launch.world_size > 1)
+    peers = build_mesh(setup);
+  else
+    peers.resize(1);
   bool spin = ranks_fit_cores(setup.launch);
   auto engine = std::make_shared<Engine>(std::move(setup), std::move(peers), spin);
   engine->start();

@@ -34,13 +34,20 @@ static_assert(sizeof(FrameHeader) == 32);
 
 std::string_view to_string(OpKind k) {
   switch (k) {
-    case OpKind::allreduce: return "allreduce";
-    case OpKind::broadcast: return "broadcast";
-    case OpKind::allgather: return "allgather";
-    case OpKind::reduce_scatter: return "reduce_scatter";
-    case OpKind::barrier: return "barrier";
-    case OpKind::p2p: return "send/recv";
-    case OpKind::split: return "split";
+    case OpKind::allreduce:
+      return "allreduce";
+    case OpKind::broadcast:
+      return "broadcast";
+    case OpKind::allgather:
+      return "allgather";
+    case OpKind::reduce_scatter:
+      return "reduce_scatter";
+    case OpKind::barrier:
+      return "barrier";
+    case OpKind::p2p:
+      return "send/recv";
+    case OpKind::split:
+      return "split";
   }
   return "unknown op";
 }
@@ -84,7 +91,9 @@ Mesh::Mesh(int rank, int size, std::vector<net::Fd> peers, const config::TcpTuni
   spin_us_ = tuning.spin_us >= 0 ? tuning.spin_us : (spin_allowed ? 50 : 0);
 }
 
-Mesh::~Mesh() { close(); }
+Mesh::~Mesh() {
+  close();
+}
 
 namespace {
 
@@ -113,7 +122,9 @@ OpDesc desc_of(const FrameHeader& h) {
   return d;
 }
 
-std::string rank_str(int r) { return "rank " + std::to_string(r); }
+std::string rank_str(int r) {
+  return "rank " + std::to_string(r);
+}
 
 // Reads the text of an abort frame whose header is already consumed.
 std::string read_abort_text(int fd, uint64_t bytes) {
@@ -202,8 +213,8 @@ void Mesh::lost(int q, const OpDesc& desc, const std::string& how, bool can_read
   throw Error(ErrorCode::peer_lost,
               desc.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) + " " + how +
                   (also.empty() ? ""
-                   : (n_also > 1 ? "; ranks " : "; rank ") + also +
-                         (n_also > 1 ? " are gone too" : " is gone too")));
+                                : (n_also > 1 ? "; ranks " : "; rank ") + also +
+                                      (n_also > 1 ? " are gone too" : " is gone too")));
 }
 
 void Mesh::check_hangup(int q, const OpDesc& desc) {
@@ -240,8 +251,7 @@ void Mesh::run_p2p(std::vector<SendItem>& sends, std::vector<OpDesc>& send_desc,
 
 void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
                     std::vector<OpDesc>* send_desc, std::vector<RecvItem>& recvs,
-                    std::vector<OpDesc>* recv_desc, net::Deadline deadline,
-                    const Refill* refill) {
+                    std::vector<OpDesc>* recv_desc, net::Deadline deadline, const Refill* refill) {
   if (closed_)
     throw Error(ErrorCode::internal, "the communicator on " + rank_str(rank_) + " is closed");
   for (Peer& p : peers_) {
@@ -324,15 +334,15 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0)
-          lost(q, want, "(its connection closed: the process died, was killed, or aborted)",
-               false);
+          lost(q, want, "(its connection closed: the process died, was killed, or aborted)", false);
         progressed = true;
         p.recv_hdr_got += static_cast<size_t>(n);
         if (p.recv_hdr_got < sizeof(FrameHeader)) continue;
         const FrameHeader& h = p.recv_hdr;
         FrameHeader expect = make_header(FrameKind::data, want, it.bytes);
         if (std::memcmp(&h, &expect, sizeof h) != 0) {
-          if (h.magic == kMagic && h.kind == expect.kind && desc_of(h).describe() == want.describe())
+          if (h.magic == kMagic && h.kind == expect.kind &&
+              desc_of(h).describe() == want.describe())
             throw Error(ErrorCode::mismatch,
                         want.describe() + " on " + rank_str(rank_) + ": " + rank_str(q) +
                             " sent a step of " + std::to_string(h.bytes) + " bytes where " +
@@ -429,7 +439,8 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
       int q = pfd_peer[i];
       if (q < 0) {
         uint64_t count;
-        if (pfds[i].revents & POLLIN) [[maybe_unused]] ssize_t r = ::read(wake_fd_, &count, sizeof count);
+        if (pfds[i].revents & POLLIN) [[maybe_unused]]
+          ssize_t r = ::read(wake_fd_, &count, sizeof count);
         continue;
       }
       Peer& p = peers_[q];

@@ -44,9 +44,9 @@ struct OpDesc {
   OpKind op = OpKind::allreduce;
   DType dtype = DType::u8;
   ReduceOp redop = ReduceOp::sum;
-  uint32_t seq = 0;   // collective number, or per-pair message number for p2p
-  int32_t tag = 0;    // p2p tag, broadcast root
-  uint64_t count = 0; // elements as the caller passed them
+  uint32_t seq = 0;              // collective number, or per-pair message number for p2p
+  int32_t tag = 0;               // p2p tag, broadcast root
+  uint64_t count = 0;            // elements as the caller passed them
   std::string describe() const;  // "allreduce #3 (f32 x 1000, sum)"
 };
 
@@ -85,8 +85,8 @@ class Mesh {
   // batch runs join it.
   using Refill = std::function<void()>;
   void run_p2p(std::vector<SendItem>& sends, std::vector<OpDesc>& send_desc,
-               std::vector<RecvItem>& recvs, std::vector<OpDesc>& recv_desc,
-               net::Deadline deadline, const Refill& refill);
+               std::vector<RecvItem>& recvs, std::vector<OpDesc>& recv_desc, net::Deadline deadline,
+               const Refill& refill);
 
   // A descriptor whose readability interrupts the loop's sleep (an eventfd
   // the owner signals when it queues work that a refill should pick up).
@@ -99,9 +99,9 @@ class Mesh {
 
  private:
   struct Peer;
-  void run_impl(const OpDesc* common, std::vector<SendItem>& sends,
-                std::vector<OpDesc>* send_desc, std::vector<RecvItem>& recvs,
-                std::vector<OpDesc>* recv_desc, net::Deadline deadline, const Refill* refill);
+  void run_impl(const OpDesc* common, std::vector<SendItem>& sends, std::vector<OpDesc>* send_desc,
+                std::vector<RecvItem>& recvs, std::vector<OpDesc>* recv_desc,
+                net::Deadline deadline, const Refill* refill);
   void check_hangup(int peer, const OpDesc& desc);
   // Throws the error for losing `peer`: its abort frame's, when it sent one
   // (`can_read_peer`: this rank's read side of it is at a frame boundary),

@@ -51,15 +51,21 @@ typedef enum {
   COLLIE_U8 = 6
 } collie_dtype;
 
-typedef enum { COLLIE_SUM = 0, COLLIE_AVG = 1, COLLIE_MIN = 2, COLLIE_MAX = 3, COLLIE_PROD = 4 } collie_op;
+typedef enum {
+  COLLIE_SUM = 0,
+  COLLIE_AVG = 1,
+  COLLIE_MIN = 2,
+  COLLIE_MAX = 3,
+  COLLIE_PROD = 4
+} collie_op;
 
 typedef enum { COLLIE_CPU = 0, COLLIE_CUDA = 1 } collie_device_type;
 
 typedef struct {
   void* data;
   uint64_t numel;
-  int32_t dtype;        /* collie_dtype */
-  int32_t device_type;  /* collie_device_type */
+  int32_t dtype;       /* collie_dtype */
+  int32_t device_type; /* collie_device_type */
   int32_t device_index;
 } collie_tensor;
 
@@ -73,13 +79,13 @@ int collie_abi_version(void);
 /* ---- communicator ---- */
 
 typedef struct {
-  uint32_t struct_size;   /* sizeof(collie_comm_options) */
-  int32_t rank;           /* -1: from the launcher's variables */
-  int32_t world_size;     /* -1: likewise */
+  uint32_t struct_size;    /* sizeof(collie_comm_options) */
+  int32_t rank;            /* -1: from the launcher's variables */
+  int32_t world_size;      /* -1: likewise */
   const char* master_addr; /* NULL: likewise */
-  int32_t master_port;    /* -1: likewise */
-  const char* backend;    /* NULL or "auto", "tcp", ... */
-  double timeout_seconds; /* 0: COLLIE_TIMEOUT, else 300 */
+  int32_t master_port;     /* -1: likewise */
+  const char* backend;     /* NULL or "auto", "tcp", ... */
+  double timeout_seconds;  /* 0: COLLIE_TIMEOUT, else 300 */
 } collie_comm_options;
 
 void collie_comm_options_init(collie_comm_options* opts);
@@ -90,7 +96,8 @@ collie_status collie_comm_rank(const collie_comm* comm, int* rank);
 collie_status collie_comm_size(const collie_comm* comm, int* size);
 
 /* Blocking collectives (in place when in.data == out.data). */
-collie_status collie_allreduce(collie_comm* comm, collie_tensor in, collie_tensor out, collie_op op);
+collie_status collie_allreduce(collie_comm* comm, collie_tensor in, collie_tensor out,
+                               collie_op op);
 collie_status collie_broadcast(collie_comm* comm, collie_tensor buf, int root);
 collie_status collie_allgather(collie_comm* comm, collie_tensor in, collie_tensor out);
 collie_status collie_barrier(collie_comm* comm);
@@ -98,18 +105,18 @@ collie_status collie_barrier(collie_comm* comm);
 /* ---- DDP reducer ---- */
 
 typedef struct {
-  uint32_t struct_size;          /* sizeof(collie_reducer_options) */
-  uint64_t first_bucket_bytes;   /* default 1 MiB */
-  uint64_t bucket_bytes;         /* default 25 MiB */
+  uint32_t struct_size;        /* sizeof(collie_reducer_options) */
+  uint64_t first_bucket_bytes; /* default 1 MiB */
+  uint64_t bucket_bytes;       /* default 25 MiB */
   int32_t gradient_as_bucket_view;
   int32_t find_unused_parameters;
   int32_t static_graph;
-  int32_t broadcast_parameters;  /* default 1 */
-  const char* comm_hook;         /* NULL: COLLIE_COMM_HOOK, else "allreduce"; e.g. "fp16",
-                                    "powersgd:rank=2,start_iter=10" */
-  const uint64_t* param_rows;    /* NULL, or per parameter its first dimension when it is a
-                                    matrix (rows of the rows x numel/rows view that PowerSGD
-                                    compresses; a conv weight [o,i,kh,kw] has o), 0 for a vector */
+  int32_t broadcast_parameters; /* default 1 */
+  const char* comm_hook;        /* NULL: COLLIE_COMM_HOOK, else "allreduce"; e.g. "fp16",
+                                   "powersgd:rank=2,start_iter=10" */
+  const uint64_t* param_rows;   /* NULL, or per parameter its first dimension when it is a
+                                   matrix (rows of the rows x numel/rows view that PowerSGD
+                                   compresses; a conv weight [o,i,kh,kw] has o), 0 for a vector */
 } collie_reducer_options;
 
 void collie_reducer_options_init(collie_reducer_options* opts);
@@ -136,11 +143,11 @@ collie_status collie_reducer_set_no_sync(collie_reducer* red, int on);
 collie_status collie_reducer_set_comm_hook(collie_reducer* red, const char* spec);
 
 typedef struct {
-  uint32_t struct_size;    /* sizeof(collie_reducer_stats), set by the caller */
-  uint64_t iteration;      /* which synchronised iteration these describe */
-  double backward_us;      /* prepare -> last mark_ready */
-  double exposed_us;       /* time finalize waited for communication */
-  double comm_us_total;    /* sum over buckets of launch -> completion */
+  uint32_t struct_size; /* sizeof(collie_reducer_stats), set by the caller */
+  uint64_t iteration;   /* which synchronised iteration these describe */
+  double backward_us;   /* prepare -> last mark_ready */
+  double exposed_us;    /* time finalize waited for communication */
+  double comm_us_total; /* sum over buckets of launch -> completion */
   uint32_t num_buckets;
   uint64_t gradient_bytes; /* bytes of the buckets handed to the comm hook */
   uint64_t hook_bytes;     /* bytes the hook handed to collectives (per rank) */
@@ -159,7 +166,8 @@ collie_status collie_reducer_get_bucket_times(const collie_reducer* red, double*
  * before and loads the state before its first backward; loading may move the
  * buckets, so re-read collie_reducer_grad_view afterwards. Every rank must
  * load the state it saved at the same step. */
-collie_status collie_reducer_save_state(collie_reducer* red, void* buf, size_t capacity, size_t* size);
+collie_status collie_reducer_save_state(collie_reducer* red, void* buf, size_t capacity,
+                                        size_t* size);
 collie_status collie_reducer_load_state(collie_reducer* red, const void* buf, size_t size);
 
 /* ---- asynchronous collectives ---- */
@@ -167,8 +175,8 @@ collie_status collie_reducer_load_state(collie_reducer* red, const void* buf, si
 typedef struct collie_work collie_work;
 collie_status collie_allreduce_async(collie_comm* comm, collie_tensor in, collie_tensor out,
                                      collie_op op, collie_work** work);
-collie_status collie_work_wait(collie_work* work);              /* the op's status */
-collie_status collie_work_test(collie_work* work, int* done);   /* non-blocking */
+collie_status collie_work_wait(collie_work* work);            /* the op's status */
+collie_status collie_work_test(collie_work* work, int* done); /* non-blocking */
 /* Need not be complete; the op goes on, and the tensors it was given must
  * stay valid until it ends. */
 collie_status collie_work_free(collie_work* work);
@@ -178,13 +186,13 @@ collie_status collie_work_free(collie_work* work);
 /* What the reducer hands a hook: valid only during the callback, except the
  * memory it points to, which stays valid until the hook completes. */
 typedef struct {
-  uint64_t index;            /* bucket number, in launch order */
-  collie_tensor buffer;      /* the flat gradients; leave the average here */
+  uint64_t index;       /* bucket number, in launch order */
+  collie_tensor buffer; /* the flat gradients; leave the average here */
   uint64_t num_grads;
-  const collie_tensor* grads;   /* each gradient, a view into buffer */
-  const collie_tensor* params;  /* the matching parameters */
-  const uint64_t* rows;         /* each gradient's first dimension (0: vector) */
-  int32_t is_last;           /* the last bucket of this iteration */
+  const collie_tensor* grads;  /* each gradient, a view into buffer */
+  const collie_tensor* params; /* the matching parameters */
+  const uint64_t* rows;        /* each gradient's first dimension (0: vector) */
+  int32_t is_last;             /* the last bucket of this iteration */
   uint64_t iteration;
 } collie_grad_bucket;
 
@@ -212,7 +220,8 @@ typedef void (*collie_comm_hook_fn)(void* user_data, collie_comm* comm,
  * COLLIE_COMM_HOOK and in fp16_wrap:<name>); user_data goes to every call. */
 collie_status collie_register_comm_hook(const char* name, collie_comm_hook_fn fn, void* user_data);
 /* status COLLIE_OK, or an error whose message (may be NULL) the reducer reports. */
-collie_status collie_hook_complete(collie_hook_done* done, collie_status status, const char* message);
+collie_status collie_hook_complete(collie_hook_done* done, collie_status status,
+                                   const char* message);
 /* Completes `done` when `work` completes, with its status; frees `work`. */
 collie_status collie_hook_complete_after(collie_hook_done* done, collie_work* work);
 
@@ -232,7 +241,8 @@ collie_status collie_averager_create_hierarchical(collie_comm* comm, const uint6
 /* Call after every optimizer step; averages when the step says so. */
 collie_status collie_averager_average(collie_averager* avg, const collie_tensor* params, size_t n);
 /* The step count, for checkpoints (as collie_reducer_save_state). */
-collie_status collie_averager_save_state(collie_averager* avg, void* buf, size_t capacity, size_t* size);
+collie_status collie_averager_save_state(collie_averager* avg, void* buf, size_t capacity,
+                                         size_t* size);
 collie_status collie_averager_load_state(collie_averager* avg, const void* buf, size_t size);
 collie_status collie_averager_destroy(collie_averager* avg);
 

@@ -100,8 +100,7 @@ class PrefixStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, Millis timeout) override;
-  Bytes compare_set(const std::string& key, const Bytes& expected,
-                    const Bytes& desired) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   bool remove(const std::string& key) override;
   bool check(const std::vector<std::string>& keys) override;
 

@@ -35,8 +35,8 @@ class Work {
 
   bool done() const;
   // Waits until complete, at most `timeout` (by default a little over twice
-  // the communicator's timeout, so that the op's own error comes first). Throws the operation's error, or Error{timeout} naming the
-  // operation if it is not complete in time.
+  // the communicator's timeout, so that the op's own error comes first). Throws the operation's
+  // error, or Error{timeout} naming the operation if it is not complete in time.
   void wait() const;
   void wait(std::chrono::milliseconds timeout) const;
   // The error the operation failed with; empty while running or on success.
