@@ -98,6 +98,45 @@ TEST(Kernels, EveryDtypeAndOpAgainstDoubleReference) {
     }
 }
 
+// Integer sum and prod wrap around as the unsigned type of the same width
+// does (two's complement), as NCCL's and MPI's integer reductions do in
+// practice; signed overflow in C++ is undefined behaviour (UBSan's "signed
+// integer overflow: 1 + 2147483647" before the fix).
+TEST(Kernels, IntegerSumAndProdWrapAroundWithoutUndefinedBehaviour) {
+  const int32_t a32[] = {INT32_MAX, INT32_MIN, INT32_MAX, -7};
+  const int32_t b32[] = {1, -1, 2, 3};
+  int32_t d32[4];
+  kernels::reduce(DType::i32, ReduceOp::sum, d32, a32, b32, 4);
+  EXPECT_EQ(d32[0], INT32_MIN);
+  EXPECT_EQ(d32[1], INT32_MAX);
+  EXPECT_EQ(d32[2], INT32_MIN + 1);
+  EXPECT_EQ(d32[3], -4);
+  kernels::reduce(DType::i32, ReduceOp::prod, d32, a32, b32, 4);
+  EXPECT_EQ(d32[0], INT32_MAX);
+  EXPECT_EQ(d32[1], INT32_MIN);  // -2^31 x -1 wraps to itself
+  EXPECT_EQ(d32[2], -2);
+  EXPECT_EQ(d32[3], -21);
+  const int64_t a64[] = {INT64_MAX, INT64_MIN, INT64_MAX};
+  const int64_t b64[] = {1, -1, 2};
+  int64_t d64[3];
+  kernels::reduce(DType::i64, ReduceOp::sum, d64, a64, b64, 3);
+  EXPECT_EQ(d64[0], INT64_MIN);
+  EXPECT_EQ(d64[1], INT64_MAX);
+  EXPECT_EQ(d64[2], INT64_MIN + 1);
+  kernels::reduce(DType::i64, ReduceOp::prod, d64, a64, b64, 3);
+  EXPECT_EQ(d64[0], INT64_MAX);
+  EXPECT_EQ(d64[1], INT64_MIN);
+  EXPECT_EQ(d64[2], -2);
+  const uint8_t a8[] = {255, 16}, b8[] = {1, 16};
+  uint8_t d8[2];
+  kernels::reduce(DType::u8, ReduceOp::sum, d8, a8, b8, 2);
+  EXPECT_EQ(d8[0], 0);
+  EXPECT_EQ(d8[1], 32);
+  kernels::reduce(DType::u8, ReduceOp::prod, d8, a8, b8, 2);
+  EXPECT_EQ(d8[0], 255);
+  EXPECT_EQ(d8[1], 0);  // 256 wraps
+}
+
 TEST(Kernels, MinMaxPropagateNanWhicheverSideItIsOn) {
   float a[2] = {NAN, 1.0f}, b[2] = {1.0f, NAN}, o[2];
   for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -68,16 +69,29 @@ uint16_t float_to_bf16(float f) {
 
 namespace {
 
+// Integers are combined in the unsigned type of their width (widened to at
+// least unsigned int, so that u8 x u8 is not promoted to a signed int), so
+// that sums and products wrap around as two's complement does instead of
+// overflowing, which C++ leaves undefined for signed types.
+template <typename T>
+using Wide = std::common_type_t<std::make_unsigned_t<T>, unsigned>;
+
 struct Sum {
   template <typename T>
   static T apply(T a, T b) {
-    return a + b;
+    if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(static_cast<Wide<T>>(a) + static_cast<Wide<T>>(b));
+    else
+      return a + b;
   }
 };
 struct Prod {
   template <typename T>
   static T apply(T a, T b) {
-    return a * b;
+    if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(static_cast<Wide<T>>(a) * static_cast<Wide<T>>(b));
+    else
+      return a * b;
   }
 };
 // NaN wins from either side (as in torch.minimum), which also keeps min and
