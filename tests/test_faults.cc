@@ -22,7 +22,7 @@
 
 #include "collie/comm.h"
 #include "comm/config/config.h"
-#include "comm/tcp/socket.h"
+#include "comm/net/socket.h"
 #include "mp_test.h"
 #include "reducer/reducer.h"
 

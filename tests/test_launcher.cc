@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "comm/core/topology.h"
-#include "comm/tcp/socket.h"
+#include "comm/net/socket.h"
 
 namespace {
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "collie/store.h"
-#include "comm/tcp/socket.h"
+#include "comm/net/socket.h"
 
 namespace collie {
 namespace {

@@ -34,7 +34,7 @@
 
 #include "comm/core/log.h"
 #include "comm/core/topology.h"
-#include "comm/tcp/socket.h"
+#include "comm/net/socket.h"
 
 namespace {
 

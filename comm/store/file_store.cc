@@ -21,8 +21,8 @@
 #include <thread>
 
 #include "collie/store.h"
+#include "comm/net/socket.h"
 #include "comm/store/parse_int.h"
-#include "comm/tcp/socket.h"
 
 namespace collie {
 

@@ -16,9 +16,9 @@
 #include "comm/core/reduce.h"
 #include "comm/core/topology.h"
 #include "comm/core/validate.h"
+#include "comm/net/socket.h"
 #include "comm/tcp/algorithm.h"
 #include "comm/tcp/collectives.h"
-#include "comm/tcp/socket.h"
 #include "comm/tcp/tcp_mesh.h"
 
 namespace collie::tcp {

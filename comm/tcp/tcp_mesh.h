@@ -24,7 +24,7 @@
 #include "collie/error.h"
 #include "collie/types.h"
 #include "comm/config/config.h"
-#include "comm/tcp/socket.h"
+#include "comm/net/socket.h"
 
 namespace collie::tcp {
 

@@ -1,4 +1,4 @@
-#include "comm/tcp/socket.h"
+#include "comm/net/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// comm/tcp/socket.h: the thin layer over POSIX sockets that the store, the
+// comm/net/socket.h: the thin layer over POSIX sockets that the store, the
 // TCP backend and collie-run share: an owning fd, listening, connecting with
 // retries until a deadline, and whole-buffer reads and writes that honour a
 // deadline. Everything throws collie::Error with the peer named in the text.
