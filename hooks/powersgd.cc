@@ -224,7 +224,9 @@ class PowerSgdHook final : public CommHook {
     auto source = [matrix_in, src_all](const Slot& s) { return matrix_in(src_all, s); };
     auto target = [matrix_in, buf](const Slot& s) { return matrix_in(buf, s); };
     const double world = comm.size();
-    Communicator* cp = &comm;
+    // The chain issues its second all-reduce later, from a continuation: it
+    // holds a share(), which fails cleanly if the communicator is gone by then.
+    std::shared_ptr<Communicator> cp = comm.share();
     const PowerSgdOptions opt = opt_;
 
     // Each bucket takes two all-reduces, the second issued when the first

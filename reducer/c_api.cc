@@ -18,6 +18,9 @@
 
 struct collie_comm {
   std::unique_ptr<collie::Communicator> owned;  // null for the view handed to C hooks
+  // The view's reference: a C hook that calls it after the communicator is
+  // gone gets an error, not freed memory.
+  std::shared_ptr<collie::Communicator> shared;
   collie::Communicator* comm = nullptr;
 };
 
@@ -392,9 +395,11 @@ class CHook final : public collie::CommHook {
   std::string name() const override { return name_; }
 
   collie::Work run(collie::Communicator& comm, collie::GradBucket& b) override {
-    if (!view_ || view_->comm != &comm) {
+    if (!view_ || viewed_ != &comm) {
       view_ = std::make_unique<collie_comm>();
-      view_->comm = &comm;
+      view_->shared = comm.share();
+      view_->comm = view_->shared.get();
+      viewed_ = &comm;
     }
     // The deadline is generous: the hook may run several collectives.
     auto done = new collie_hook_done;
@@ -428,6 +433,7 @@ class CHook final : public collie::CommHook {
   collie_comm_hook_fn fn_;
   void* user_;
   std::unique_ptr<collie_comm> view_;
+  const collie::Communicator* viewed_ = nullptr;  // what view_ refers to
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -293,6 +294,65 @@ TEST(Work, ThenRunsAfterCompletionAndChainsAnotherOp) {
       });
   chained.wait();
   EXPECT_EQ(a[999], 2.0 * n * n * n);
+}
+
+// The review's reproducer: a continuation that waits for another operation
+// of the same communicator. Continuations used to run while the executor
+// was still held, so the inner op could not run until the outer wait gave up
+// (twice the timeout). The bounded wait turns a hang into a failure.
+TEST(Work, AContinuationCanWaitForAnotherOpOfTheSameCommunicator) {
+  const int n = comm().size();
+  std::vector<float> x(1000, 1.0f), y(3, 2.0f);
+  comm()
+      .allreduce(view_of(x.data(), x.size()), ReduceOp::sum)
+      .then(
+          [&](const Work&) { comm().allreduce(view_of(y.data(), y.size()), ReduceOp::sum).wait(); })
+      .wait(std::chrono::seconds(60));
+  EXPECT_EQ(x[999], static_cast<float>(n));
+  EXPECT_EQ(y[2], 2.0f * n);
+}
+
+// A continuation that blocks (a hook doing long arithmetic, or waiting for
+// the engine) does not hold up the operations behind it: they run while it
+// waits, and it finishes afterwards.
+TEST(Work, ABlockedContinuationDoesNotHoldUpLaterOps) {
+  const int n = comm().size();
+  std::vector<float> a(100, 1.0f), b(100, 3.0f);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  Work first = comm().allreduce(view_of(a.data(), a.size()), ReduceOp::sum);
+  Work chained = first.then([released](const Work&) { released.wait(); });
+  Work second = comm().allreduce(view_of(b.data(), b.size()), ReduceOp::sum);
+  second.wait(std::chrono::seconds(60));
+  EXPECT_FALSE(chained.done());
+  release.set_value();
+  chained.wait(std::chrono::seconds(60));
+  EXPECT_EQ(a[0], static_cast<float>(n));
+  EXPECT_EQ(b[99], 3.0f * n);
+}
+
+// A reference from share() that outlives the communicator: a call through
+// it fails with `unavailable` at once (with a raw pointer it would touch
+// freed memory, which the asan build reports). So do calls made by a chain
+// that runs after the destruction.
+TEST(Lifetime, CallsThroughAShareAfterDestructionFailAtOnce) {
+  auto sub = comm().split(0, comm().rank());
+  ASSERT_TRUE(sub);
+  std::shared_ptr<Communicator> ref = sub->share();
+  std::vector<float> v(4, 1.0f);
+  ref->allreduce(view_of(v.data(), v.size()), ReduceOp::sum).wait();
+  EXPECT_EQ(v[0], static_cast<float>(comm().size()));
+  Work gate = Work::pending("gate", std::chrono::seconds(10));
+  Work chained = gate.then_work([ref, &v](const Work&) {
+    return ref->allreduce(view_of(v.data(), v.size()), ReduceOp::sum);
+  });
+  sub.reset();
+  gate.complete();
+  auto e = chained.error();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), ErrorCode::unavailable);
+  EXPECT_NE(std::string(e->what()).find("destroyed"), std::string::npos) << e->what();
+  EXPECT_EQ(ref->rank(), comm().rank());  // the reference itself stays valid
 }
 
 TEST(Errors, BadArgumentsAreRefusedAtTheCallNamingTheRank) {

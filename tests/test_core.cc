@@ -1,9 +1,10 @@
 // tests/test_core.cc: unit tests of the pieces under the communicator:
 // dtype conversions and reduction kernels against float64 references, launch
-// variable resolution against a fake environment, the algorithm cost model,
-// and Work's completion, chaining and timeout semantics.
+// variable resolution against a fake environment, and Work's completion, chaining and timeout
+// semantics.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -14,7 +15,6 @@
 #include "comm/config/config.h"
 #include "comm/core/reduce.h"
 #include "comm/core/topology.h"
-#include "comm/tcp/algorithm.h"
 #include "mp_common.h"
 
 namespace collie {
@@ -309,30 +309,6 @@ TEST(Config, TimeoutFromEnvironmentInSeconds) {
   EXPECT_EQ(config::resolve_launch(none, fake({})).timeout, 300s);
 }
 
-TEST(Algorithm, CostModelPicksLatencyForSmallAndRingForLarge) {
-  config::TcpTuning t;
-  for (int n : {2, 3, 4, 8}) {
-    EXPECT_EQ(tcp::choose_allreduce(8, n, t), tcp::AllreduceAlgo::recursive_doubling) << n;
-    EXPECT_EQ(tcp::choose_allreduce(64 << 20, n, t), tcp::AllreduceAlgo::ring) << n;
-    EXPECT_EQ(tcp::choose_broadcast(8, n, t), tcp::BroadcastAlgo::binomial_tree) << n;
-  }
-  EXPECT_EQ(tcp::choose_broadcast(64 << 20, 8, t), tcp::BroadcastAlgo::chain);
-  // The switch point follows the model: the crossover is where the costs meet.
-  size_t lo = 8, hi = 64 << 20;
-  while (hi - lo > 1) {
-    size_t mid = (lo + hi) / 2;
-    (tcp::choose_allreduce(mid, 4, t) == tcp::AllreduceAlgo::ring ? hi : lo) = mid;
-  }
-  EXPECT_LE(tcp::allreduce_cost(tcp::AllreduceAlgo::ring, hi, 4, t),
-            tcp::allreduce_cost(tcp::AllreduceAlgo::recursive_doubling, hi, 4, t));
-  EXPECT_GT(tcp::allreduce_cost(tcp::AllreduceAlgo::ring, lo, 4, t),
-            tcp::allreduce_cost(tcp::AllreduceAlgo::recursive_doubling, lo, 4, t));
-  t.allreduce_algo = "ring";
-  EXPECT_EQ(tcp::choose_allreduce(8, 4, t), tcp::AllreduceAlgo::ring);
-  t.allreduce_algo = "rd";
-  EXPECT_EQ(tcp::choose_allreduce(64 << 20, 4, t), tcp::AllreduceAlgo::recursive_doubling);
-}
-
 // Run once as is and once under `taskset -c 0` (tests/meson.build), which
 // sets COLLIE_TEST_EXPECT_CPUS=1: the count must follow the process binding.
 TEST(Topology, UsableCpusFollowTheProcessBinding) {
@@ -371,6 +347,64 @@ TEST(WorkHandle, CompletionErrorAndTimeout) {
     EXPECT_NE(std::string(e.what()).find("op #3"), std::string::npos);
   }
   slow.complete();
+}
+
+// What the NCCL backend will return: a completion that is ended when its
+// CUDA event fires (query polls it), makes a stream wait without blocking
+// the host, and aborts its communicator when told to. A fake event stands in
+// for CUDA here; Work drives it through the Completion interface alone.
+class FakeEventCompletion final : public Completion {
+ public:
+  using Completion::Completion;
+  std::atomic<bool> fired{false};
+  std::atomic<int> polls{0};
+  std::vector<void*> streams;
+  bool aborted = false;
+
+  bool query() override {
+    ++polls;
+    if (fired) finish(std::nullopt);
+    return ended();
+  }
+  bool wait_until(Clock::time_point deadline) override {
+    while (!query()) {
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(1ms);
+    }
+    return true;
+  }
+  void wait_on(void* stream) override { streams.push_back(stream); }
+  void abort(const Error& e) override {
+    aborted = true;
+    finish(e);
+  }
+};
+
+TEST(WorkHandle, ADeviceCompletionIsPolledAndAStreamWaitsWithoutTheHost) {
+  auto ev = std::make_shared<FakeEventCompletion>("allreduce #1 on cuda:0", 5s);
+  Work w(ev);
+  EXPECT_FALSE(w.done());
+  EXPECT_GT(ev->polls.load(), 0);
+  int stream = 0;
+  w.wait_on(&stream);  // enqueued on the stream: returns before the event fires
+  ASSERT_EQ(ev->streams.size(), 1u);
+  EXPECT_EQ(ev->streams[0], &stream);
+  EXPECT_FALSE(ev->ended());
+  std::thread fire([ev] {
+    std::this_thread::sleep_for(20ms);
+    ev->fired = true;
+  });
+  w.wait();  // polls until the event fires
+  fire.join();
+  EXPECT_TRUE(w.done());
+
+  auto stuck = std::make_shared<FakeEventCompletion>("allreduce #2 on cuda:0", 5s);
+  Work s(stuck);
+  Work after = s.then([](const Work&) {});
+  EXPECT_THROW(s.wait(30ms), Error);  // the event never fires: a timeout naming it
+  stuck->abort(Error(ErrorCode::timeout, "allreduce #2 on cuda:0 timed out"));
+  EXPECT_TRUE(stuck->aborted);
+  EXPECT_EQ(after.error()->code(), ErrorCode::timeout);  // continuations see the abort
 }
 
 TEST(WorkHandle, ThenChainsAndPropagatesErrors) {

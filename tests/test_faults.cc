@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -275,6 +276,50 @@ TEST(Faults, AfterAFailureLaterOpsFailAtOnceWithTheCause) {
       3s);
   EXPECT_EQ(out[0].code(), "timeout") << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "failed earlier")) << describe(out);
+}
+
+// Communicator::abort from another thread: the op this rank is blocked in
+// stops at once with code `aborted` and the reason; the peers, blocked in a
+// collective that waits for this rank, fail with the same cause instead of
+// waiting for their 60 s deadline (the harness calls a rank hung after 20 s);
+// every later call fails at once, and error() reports the abort.
+TEST(Faults, AbortFromAnotherThreadStopsTheOpAndTellsThePeers) {
+  auto out = run_ranks(
+      3,
+      [](int rank, Options opt) -> std::string {
+        auto c = connect(opt);
+        float x = 1;
+        c->barrier().wait();
+        if (rank != 0) {
+          c->barrier().wait();  // waits for rank 0, which never comes
+          return "the barrier passed without rank 0";
+        }
+        std::thread stopper([&] {
+          std::this_thread::sleep_for(300ms);
+          c->abort("the user pressed stop");
+        });
+        std::optional<Error> first;
+        try {
+          c->recv(view_of(&x, 1), 1).wait();  // rank 1 never sends
+        } catch (const Error& e) {
+          first = e;
+        }
+        stopper.join();
+        if (!first) return "the recv returned";
+        auto e = c->error();
+        if (!e || e->code() != ErrorCode::aborted) return "error() does not report the abort";
+        std::string later =
+            testing::error_of([&] { c->allreduce(view_of(&x, 1), ReduceOp::sum).wait(); });
+        if (!contains(later, "failed earlier")) return "a later op: " + later;
+        throw *first;
+      },
+      60s, {}, 20s);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "aborted") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "the user pressed stop")) << describe(out);
+  }
+  EXPECT_TRUE(contains(out[1].message(), "rank 0 aborted the communicator")) << describe(out);
 }
 
 TEST(Faults, WrongSecretIsRefused) {

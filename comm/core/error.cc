@@ -18,6 +18,8 @@ std::string_view to_string(ErrorCode code) {
       return "unavailable";
     case ErrorCode::internal:
       return "internal";
+    case ErrorCode::aborted:
+      return "aborted";
   }
   return "unknown";
 }

@@ -12,17 +12,23 @@ Error bad(const std::string& what, const std::string& msg) {
 }
 }  // namespace
 
-void cpu_tensor(const TensorView& t, const std::string& what, const char* name) {
-  if (!t.device.is_cpu())
-    throw bad(what,
-              std::string(name) + " is on " + to_string(t.device) +
-                  "; this backend moves CPU memory only (CUDA tensors need the nccl backend)");
-  if (t.numel > 0 && t.data == nullptr)
-    throw bad(what, std::string(name) + " has " + std::to_string(t.numel) +
-                        " elements but a null data pointer");
+void tensor(const TensorView& t, const std::string& what, const char* name) {
   if (static_cast<unsigned>(t.dtype) >= static_cast<unsigned>(kNumDTypes))
     throw bad(what, std::string(name) + " has an unknown dtype code " +
                         std::to_string(static_cast<int>(t.dtype)));
+  if (t.numel > 0 && t.data == nullptr)
+    throw bad(what, std::string(name) + " has " + std::to_string(t.numel) +
+                        " elements but a null data pointer");
+}
+
+void device(const TensorView& t, bool accepted, const std::string& backend, const std::string& what,
+            const char* name) {
+  if (accepted) return;
+  if (t.device.is_cpu())
+    throw bad(what, std::string(name) + " is in host memory; backend " + backend +
+                        " moves device memory only");
+  throw bad(what, std::string(name) + " is on " + to_string(t.device) + "; backend " + backend +
+                      " moves CPU memory only (CUDA tensors need the nccl backend)");
 }
 
 void same_dtype(const TensorView& a, const TensorView& b, const std::string& what) {

@@ -1,6 +1,6 @@
-// comm/core/validate.h: argument checks every backend runs before it queues
-// an operation, so that misuse is an invalid_argument error naming the rank
-// and the argument, at the call, on the calling thread.
+// comm/core/validate.h: the argument checks the communicator front runs
+// before any backend sees a call, so that misuse is an invalid_argument
+// error naming the rank and the argument, at the call, on the calling thread.
 #pragma once
 
 #include <string>
@@ -10,7 +10,11 @@
 namespace collie::validate {
 
 // `what` prefixes messages: "allreduce on rank 2".
-void cpu_tensor(const TensorView& t, const std::string& what, const char* name);
+// A known dtype, and data for every element.
+void tensor(const TensorView& t, const std::string& what, const char* name);
+// A device the backend moves (`accepted`), else an error naming it.
+void device(const TensorView& t, bool accepted, const std::string& backend, const std::string& what,
+            const char* name);
 void same_dtype(const TensorView& a, const TensorView& b, const std::string& what);
 void op_on(ReduceOp op, DType t, const std::string& what);
 void rank_in(int r, int size, const std::string& what, const char* name);

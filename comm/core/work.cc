@@ -1,114 +1,84 @@
 #include "collie/work.h"
 
-#include <condition_variable>
-#include <mutex>
-#include <vector>
-
 namespace collie {
 
-struct Work::State {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  std::optional<Error> error;
-  std::string description;
-  std::chrono::milliseconds default_timeout{300000};
-  std::vector<std::function<void()>> callbacks;
-  std::function<bool()> inline_runner;
+Completion::Completion(std::string description, std::chrono::milliseconds default_timeout)
+    : description_(std::move(description)), default_timeout_(default_timeout) {}
 
-  // Runs `fn` when the state completes: now, on this thread, if it already has.
-  void on_complete(std::function<void()> fn) {
-    std::unique_lock lk(mu);
-    if (!done) {
-      callbacks.push_back(std::move(fn));
-      return;
-    }
-    lk.unlock();
-    fn();
-  }
+Completion::~Completion() = default;
 
-  void finish(std::optional<Error> e) {
-    std::vector<std::function<void()>> cbs;
-    {
-      std::lock_guard lk(mu);
-      if (done) return;
-      done = true;
-      error = std::move(e);
-      cbs.swap(callbacks);
-      inline_runner = nullptr;
-    }
-    cv.notify_all();
-    for (auto& cb : cbs) cb();
-  }
-};
-
-Work::Work() : state_(std::make_shared<State>()) {
-  state_->done = true;
+bool Completion::query() {
+  return ended();
 }
 
-Work Work::pending(std::string description, std::chrono::milliseconds default_timeout) {
-  auto s = std::make_shared<State>();
-  s->description = std::move(description);
-  s->default_timeout = default_timeout;
-  return Work(std::move(s));
+bool Completion::wait_until(Clock::time_point deadline) {
+  return block_until(deadline);
 }
 
-Work Work::failed(const Error& e) {
-  auto s = std::make_shared<State>();
-  s->done = true;
-  s->error = e;
-  return Work(std::move(s));
+void Completion::wait_on(void* /*stream*/) {
+  // Nothing runs on a stream for a host operation: the stream may go on once
+  // the host has seen the end.
+  if (!wait_until(Clock::now() + default_timeout_))
+    throw Error(ErrorCode::timeout, description_ + " did not complete within " +
+                                        std::to_string(default_timeout_.count()) + " ms");
 }
 
-bool Work::done() const {
-  std::lock_guard lk(state_->mu);
-  return state_->done;
+void Completion::abort(const Error& e) {
+  finish(e);
 }
 
-void Work::wait() const {
-  wait(state_->default_timeout);
-}
-
-void Work::wait(std::chrono::milliseconds timeout) const {
-  State& s = *state_;
-  std::function<bool()> runner;
+void Completion::finish(std::optional<Error> e, const Dispatch& dispatch) {
+  std::vector<std::function<void()>> cbs;
   {
-    std::lock_guard lk(s.mu);
-    runner = s.inline_runner;
+    std::lock_guard lk(mu_);
+    if (done_) return;
+    done_ = true;
+    error_ = std::move(e);
+    cbs.swap(callbacks_);
   }
-  // Running the op here, when it is next in line, saves handing it to the
-  // progress thread and being woken again when it is done.
-  if (runner) runner();
-  std::unique_lock lk(s.mu);
-  if (!s.cv.wait_for(lk, timeout, [&] { return s.done; }))
-    throw Error(ErrorCode::timeout, s.description + " did not complete within " +
-                                        std::to_string(timeout.count()) + " ms");
-  if (s.error) throw *s.error;
+  cv_.notify_all();
+  if (cbs.empty()) return;
+  if (dispatch) {
+    dispatch(std::move(cbs));
+    return;
+  }
+  for (auto& cb : cbs) cb();
 }
 
-std::optional<Error> Work::error() const {
-  std::lock_guard lk(state_->mu);
-  return state_->error;
+bool Completion::ended() const {
+  std::lock_guard lk(mu_);
+  return done_;
 }
 
-std::string Work::description() const {
-  std::lock_guard lk(state_->mu);
-  return state_->description;
+std::optional<Error> Completion::error() const {
+  std::lock_guard lk(mu_);
+  return error_;
 }
 
-void Work::complete() const {
-  state_->finish(std::nullopt);
-}
-void Work::fail(const Error& e) const {
-  state_->finish(e);
+void Completion::on_complete(std::function<void()> fn) {
+  std::unique_lock lk(mu_);
+  if (!done_) {
+    callbacks_.push_back(std::move(fn));
+    return;
+  }
+  lk.unlock();
+  fn();
 }
 
-void Work::set_inline_runner(std::function<bool()> runner) const {
-  std::lock_guard lk(state_->mu);
-  if (!state_->done) state_->inline_runner = std::move(runner);
+bool Completion::block_until(Clock::time_point deadline) {
+  std::unique_lock lk(mu_);
+  return cv_.wait_until(lk, deadline, [&] { return done_; });
 }
 
 namespace {
+
+std::shared_ptr<Completion> done_completion(std::optional<Error> e) {
+  auto c = std::make_shared<Completion>(e ? std::string(e->what()) : std::string("no-op"),
+                                        std::chrono::milliseconds(0));
+  c->finish(std::move(e));
+  return c;
+}
+
 void run_guarded(const Work& result, const std::function<void()>& body) {
   try {
     body();
@@ -118,12 +88,55 @@ void run_guarded(const Work& result, const std::function<void()>& body) {
     result.fail(Error(ErrorCode::internal, std::string("callback in then() threw: ") + e.what()));
   }
 }
+
 }  // namespace
 
+Work::Work() : c_(done_completion(std::nullopt)) {}
+
+Work::Work(std::shared_ptr<Completion> completion) : c_(std::move(completion)) {}
+
+Work Work::pending(std::string description, std::chrono::milliseconds default_timeout) {
+  return Work(std::make_shared<Completion>(std::move(description), default_timeout));
+}
+
+Work Work::failed(const Error& e) {
+  return Work(done_completion(e));
+}
+
+bool Work::done() const {
+  return c_->query();
+}
+
+void Work::wait() const {
+  wait(c_->default_timeout());
+}
+
+void Work::wait(std::chrono::milliseconds timeout) const {
+  if (!c_->wait_until(Completion::Clock::now() + timeout))
+    throw Error(ErrorCode::timeout, c_->description() + " did not complete within " +
+                                        std::to_string(timeout.count()) + " ms");
+  if (auto e = c_->error()) throw *e;
+}
+
+std::optional<Error> Work::error() const {
+  return c_->error();
+}
+
+std::string Work::description() const {
+  return c_->description();
+}
+
+void Work::complete() const {
+  c_->finish(std::nullopt);
+}
+void Work::fail(const Error& e) const {
+  c_->finish(e);
+}
+
 Work Work::then(std::function<void(const Work&)> fn) const {
-  Work result = pending(description() + " -> then", state_->default_timeout);
+  Work result = pending(description() + " -> then", c_->default_timeout());
   Work self = *this;
-  state_->on_complete([self, result, fn = std::move(fn)] {
+  c_->on_complete([self, result, fn = std::move(fn)] {
     run_guarded(result, [&] {
       fn(self);
       result.complete();
@@ -133,14 +146,13 @@ Work Work::then(std::function<void(const Work&)> fn) const {
 }
 
 Work Work::then_work(std::function<Work(const Work&)> fn) const {
-  Work result = pending(description() + " -> then", state_->default_timeout);
+  Work result = pending(description() + " -> then", c_->default_timeout());
   Work self = *this;
-  state_->on_complete([self, result, fn = std::move(fn)] {
+  c_->on_complete([self, result, fn = std::move(fn)] {
     run_guarded(result, [&] {
       Work inner = fn(self);
-      inner.state_->on_complete([inner, result] {
-        auto e = inner.error();
-        if (e)
+      inner.c_->on_complete([inner, result] {
+        if (auto e = inner.error())
           result.fail(*e);
         else
           result.complete();
@@ -150,8 +162,9 @@ Work Work::then_work(std::function<Work(const Work&)> fn) const {
   return result;
 }
 
-void Work::wait_on(void* /*stream*/) const {
-  wait();
+void Work::wait_on(void* stream) const {
+  c_->wait_on(stream);
+  if (auto e = c_->error()) throw *e;
 }
 
 void wait_all(const std::vector<Work>& works) {

@@ -1,6 +1,7 @@
 #include "comm/tcp/tcp_mesh.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -32,44 +33,18 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 32);
 
-std::string_view to_string(OpKind k) {
-  switch (k) {
-    case OpKind::allreduce:
-      return "allreduce";
-    case OpKind::broadcast:
-      return "broadcast";
-    case OpKind::allgather:
-      return "allgather";
-    case OpKind::reduce_scatter:
-      return "reduce_scatter";
-    case OpKind::barrier:
-      return "barrier";
-    case OpKind::p2p:
-      return "send/recv";
-    case OpKind::split:
-      return "split";
-  }
-  return "unknown op";
-}
-
-std::string OpDesc::describe() const {
-  std::string s(to_string(op));
-  s += " #" + std::to_string(seq) + " (" + std::string(to_string(dtype)) + " x " +
-       std::to_string(count);
-  if (op == OpKind::allreduce || op == OpKind::reduce_scatter)
-    s += ", " + std::string(to_string(redop));
-  if (op == OpKind::broadcast) s += ", root " + std::to_string(tag);
-  if (op == OpKind::p2p) s += ", tag " + std::to_string(tag);
-  return s + ")";
-}
-
 struct Mesh::Peer {
+  struct Item {
+    OpDesc desc;
+    uint8_t* data;
+    size_t bytes;
+    Callback on_done;
+  };
   net::Fd fd;
   bool watch = true;      // report hang-ups while this peer has nothing for us
   bool departed = false;  // peeked a bye frame
-  // State of the current run.
-  std::vector<size_t> send_q, recv_q;
-  size_t send_pos = 0, recv_pos = 0;
+  // Posted and not yet complete, in posting order.
+  std::deque<Item> sends, recvs;
   FrameHeader send_hdr{};
   size_t send_done = 0;  // bytes of the current frame written (header + payload)
   FrameHeader recv_hdr{};
@@ -78,8 +53,15 @@ struct Mesh::Peer {
 };
 
 Mesh::Mesh(int rank, int size, std::vector<net::Fd> peers, const config::TcpTuning& tuning,
-           bool spin_allowed)
-    : rank_(rank), size_(size), peers_(static_cast<size_t>(size)), tuning_(tuning) {
+           bool spin_allowed, std::shared_ptr<FailureLatch> failure)
+    : rank_(rank),
+      size_(size),
+      peers_(static_cast<size_t>(size)),
+      tuning_(tuning),
+      failure_(std::move(failure)),
+      wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+      is_active_(static_cast<size_t>(size), 0) {
+  if (!wake_.valid()) throw system_error(ErrorCode::internal, "eventfd", errno);
   for (int q = 0; q < size; ++q) {
     peers_[q].fd = std::move(peers[q]);
     if (peers_[q].fd.valid()) {
@@ -139,7 +121,7 @@ std::string read_abort_text(int fd, uint64_t bytes) {
 }
 
 ErrorCode code_of(uint8_t v) {
-  if (v >= 1 && v <= 6) return static_cast<ErrorCode>(v);
+  if (v >= 1 && v <= kNumErrorCodes) return static_cast<ErrorCode>(v);
   return ErrorCode::internal;
 }
 
@@ -217,13 +199,13 @@ void Mesh::lost(int q, const OpDesc& desc, const std::string& how, bool can_read
                                       (n_also > 1 ? " are gone too" : " is gone too")));
 }
 
-void Mesh::check_hangup(int q, const OpDesc& desc) {
+void Mesh::check_hangup(int q) {
   Peer& p = peers_[q];
   FrameHeader h{};
   ssize_t n = ::recv(p.fd.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0)
-    lost(q, desc, "(its connection closed: the process died, was killed, or aborted)", false);
+    lost(q, current_, "(its connection closed: the process died, was killed, or aborted)", false);
   if (static_cast<size_t>(n) == sizeof h && h.magic == kMagic &&
       h.kind == static_cast<uint8_t>(FrameKind::abort)) {
     ::recv(p.fd.get(), &h, sizeof h, MSG_DONTWAIT);
@@ -238,163 +220,155 @@ void Mesh::check_hangup(int q, const OpDesc& desc) {
   p.watch = false;
 }
 
-void Mesh::run(const OpDesc& desc, std::vector<SendItem>& sends, std::vector<RecvItem>& recvs,
-               net::Deadline deadline) {
-  run_impl(&desc, sends, nullptr, recvs, nullptr, deadline, nullptr);
-}
-
-void Mesh::run_p2p(std::vector<SendItem>& sends, std::vector<OpDesc>& send_desc,
-                   std::vector<RecvItem>& recvs, std::vector<OpDesc>& recv_desc,
-                   net::Deadline deadline, const Refill& refill) {
-  run_impl(nullptr, sends, &send_desc, recvs, &recv_desc, deadline, &refill);
-}
-
-void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
-                    std::vector<OpDesc>* send_desc, std::vector<RecvItem>& recvs,
-                    std::vector<OpDesc>* recv_desc, net::Deadline deadline, const Refill* refill) {
+void Mesh::activate(int q, const OpDesc& d) {
   if (closed_)
     throw Error(ErrorCode::internal, "the communicator on " + rank_str(rank_) + " is closed");
-  for (Peer& p : peers_) {
-    p.send_q.clear();
-    p.recv_q.clear();
-    p.send_pos = p.recv_pos = 0;
-    p.send_done = p.recv_hdr_got = p.recv_got = 0;
-    if (!p.departed) p.watch = true;
+  if (pending_ == 0) current_ = d;
+  ++pending_;
+  if (!is_active_[q]) {
+    is_active_[q] = 1;
+    active_.push_back(q);
   }
-  std::vector<int> active;
-  std::vector<bool> is_active(static_cast<size_t>(size_), false);
-  size_t pending = 0, queued_sends = 0, queued_recvs = 0;
-  // Queues the items from the given positions on (all of them at first,
-  // the ones a refill appended later).
-  auto enqueue = [&] {
-    for (; queued_sends < sends.size(); ++queued_sends, ++pending)
-      peers_[sends[queued_sends].peer].send_q.push_back(queued_sends);
-    for (; queued_recvs < recvs.size(); ++queued_recvs, ++pending)
-      peers_[recvs[queued_recvs].peer].recv_q.push_back(queued_recvs);
-    for (int q = 0; q < size_; ++q)
-      if (!is_active[q] && (!peers_[q].send_q.empty() || !peers_[q].recv_q.empty())) {
-        is_active[q] = true;
-        active.push_back(q);
-      }
-  };
-  enqueue();
-  auto send_desc_of = [&](size_t i) -> const OpDesc& { return common ? *common : (*send_desc)[i]; };
-  auto recv_desc_of = [&](size_t i) -> const OpDesc& { return common ? *common : (*recv_desc)[i]; };
+}
 
-  auto pump_send = [&](int q) {
-    Peer& p = peers_[q];
-    bool progressed = false;
-    while (p.send_pos < p.send_q.size()) {
-      size_t idx = p.send_q[p.send_pos];
-      SendItem& it = sends[idx];
-      if (!it.ready) break;
-      if (p.send_done == 0) p.send_hdr = make_header(FrameKind::data, send_desc_of(idx), it.bytes);
-      iovec iov[2];
-      int niov = 0;
-      if (p.send_done < sizeof(FrameHeader)) {
-        iov[niov++] = {reinterpret_cast<uint8_t*>(&p.send_hdr) + p.send_done,
-                       sizeof(FrameHeader) - p.send_done};
-        if (it.bytes) iov[niov++] = {const_cast<void*>(it.data), it.bytes};
-      } else {
-        size_t off = p.send_done - sizeof(FrameHeader);
-        iov[niov++] = {static_cast<uint8_t*>(const_cast<void*>(it.data)) + off, it.bytes - off};
-      }
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<size_t>(niov);
-      ssize_t n = ::sendmsg(p.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        if (errno == EINTR) continue;
-        lost(q, send_desc_of(idx),
-             std::string("while sending to it (") + std::strerror(errno) + ")",
-             p.recv_hdr_got == 0 && p.recv_got == 0);
-      }
+void Mesh::post_send(const OpDesc& d, int q, const void* data, size_t bytes, Callback on_done) {
+  activate(q, d);
+  peers_[q].sends.push_back(
+      {d, static_cast<uint8_t*>(const_cast<void*>(data)), bytes, std::move(on_done)});
+}
+
+void Mesh::post_recv(const OpDesc& d, int q, void* data, size_t bytes, Callback on_done) {
+  activate(q, d);
+  peers_[q].recvs.push_back({d, static_cast<uint8_t*>(data), bytes, std::move(on_done)});
+}
+
+bool Mesh::pump_send(int q) {
+  Peer& p = peers_[q];
+  bool progressed = false;
+  while (!p.sends.empty()) {
+    Peer::Item& it = p.sends.front();
+    if (p.send_done == 0) p.send_hdr = make_header(FrameKind::data, it.desc, it.bytes);
+    iovec iov[2];
+    int niov = 0;
+    if (p.send_done < sizeof(FrameHeader)) {
+      iov[niov++] = {reinterpret_cast<uint8_t*>(&p.send_hdr) + p.send_done,
+                     sizeof(FrameHeader) - p.send_done};
+      if (it.bytes) iov[niov++] = {it.data, it.bytes};
+    } else {
+      size_t off = p.send_done - sizeof(FrameHeader);
+      iov[niov++] = {it.data + off, it.bytes - off};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(niov);
+    ssize_t n = ::sendmsg(p.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EINTR) continue;
+      lost(q, it.desc, std::string("while sending to it (") + std::strerror(errno) + ")",
+           p.recv_hdr_got == 0 && p.recv_got == 0);
+    }
+    progressed = true;
+    p.send_done += static_cast<size_t>(n);
+    if (p.send_done == sizeof(FrameHeader) + it.bytes) {
+      p.send_done = 0;
+      Callback done = std::move(it.on_done);
+      p.sends.pop_front();
+      --pending_;
+      if (done) done();
+    }
+  }
+  return progressed;
+}
+
+bool Mesh::pump_recv(int q) {
+  Peer& p = peers_[q];
+  bool progressed = false;
+  while (!p.recvs.empty()) {
+    Peer::Item& it = p.recvs.front();
+    if (p.recv_hdr_got < sizeof(FrameHeader)) {
+      ssize_t n = ::recv(p.fd.get(), reinterpret_cast<uint8_t*>(&p.recv_hdr) + p.recv_hdr_got,
+                         sizeof(FrameHeader) - p.recv_hdr_got, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        lost(q, it.desc, "(its connection closed: the process died, was killed, or aborted)",
+             false);
       progressed = true;
-      p.send_done += static_cast<size_t>(n);
-      if (p.send_done == sizeof(FrameHeader) + it.bytes) {
-        p.send_done = 0;
-        ++p.send_pos;
-        --pending;
+      p.recv_hdr_got += static_cast<size_t>(n);
+      if (p.recv_hdr_got < sizeof(FrameHeader)) continue;
+      const FrameHeader& h = p.recv_hdr;
+      FrameHeader expect = make_header(FrameKind::data, it.desc, it.bytes);
+      if (std::memcmp(&h, &expect, sizeof h) != 0) {
+        if (h.magic == kMagic && h.kind == expect.kind &&
+            desc_of(h).describe() == it.desc.describe())
+          throw Error(ErrorCode::mismatch,
+                      it.desc.describe() + " on " + rank_str(rank_) + ": " + rank_str(q) +
+                          " sent a step of " + std::to_string(h.bytes) + " bytes where " +
+                          std::to_string(it.bytes) +
+                          " were expected: the ranks use different COLLIE_* algorithm settings");
+        fail_from_frame(q, h, it.desc);
       }
     }
-    return progressed;
-  };
+    while (p.recv_got < it.bytes) {
+      ssize_t n = ::recv(p.fd.get(), it.data + p.recv_got, it.bytes - p.recv_got, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return progressed;
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        lost(q, it.desc, "in the middle of a message (the process died or was killed)", false);
+      progressed = true;
+      p.recv_got += static_cast<size_t>(n);
+    }
+    p.recv_hdr_got = p.recv_got = 0;
+    Callback done = std::move(it.on_done);
+    p.recvs.pop_front();
+    --pending_;
+    if (done) done();
+  }
+  return progressed;
+}
 
-  auto pump_recv = [&](int q) {
+void Mesh::timed_out() {
+  std::string who;
+  for (int q : active_) {
     Peer& p = peers_[q];
-    bool progressed = false;
-    while (p.recv_pos < p.recv_q.size()) {
-      size_t idx = p.recv_q[p.recv_pos];
-      RecvItem& it = recvs[idx];
-      const OpDesc& want = recv_desc_of(idx);
-      if (p.recv_hdr_got < sizeof(FrameHeader)) {
-        ssize_t n = ::recv(p.fd.get(), reinterpret_cast<uint8_t*>(&p.recv_hdr) + p.recv_hdr_got,
-                           sizeof(FrameHeader) - p.recv_hdr_got, MSG_DONTWAIT);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0)
-          lost(q, want, "(its connection closed: the process died, was killed, or aborted)", false);
-        progressed = true;
-        p.recv_hdr_got += static_cast<size_t>(n);
-        if (p.recv_hdr_got < sizeof(FrameHeader)) continue;
-        const FrameHeader& h = p.recv_hdr;
-        FrameHeader expect = make_header(FrameKind::data, want, it.bytes);
-        if (std::memcmp(&h, &expect, sizeof h) != 0) {
-          if (h.magic == kMagic && h.kind == expect.kind &&
-              desc_of(h).describe() == want.describe())
-            throw Error(ErrorCode::mismatch,
-                        want.describe() + " on " + rank_str(rank_) + ": " + rank_str(q) +
-                            " sent a step of " + std::to_string(h.bytes) + " bytes where " +
-                            std::to_string(it.bytes) +
-                            " were expected: the ranks use different COLLIE_* algorithm settings");
-          fail_from_frame(q, h, want);
-        }
-      }
-      while (p.recv_got < it.bytes) {
-        ssize_t n = ::recv(p.fd.get(), static_cast<uint8_t*>(it.data) + p.recv_got,
-                           it.bytes - p.recv_got, MSG_DONTWAIT);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return progressed;
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0)
-          lost(q, want, "in the middle of a message (the process died or was killed)", false);
-        progressed = true;
-        p.recv_got += static_cast<size_t>(n);
-      }
-      p.recv_hdr_got = p.recv_got = 0;
-      ++p.recv_pos;
-      --pending;
-      if (it.on_done) it.on_done();
+    if (!p.recvs.empty()) {
+      who = "waiting for " + rank_str(q) + " to send";
+      break;
     }
-    return progressed;
-  };
+    if (!p.sends.empty()) who = "waiting for " + rank_str(q) + " to receive";
+  }
+  throw Error(ErrorCode::timeout, current_.describe() + " on " + rank_str(rank_) + " timed out " +
+                                      who +
+                                      " (that rank is stalled, or is not calling the same "
+                                      "collective; COLLIE_TIMEOUT sets the deadline)");
+}
 
-  const OpDesc any_desc =
-      common ? *common : (!send_desc->empty() ? send_desc->front() : recv_desc->front());
+void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
+  if (closed_)
+    throw Error(ErrorCode::internal, "the communicator on " + rank_str(rank_) + " is closed");
+  for (Peer& p : peers_)
+    if (!p.departed) p.watch = true;
   std::vector<pollfd> pfds;
   std::vector<int> pfd_peer;
-  auto spin = std::chrono::microseconds(spin_us_);
+  const auto spin = std::chrono::microseconds(spin_us_);
   auto spin_until = net::Clock::now() + spin;
-  while (pending > 0) {
+  for (;;) {
+    if (failure_->failed()) throw *failure_->get();
     bool progressed = false;
-    for (int q : active) {
-      progressed |= pump_send(q);
-      progressed |= pump_recv(q);
+    // Callbacks may post to peers not yet active: index, do not iterate.
+    for (size_t i = 0; i < active_.size(); ++i) {
+      progressed |= pump_send(active_[i]);
+      progressed |= pump_recv(active_[i]);
     }
-    if (pending == 0) break;
+    if (pending_ == 0 && !(idle && idle())) break;
+    if (pending_ == 0) continue;
     auto now = net::Clock::now();
     if (progressed) {
       spin_until = now + spin;
       continue;
     }
-    if (refill) {
-      size_t before = sends.size() + recvs.size();
-      (*refill)();
-      if (sends.size() + recvs.size() != before) {
-        enqueue();
-        continue;
-      }
-    }
+    if (idle && idle()) continue;
     if (now < spin_until) continue;  // busy-poll the sockets: ~4 us vs ~40 us to wake
 
     pfds.clear();
@@ -402,54 +376,41 @@ void Mesh::run_impl(const OpDesc* common, std::vector<SendItem>& sends,
     for (int q = 0; q < size_; ++q) {
       Peer& p = peers_[q];
       if (q == rank_ || !p.fd.valid()) continue;
-      bool want_in = p.recv_pos < p.recv_q.size();
-      bool want_out = p.send_pos < p.send_q.size() && sends[p.send_q[p.send_pos]].ready;
+      bool want_in = !p.recvs.empty();
       short ev = 0;
       if (want_in) ev |= POLLIN;
-      if (want_out) ev |= POLLOUT;
+      if (!p.sends.empty()) ev |= POLLOUT;
       if (p.watch && !want_in) ev |= POLLRDHUP;
       if (ev == 0) continue;
       pfds.push_back({p.fd.get(), ev, 0});
       pfd_peer.push_back(q);
     }
-    if (refill && wake_fd_ >= 0) {
-      pfds.push_back({wake_fd_, POLLIN, 0});
-      pfd_peer.push_back(-1);
-    }
+    pfds.push_back({wake_.get(), POLLIN, 0});
+    pfd_peer.push_back(-1);
     int n = ::poll(pfds.data(), pfds.size(), net::poll_timeout_ms(deadline));
     if (n < 0 && errno != EINTR)
       throw system_error(ErrorCode::internal, "poll on " + rank_str(rank_), errno);
-    if (n == 0 && net::Clock::now() >= deadline) {
-      std::string who;
-      for (int q : active) {
-        Peer& p = peers_[q];
-        if (p.recv_pos < p.recv_q.size()) {
-          who = "waiting for " + rank_str(q) + " to send";
-          break;
-        }
-        if (p.send_pos < p.send_q.size() && sends[p.send_q[p.send_pos]].ready)
-          who = "waiting for " + rank_str(q) + " to receive";
-      }
-      throw Error(ErrorCode::timeout,
-                  any_desc.describe() + " on " + rank_str(rank_) + " timed out " + who +
-                      " (that rank is stalled, or is not calling the same collective; "
-                      "COLLIE_TIMEOUT sets the deadline)");
-    }
+    if (n == 0 && net::Clock::now() >= deadline) timed_out();
     for (size_t i = 0; i < pfds.size(); ++i) {
       int q = pfd_peer[i];
       if (q < 0) {
         uint64_t count;
         if (pfds[i].revents & POLLIN) [[maybe_unused]]
-          ssize_t r = ::read(wake_fd_, &count, sizeof count);
+          ssize_t r = ::read(wake_.get(), &count, sizeof count);
         continue;
       }
-      Peer& p = peers_[q];
-      bool recv_pending = p.recv_pos < p.recv_q.size();
-      if (!recv_pending && (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
-        check_hangup(q, any_desc);
+      if (peers_[q].recvs.empty() && (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+        check_hangup(q);
     }
     spin_until = net::Clock::now() + spin;
   }
+  for (int q : active_) is_active_[q] = 0;
+  active_.clear();
+}
+
+void Mesh::wake() noexcept {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
 }
 
 void Mesh::send_last_frame(uint8_t kind, uint8_t code, const std::string& text) noexcept {
@@ -476,9 +437,18 @@ void Mesh::send_last_frame(uint8_t kind, uint8_t code, const std::string& text) 
 }
 
 void Mesh::abort(const Error& e) noexcept {
-  if (closed_) return;
-  send_last_frame(static_cast<uint8_t>(FrameKind::abort), static_cast<uint8_t>(e.code()),
-                  std::string(e.what()).substr(0, kMaxAbortText));
+  if (!closed_)
+    send_last_frame(static_cast<uint8_t>(FrameKind::abort), static_cast<uint8_t>(e.code()),
+                    std::string(e.what()).substr(0, kMaxAbortText));
+  // Whatever was posted belongs to an operation that has failed: its
+  // callbacks point into state that is gone, and never run.
+  for (Peer& p : peers_) {
+    p.sends.clear();
+    p.recvs.clear();
+  }
+  pending_ = 0;
+  for (int q : active_) is_active_[q] = 0;
+  active_.clear();
 }
 
 void Mesh::close() noexcept {

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,18 @@ class Communicator {
   // new communicator, ordered by (key, rank). color < 0: this rank joins
   // none and gets nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // Fails this communicator (code `aborted`, with `reason`): the operation
+  // in flight stops, every later call fails at once, and the peers are told,
+  // so that they fail too instead of waiting for their deadline. Any thread.
+  virtual void abort(const std::string& reason) = 0;
+  // The communicator's first failure, without waiting: empty while it works.
+  virtual std::optional<Error> error() const = 0;
+  // A reference to this communicator that stays safe to call after the
+  // owner destroys it: calls then fail with `unavailable` instead of
+  // touching freed memory. Comm hooks whose continuations issue operations
+  // later (PowerSGD's second all-reduce) hold one of these.
+  virtual std::shared_ptr<Communicator> share() = 0;
 };
 
 std::unique_ptr<Communicator> connect(const Options& options = {});

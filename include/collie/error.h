@@ -19,7 +19,9 @@ enum class ErrorCode : int {
   mismatch = 4,          // ranks disagree (count, dtype, op, collective)
   unavailable = 5,       // a backend or feature that was not built / not reachable
   internal = 6,          // a bug in collie or a system call that should not fail
+  aborted = 7,           // the program aborted the communicator (Communicator::abort)
 };
+inline constexpr int kNumErrorCodes = 7;
 
 std::string_view to_string(ErrorCode code);
 

@@ -1,23 +1,29 @@
-// collie/work.h: the handle of an operation in flight.
+// collie/work.h: the handle of an operation in flight, and the completion
+// interface behind it.
 //
-// Every communicator call returns a Work at once; the operation runs on the
-// communicator's progress thread (or on the thread that waits for it, when
-// nothing is ahead of it: that saves two thread wake-ups per small op).
-// A Work is cheap to copy: copies share one state.
+// Every communicator call returns a Work at once. A Work is cheap to copy:
+// copies share one Completion, which is what the backend that runs the
+// operation hands back:
 //
 //   Work w = comm.allreduce(grad, ReduceOp::avg);
 //   ... compute ...
 //   w.wait();                      // throws collie::Error if the op failed
 //
-// then() chains: the function runs when this Work completes (on the thread
-// that completed it) and the returned Work completes when the function
-// returns, or, for a function that itself returns a Work, when that one does.
-// Comm hooks are built this way.
+// then() chains: the function runs once this Work completes and the returned
+// Work completes when the function returns (or, for then_work, when the Work
+// the function returns does). Comm hooks are built this way. Continuations of
+// a communicator's operations run on that communicator's continuation
+// thread, never on the thread that moves its bytes: they may compute, issue
+// more operations and wait for them without holding communication up. They
+// should not wait for another continuation's result (both would be queued on
+// the one continuation thread).
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,17 +32,73 @@
 
 namespace collie {
 
+// Runs continuations somewhere other than the calling thread.
+using Dispatch = std::function<void(std::vector<std::function<void()>>)>;
+
+// How an operation in flight ends. The base class is a host completion that
+// whoever runs the operation ends with finish(); a backend derives from it
+// where "ended" is something to poll (a CUDA event), where a waiter can run
+// the operation itself (the host executor), or where a stream can wait
+// without the host (NCCL). The four virtual functions are the interface:
+// query, wait with a deadline, make a stream wait, abort.
+class Completion {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Completion(std::string description, std::chrono::milliseconds default_timeout);
+  virtual ~Completion();
+  Completion(const Completion&) = delete;
+  Completion& operator=(const Completion&) = delete;
+
+  // Whether the operation has ended, without blocking. A device completion
+  // polls its event here and finishes itself when it has.
+  virtual bool query();
+  // Blocks until the operation has ended or `deadline` passes; returns
+  // whether it ended.
+  virtual bool wait_until(Clock::time_point deadline);
+  // Makes `stream` (a cudaStream_t) wait for the operation. A host
+  // operation has no stream work: this waits for it on the host.
+  virtual void wait_on(void* stream);
+  // Ends the operation with `e` if it has not ended. A device operation
+  // cannot be cancelled on its own: its completion aborts the communicator.
+  virtual void abort(const Error& e);
+
+  // Records the end (the first call wins), wakes waiters and runs the
+  // continuations: on this thread, or through `dispatch` when given.
+  void finish(std::optional<Error> e, const Dispatch& dispatch = {});
+  // Whether finish() has been called (no polling).
+  bool ended() const;
+  std::optional<Error> error() const;
+  const std::string& description() const { return description_; }
+  std::chrono::milliseconds default_timeout() const { return default_timeout_; }
+  // Runs fn once the operation has ended: now, on this thread, if it has.
+  void on_complete(std::function<void()> fn);
+
+ protected:
+  // Waits for finish() on a condition variable, at most until `deadline`.
+  bool block_until(Clock::time_point deadline);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::optional<Error> error_;
+  std::vector<std::function<void()>> callbacks_;
+  const std::string description_;
+  const std::chrono::milliseconds default_timeout_;
+};
+
 class Work {
  public:
-  struct State;
-
   // An empty handle: already complete, successfully.
   Work();
+  explicit Work(std::shared_ptr<Completion> completion);
 
   bool done() const;
   // Waits until complete, at most `timeout` (by default a little over twice
-  // the communicator's timeout, so that the op's own error comes first). Throws the operation's
-  // error, or Error{timeout} naming the operation if it is not complete in time.
+  // the communicator's timeout, so that the op's own error comes first).
+  // Throws the operation's error, or Error{timeout} naming the operation if
+  // it is not complete in time.
   void wait() const;
   void wait(std::chrono::milliseconds timeout) const;
   // The error the operation failed with; empty while running or on success.
@@ -47,25 +109,22 @@ class Work {
   Work then(std::function<void(const Work&)> fn) const;
   Work then_work(std::function<Work(const Work&)> fn) const;
 
-  // Makes `stream` wait for this operation. CPU operations are complete when
-  // wait() returns, so here it waits on the host; CUDA backends enqueue the
-  // wait on the stream without a host sync.
+  // Makes `stream` wait for this operation: a stream wait for device
+  // operations, a host wait for host ones.
   void wait_on(void* stream) const;
 
-  // For backends: a Work that an executor completes.
+  // A Work that the caller ends with complete() or fail() (hooks, tests).
   static Work pending(std::string description, std::chrono::milliseconds default_timeout);
   static Work failed(const Error& e);
   void complete() const;
   void fail(const Error& e) const;
-  // Set by an executor: lets a waiter run the operation itself when nothing
-  // is ahead of it. Returns true when it ran (and so completed) the op.
-  void set_inline_runner(std::function<bool()> runner) const;
+
+  const std::shared_ptr<Completion>& completion() const { return c_; }
   // Whether two handles share one operation.
-  bool operator==(const Work& other) const { return state_ == other.state_; }
+  bool operator==(const Work& other) const { return c_ == other.c_; }
 
  private:
-  explicit Work(std::shared_ptr<State> s) : state_(std::move(s)) {}
-  std::shared_ptr<State> state_;
+  std::shared_ptr<Completion> c_;
 };
 
 // Waits for every one of `works`, even after one has failed (those still

@@ -1,9 +1,9 @@
-#include "comm/tcp/algorithm.h"
+#include "comm/algorithms/choose.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace collie::tcp {
+namespace collie::algo {
 
 namespace {
 int ceil_log2(int n) {
@@ -72,4 +72,4 @@ BroadcastAlgo choose_broadcast(size_t bytes, int n, const config::TcpTuning& t) 
              : BroadcastAlgo::binomial_tree;
 }
 
-}  // namespace collie::tcp
+}  // namespace collie::algo

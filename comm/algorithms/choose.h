@@ -1,4 +1,4 @@
-// comm/tcp/algorithm.h: the one place the TCP backend picks an algorithm.
+// comm/algorithms/choose.h: the one place collie picks a collective algorithm.
 //
 // A cost model in the style of NCCL's tuner: each candidate's time is
 // latency x message steps + bytes on the critical path / bandwidth + bytes
@@ -11,7 +11,7 @@
 
 #include "comm/config/config.h"
 
-namespace collie::tcp {
+namespace collie::algo {
 
 enum class AllreduceAlgo { ring, recursive_doubling };
 enum class BroadcastAlgo { chain, binomial_tree };
@@ -23,4 +23,4 @@ double broadcast_cost(BroadcastAlgo a, size_t bytes, int ranks, const config::Tc
 AllreduceAlgo choose_allreduce(size_t bytes, int ranks, const config::TcpTuning& t);
 BroadcastAlgo choose_broadcast(size_t bytes, int ranks, const config::TcpTuning& t);
 
-}  // namespace collie::tcp
+}  // namespace collie::algo

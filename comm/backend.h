@@ -1,0 +1,114 @@
+// comm/backend.h: the plug-in point for collie's backends.
+//
+// A backend moves bytes; everything else a communicator does lives once, in
+// the front (comm/front.cc): argument checks, operation numbering and order,
+// the cached first failure, split's bookkeeping, shutdown. A backend is:
+//
+//  * a registry entry (comm/registry.cc): its name, whether this build has
+//    it and why not, whether it can serve these ranks, and how to create it
+//    from a BackendContext (the resolved launch settings and the rendezvous
+//    store, made once by connect() for every backend);
+//  * a Backend object: start an operation and return its completion, make
+//    the backend of a split-off communicator, abort, shut down.
+//
+// Backends whose progress is driven by host threads (tcp, and later shm and
+// mpi) run their operations on a HostExecutor (comm/host_executor.h), which
+// keeps issue order, runs point-to-point batches, lets a waiter run the next
+// operation itself, and keeps continuations off the thread that moves bytes.
+// A device backend (nccl) returns completions of its own (CUDA events).
+//
+// Adding one is a folder (comm/<name>/) and a line in comm/registry.cc: see
+// "How to add a backend" in docs/architecture.md.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collie/store.h"
+#include "collie/work.h"
+#include "comm/config/config.h"
+#include "comm/op.h"
+
+namespace collie {
+
+// A communicator's first failure: set once, read by the front (which fails
+// every later call with it at once) and by the backend (which fails the
+// operations already queued, and stops a running one when another thread
+// aborts).
+class FailureLatch {
+ public:
+  // Records `e` unless a failure is recorded already; returns whether it did.
+  bool set(const Error& e);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  std::optional<Error> get() const;
+
+ private:
+  std::atomic<bool> failed_{false};
+  mutable std::mutex mu_;
+  std::optional<Error> first_;
+};
+
+// What a backend is created from.
+struct BackendContext {
+  config::Launch launch;             // rank, world size, deadline, secret, ...
+  std::shared_ptr<Store> store;      // rendezvous, shared by every communicator of the job
+  std::shared_ptr<void> keep_alive;  // the store server, when this rank serves it
+  std::string key;                   // unique per communicator: prefix store keys with it
+  std::string listen_host;           // the address this rank's peers reach it on
+  std::shared_ptr<FailureLatch> failure;
+  config::Env env;  // for the backend's own settings, read through comm/config
+};
+
+// Which ranks a split makes, as the front worked it out (every rank of the
+// parent calls Backend::split, those with color < 0 too).
+struct SplitPlan {
+  int color = -1;
+  int key = 0;
+  std::vector<int> members;  // parent ranks of the new communicator, in new-rank order
+  int new_rank = -1;         // this rank's place in `members` (-1 when color < 0)
+  BackendContext context;    // for the new communicator: launch.rank/world_size and key set
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Whether this backend moves tensors on device `d`.
+  virtual bool accepts(const Device& d) const = 0;
+  // Starts `op`, checked and numbered by the front; ops arrive in issue
+  // order. The completion is failed, never thrown, when the op fails.
+  virtual Work start(Op op) = 0;
+  // The backend of the communicator `plan` describes, or nullptr for a rank
+  // that joins none (color < 0). Collective over this communicator.
+  virtual std::unique_ptr<Backend> split(const SplitPlan& plan) = 0;
+  // Ends what is in flight with `e` (already recorded in the latch) and tells
+  // the peers. Any thread; returns without waiting for the running op.
+  virtual void abort(const Error& e) = 0;
+  // Once, by the owner: ops not started fail, the running one ends, the
+  // peers are told goodbye, threads are joined.
+  virtual void shutdown() = 0;
+};
+
+// One line of the registry.
+struct BackendEntry {
+  const char* name;
+  bool built;
+  // Why this build lacks it, and what to do (when !built).
+  const char* why_not_built;
+  // "" when it can serve these ranks, else why not. May be null: always.
+  std::string (*unusable)(const config::Launch& launch);
+  std::unique_ptr<Backend> (*create)(const BackendContext& ctx);
+};
+
+// Every backend collie knows of, in the order `auto` prefers them.
+const std::vector<BackendEntry>& backend_registry();
+
+// The entry for `requested` ("auto" or a name), or an error that says why
+// it cannot be had (unknown, not built, not usable for these ranks).
+const BackendEntry& pick_backend(const std::string& requested, const config::Launch& launch);
+
+}  // namespace collie

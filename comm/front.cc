@@ -1,0 +1,238 @@
+#include "comm/front.h"
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "comm/core/validate.h"
+
+namespace collie {
+
+bool FailureLatch::set(const Error& e) {
+  std::lock_guard lk(mu_);
+  if (first_) return false;
+  first_ = e;
+  failed_.store(true, std::memory_order_release);
+  return true;
+}
+
+std::optional<Error> FailureLatch::get() const {
+  if (!failed()) return std::nullopt;
+  std::lock_guard lk(mu_);
+  return first_;
+}
+
+namespace {
+
+std::string rank_str(int r) {
+  return "rank " + std::to_string(r);
+}
+
+// What every handle of one communicator shares: the backend and the state
+// the front keeps for it.
+class Core {
+ public:
+  Core(BackendContext ctx, std::unique_ptr<Backend> backend)
+      : ctx(std::move(ctx)),
+        backend(std::move(backend)),
+        send_seq(static_cast<size_t>(this->ctx.launch.world_size), 0),
+        recv_seq(static_cast<size_t>(this->ctx.launch.world_size), 0) {}
+
+  int rank() const { return ctx.launch.rank; }
+  int size() const { return ctx.launch.world_size; }
+
+  Work submit(Op op) {
+    std::lock_guard lk(mu);
+    std::string what = op.desc.describe() + " on " + rank_str(rank());
+    if (destroyed)
+      return Work::failed(Error(ErrorCode::unavailable,
+                                what + ": its communicator was destroyed (this call came through "
+                                       "a reference the communicator's owner outlived)"));
+    if (auto first = ctx.failure->get())
+      return Work::failed(Error(
+          first->code(), what + " cannot run: the communicator failed earlier: " + first->what()));
+    // Numbered here, in issue order; the backend receives them in it too.
+    if (op.p2p())
+      op.desc.seq = ++(op.is_send ? send_seq : recv_seq)[op.peer];
+    else
+      op.desc.seq = ++coll_seq;
+    return backend->start(std::move(op));
+  }
+
+  // Once: the backend stops; later calls through any handle fail at once.
+  void destroy() {
+    {
+      std::lock_guard lk(mu);
+      if (destroyed) return;
+      destroyed = true;
+    }
+    backend->shutdown();
+  }
+
+  const BackendContext ctx;
+  const std::unique_ptr<Backend> backend;
+  std::mutex mu;
+  uint32_t coll_seq = 0;
+  std::vector<uint32_t> send_seq, recv_seq;
+  int splits = 0;
+  bool destroyed = false;
+};
+
+class Front final : public Communicator {
+ public:
+  Front(std::shared_ptr<Core> core, bool owner) : core_(std::move(core)), owner_(owner) {}
+  ~Front() override {
+    if (owner_) core_->destroy();
+  }
+
+  int rank() const override { return core_->rank(); }
+  int size() const override { return core_->size(); }
+  std::string backend() const override { return core_->backend->name(); }
+  std::chrono::milliseconds timeout() const override { return core_->ctx.launch.timeout; }
+
+  Work allreduce(TensorView in, TensorView out, ReduceOp op) override {
+    std::string what = where("allreduce");
+    check(in, what, "input");
+    check(out, what, "output");
+    validate::same_dtype(in, out, what);
+    validate::op_on(op, in.dtype, what);
+    validate::same_or_disjoint(in, out, what);
+    if (in.numel != out.numel)
+      throw Error(ErrorCode::invalid_argument, what + ": input has " + std::to_string(in.numel) +
+                                                   " elements but output has " +
+                                                   std::to_string(out.numel));
+    return submit(OpKind::allreduce, in, out, op, 0, in.numel);
+  }
+
+  Work broadcast(TensorView buf, int root) override {
+    std::string what = where("broadcast");
+    check(buf, what, "buffer");
+    validate::rank_in(root, size(), what, "root");
+    return submit(OpKind::broadcast, buf, buf, ReduceOp::sum, root, buf.numel);
+  }
+
+  Work allgather(TensorView in, TensorView out) override {
+    std::string what = where("allgather");
+    check(in, what, "input");
+    check(out, what, "output");
+    validate::same_dtype(in, out, what);
+    if (out.numel != in.numel * static_cast<size_t>(size()))
+      throw Error(ErrorCode::invalid_argument,
+                  what + ": output has " + std::to_string(out.numel) +
+                      " elements; it must hold size() x input = " +
+                      std::to_string(in.numel * static_cast<size_t>(size())));
+    TensorView mine = out.slice(in.numel * static_cast<size_t>(rank()), in.numel);
+    validate::same_or_disjoint(in, mine, what);
+    if (in.data != mine.data) validate::same_or_disjoint(in, out, what);
+    return submit(OpKind::allgather, in, out, ReduceOp::sum, 0, in.numel);
+  }
+
+  Work reduce_scatter(TensorView in, TensorView out, ReduceOp op) override {
+    std::string what = where("reduce_scatter");
+    check(in, what, "input");
+    check(out, what, "output");
+    validate::same_dtype(in, out, what);
+    validate::op_on(op, in.dtype, what);
+    if (in.numel != out.numel * static_cast<size_t>(size()))
+      throw Error(ErrorCode::invalid_argument,
+                  what + ": input has " + std::to_string(in.numel) +
+                      " elements; it must hold size() x output = " +
+                      std::to_string(out.numel * static_cast<size_t>(size())));
+    validate::same_or_disjoint(in.slice(out.numel * static_cast<size_t>(rank()), out.numel), out,
+                               what);
+    return submit(OpKind::reduce_scatter, in, out, op, 0, out.numel);
+  }
+
+  Work barrier() override {
+    return submit(OpKind::barrier, TensorView{nullptr, DType::u8, 1, Device::cpu()}, {},
+                  ReduceOp::sum, 0, 1);
+  }
+
+  Work send(TensorView buf, int peer, int tag) override { return p2p(buf, peer, tag, true); }
+  Work recv(TensorView buf, int peer, int tag) override { return p2p(buf, peer, tag, false); }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    const int n = size();
+    std::vector<int64_t> mine{color, key}, all(2 * static_cast<size_t>(n));
+    allgather(view_of(mine.data(), 2), view_of(all.data(), all.size())).wait();
+    int split_no;
+    {
+      std::lock_guard lk(core_->mu);
+      split_no = ++core_->splits;
+    }
+    SplitPlan plan;
+    plan.color = color;
+    plan.key = key;
+    if (color >= 0) {
+      std::vector<std::pair<int64_t, int>> members;
+      for (int q = 0; q < n; ++q)
+        if (all[2 * q] == color) members.push_back({all[2 * q + 1], q});
+      std::sort(members.begin(), members.end());
+      for (size_t i = 0; i < members.size(); ++i) {
+        plan.members.push_back(members[i].second);
+        if (members[i].second == rank()) plan.new_rank = static_cast<int>(i);
+      }
+      plan.context = core_->ctx;
+      plan.context.launch.rank = plan.new_rank;
+      plan.context.launch.world_size = static_cast<int>(plan.members.size());
+      plan.context.key =
+          core_->ctx.key + "/s" + std::to_string(split_no) + "c" + std::to_string(color);
+      plan.context.failure = std::make_shared<FailureLatch>();
+    }
+    auto b = core_->backend->split(plan);
+    if (color < 0) return nullptr;
+    return make_front(plan.context, std::move(b));
+  }
+
+  void abort(const std::string& reason) override {
+    Error e(ErrorCode::aborted,
+            "the program aborted the communicator on " + rank_str(rank()) + ": " + reason);
+    if (core_->ctx.failure->set(e)) core_->backend->abort(e);
+  }
+
+  std::optional<Error> error() const override { return core_->ctx.failure->get(); }
+
+  std::shared_ptr<Communicator> share() override { return std::make_shared<Front>(core_, false); }
+
+ private:
+  std::string where(const char* op) const { return std::string(op) + " on " + rank_str(rank()); }
+
+  void check(const TensorView& t, const std::string& what, const char* name) const {
+    validate::tensor(t, what, name);
+    validate::device(t, core_->backend->accepts(t.device), core_->backend->name(), what, name);
+  }
+
+  Work submit(OpKind kind, TensorView in, TensorView out, ReduceOp redop, int tag, size_t count) {
+    Op op;
+    op.desc = {kind, in.dtype, redop, 0, tag, count};
+    op.in = in;
+    op.out = out;
+    return core_->submit(std::move(op));
+  }
+
+  Work p2p(TensorView buf, int peer, int tag, bool is_send) {
+    std::string what = where(is_send ? "send" : "recv");
+    check(buf, what, "buffer");
+    validate::rank_in(peer, size(), what, "peer");
+    if (peer == rank())
+      throw Error(ErrorCode::invalid_argument, what + ": peer is this rank itself");
+    Op op;
+    op.desc = {OpKind::p2p, buf.dtype, ReduceOp::sum, 0, tag, buf.numel};
+    op.in = op.out = buf;
+    op.peer = peer;
+    op.is_send = is_send;
+    return core_->submit(std::move(op));
+  }
+
+  std::shared_ptr<Core> core_;
+  const bool owner_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_front(const BackendContext& ctx,
+                                         std::unique_ptr<Backend> backend) {
+  return std::make_unique<Front>(std::make_shared<Core>(ctx, std::move(backend)), true);
+}
+
+}  // namespace collie

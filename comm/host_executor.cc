@@ -1,0 +1,288 @@
+#include "comm/host_executor.h"
+
+#include "comm/core/log.h"
+
+namespace collie {
+
+// A completion the executor ends; a waiter runs the queue up to it.
+class HostExecutor::Queued final : public Completion {
+ public:
+  Queued(std::string description, std::chrono::milliseconds timeout, std::weak_ptr<HostExecutor> ex,
+         uint64_t ticket)
+      : Completion(std::move(description), timeout), ex_(std::move(ex)), ticket_(ticket) {}
+
+  bool wait_until(Clock::time_point deadline) override {
+    if (!ended())
+      if (auto ex = ex_.lock()) ex->run_until(ticket_);
+    return block_until(deadline);
+  }
+
+ private:
+  std::weak_ptr<HostExecutor> ex_;
+  const uint64_t ticket_;
+};
+
+// One thread that runs continuations in the order their operations ended.
+// Started on first use: communicators whose operations nobody chains to
+// never start it.
+class HostExecutor::Continuations {
+ public:
+  void post(std::vector<std::function<void()>> fns) {
+    {
+      std::lock_guard lk(mu_);
+      if (!stopped_) {
+        for (auto& f : fns) q_.push_back(std::move(f));
+        if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+        cv_.notify_one();
+        return;
+      }
+    }
+    for (auto& f : fns) f();  // after shutdown: run here
+  }
+
+  // Runs what is queued, then ends the thread.
+  void stop() {
+    std::thread t;
+    {
+      std::lock_guard lk(mu_);
+      stopped_ = true;
+      cv_.notify_one();
+      t = std::move(thread_);
+    }
+    if (!t.joinable()) return;
+    // A continuation that destroys its own communicator ends up here on the
+    // continuation thread: it cannot join itself, and the thread ends on its
+    // own once the queue is empty.
+    if (t.get_id() == std::this_thread::get_id())
+      t.detach();
+    else
+      t.join();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stopped_ || !q_.empty(); });
+      if (q_.empty()) return;
+      auto fn = std::move(q_.front());
+      q_.pop_front();
+      lk.unlock();
+      fn();
+      lk.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  bool stopped_ = false;
+  std::thread thread_;
+};
+
+HostExecutor::HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> failure, int rank,
+                           std::chrono::milliseconds timeout)
+    : runner_(runner),
+      failure_(std::move(failure)),
+      rank_(rank),
+      timeout_(timeout),
+      continuations_(std::make_shared<Continuations>()) {
+  // The continuation thread is shared with the dispatch function, which
+  // completions may still call after this executor is gone.
+  dispatch_ = [c = continuations_](std::vector<std::function<void()>> fns) {
+    c->post(std::move(fns));
+  };
+}
+
+std::shared_ptr<HostExecutor> HostExecutor::start(HostRunner& runner,
+                                                  std::shared_ptr<FailureLatch> failure, int rank,
+                                                  std::chrono::milliseconds timeout) {
+  auto ex = std::make_shared<HostExecutor>(runner, std::move(failure), rank, timeout);
+  ex->thread_ = std::thread([weak = std::weak_ptr<HostExecutor>(ex)] {
+    if (auto self = weak.lock()) self->loop();
+  });
+  return ex;
+}
+
+HostExecutor::~HostExecutor() {
+  if (thread_.joinable()) thread_.detach();  // shutdown() joins; this only guards misuse
+}
+
+std::string HostExecutor::rank_str() const {
+  return "rank " + std::to_string(rank_);
+}
+
+Work HostExecutor::submit(Op op) {
+  std::shared_ptr<Queued> done;
+  {
+    std::lock_guard lk(mu_);
+    // A waiter gives up only after the op's own deadline (and that of one op
+    // ahead of it) has passed, so the op's error, which says what it was
+    // waiting for, arrives first.
+    std::string what = op.desc.describe() + " on " + rank_str();
+    if (stop_)
+      return Work::failed(Error(ErrorCode::unavailable,
+                                what + " was issued while its communicator was being destroyed"));
+    uint64_t ticket = next_ticket_++;
+    done = std::make_shared<Queued>(what, 2 * timeout_ + std::chrono::seconds(1), weak_from_this(),
+                                    ticket);
+    const bool p2p = op.p2p();
+    queue_.push_back({std::move(op), done, ticket});
+    // A running point-to-point batch takes in later sends and receives.
+    if (busy_ && running_p2p_ && p2p) runner_.wake();
+  }
+  cv_.notify_all();
+  return Work(done);
+}
+
+std::vector<HostExecutor::Task> HostExecutor::pop_batch() {
+  std::vector<Task> batch;
+  batch.push_back(std::move(queue_.front()));
+  queue_.pop_front();
+  running_p2p_ = batch[0].op.p2p();
+  // Point-to-point ops issued back to back progress together, so that an
+  // exchange written as send-then-receive on both sides cannot deadlock.
+  if (running_p2p_)
+    while (!queue_.empty() && queue_.front().op.p2p()) {
+      batch.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+  return batch;
+}
+
+void HostExecutor::run_until(uint64_t ticket) {
+  for (;;) {
+    std::vector<Task> batch;
+    {
+      std::lock_guard lk(mu_);
+      if (stop_ || busy_ || queue_.empty() || queue_.front().ticket > ticket) return;
+      batch = pop_batch();
+      busy_ = true;
+    }
+    execute_and_release(batch);
+  }
+}
+
+void HostExecutor::loop() {
+  for (;;) {
+    std::vector<Task> batch;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || (!busy_ && !queue_.empty()); });
+      if (stop_) return;
+      batch = pop_batch();
+      busy_ = true;
+    }
+    execute_and_release(batch);
+  }
+}
+
+void HostExecutor::execute_and_release(std::vector<Task>& batch) {
+  std::optional<Error> err = execute(batch);
+  {
+    std::lock_guard lk(mu_);
+    busy_ = false;
+    running_p2p_ = false;
+  }
+  cv_.notify_all();
+  // Ended only now, with the executor free: a woken waiter can run its next
+  // op at once, and continuations go to their own thread. Point-to-point ops
+  // that finished inside the batch have ended already (first finish wins).
+  for (auto& t : batch) t.done->finish(err, dispatch_);
+}
+
+std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
+  if (auto first = failure_->get()) {
+    // One error per op: each names itself and the cause.
+    for (auto& t : batch)
+      t.done->finish(Error(first->code(),
+                           t.op.desc.describe() + " on " + rank_str() +
+                               " cannot run: the communicator failed earlier: " + first->what()),
+                     dispatch_);
+    return std::nullopt;
+  }
+  try {
+    auto deadline = Deadline::clock::now() + timeout_;
+    if (!batch[0].op.p2p()) {
+      runner_.run_collective(batch[0].op, deadline);
+      return std::nullopt;
+    }
+    P2pBatch p;
+    for (auto& t : batch) p.ops.push_back(t.op);
+    p.finished = [&](size_t i) { batch[i].done->finish(std::nullopt, dispatch_); };
+    p.refill = [&] {
+      std::lock_guard lk(mu_);
+      bool added = false;
+      while (!queue_.empty() && queue_.front().op.p2p()) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        p.ops.push_back(batch.back().op);
+        added = true;
+      }
+      return added;
+    };
+    runner_.run_p2p(p, deadline);
+    return std::nullopt;
+  } catch (const Error& ex) {
+    return fail(ex);
+  } catch (const std::exception& ex) {
+    return fail(Error(ErrorCode::internal, batch[0].op.desc.describe() + ": " + ex.what()));
+  }
+}
+
+Error HostExecutor::fail(Error e) {
+  // An abort from another thread stopped the run: report its cause.
+  if (!failure_->set(e)) e = *failure_->get();
+  log::info(std::string("communicator failed: ") + e.what());
+  runner_.abort_peers(e);
+  return e;
+}
+
+void HostExecutor::abort(const Error& e) {
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) return;
+    if (busy_) {
+      runner_.wake();
+      return;
+    }
+    busy_ = true;
+  }
+  // Nothing runs: tell the peers now, holding the executor.
+  runner_.abort_peers(e);
+  {
+    std::lock_guard lk(mu_);
+    busy_ = false;
+  }
+  cv_.notify_all();
+}
+
+void HostExecutor::shutdown() {
+  {
+    std::unique_lock lk(mu_);
+    if (stop_) return;
+    stop_ = true;
+    cv_.notify_all();
+    cv_.wait(lk, [&] { return !busy_; });
+  }
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id())
+      thread_.detach();
+    else
+      thread_.join();
+  }
+  std::deque<Task> left;
+  {
+    std::lock_guard lk(mu_);
+    left.swap(queue_);
+  }
+  for (auto& t : left)
+    t.done->finish(
+        Error(ErrorCode::unavailable, t.op.desc.describe() + " on " + rank_str() +
+                                          " never ran: its communicator was destroyed first"),
+        dispatch_);
+  runner_.close();
+  continuations_->stop();
+}
+
+}  // namespace collie

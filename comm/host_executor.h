@@ -1,0 +1,113 @@
+// comm/host_executor.h: how host-progress backends (tcp; later shm, mpi)
+// run operations: in issue order, one at a time, on a progress thread, or
+// on the thread that waits for one (it runs every operation up to its own,
+// which saves two thread wake-ups per small op: on this kind of VM a wake-up
+// costs more than a small all-reduce). Point-to-point operations issued back
+// to back run as one batch, so a pairwise exchange (both ranks send, then
+// both receive) cannot deadlock on socket buffers.
+//
+// Continuations (Work::then) of these operations run on a continuation
+// thread of their own, never on the thread that moves bytes, and never while
+// the executor is held: a continuation may compute for long, issue more
+// operations and wait for them, and communication goes on meanwhile.
+//
+// The first failure is recorded in the communicator's FailureLatch; the
+// operations queued behind it fail with it when their turn comes.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/backend.h"
+#include "comm/transport.h"
+
+namespace collie {
+
+// Sends and receives the executor runs together. `ops` grows while the batch
+// runs: refill() appends those issued since (returns whether it did).
+// finished(i) completes ops[i] as soon as it is done.
+struct P2pBatch {
+  std::vector<Op> ops;
+  std::function<bool()> refill;
+  std::function<void(size_t)> finished;
+};
+
+// What a host-progress backend gives its executor.
+class HostRunner {
+ public:
+  virtual ~HostRunner() = default;
+  // Runs one collective to its end, or throws collie::Error.
+  virtual void run_collective(const Op& op, Deadline deadline) = 0;
+  virtual void run_p2p(P2pBatch& batch, Deadline deadline) = 0;
+  // After the first failure, on the thread that holds the executor: tell
+  // the peers and tear the connections down.
+  virtual void abort_peers(const Error& e) noexcept = 0;
+  // A clean end: tell the peers goodbye.
+  virtual void close() noexcept = 0;
+  // Interrupts a run in progress from another thread, so that it takes in
+  // queued point-to-point ops or notices an abort in the latch.
+  virtual void wake() noexcept = 0;
+};
+
+class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
+ public:
+  static std::shared_ptr<HostExecutor> start(HostRunner& runner,
+                                             std::shared_ptr<FailureLatch> failure, int rank,
+                                             std::chrono::milliseconds timeout);
+  ~HostExecutor();
+
+  Work submit(Op op);
+  // The latch holds `e` already: stop the running op, or tell the peers now
+  // if nothing runs.
+  void abort(const Error& e);
+  // Later submits fail at once; queued ops fail; the running op ends; the
+  // runner says goodbye; the continuations still queued run; threads join.
+  void shutdown();
+
+  HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> failure, int rank,
+               std::chrono::milliseconds timeout);
+
+ private:
+  class Queued;
+  class Continuations;
+  struct Task {
+    Op op;
+    std::shared_ptr<Queued> done;
+    uint64_t ticket = 0;
+  };
+
+  void loop();
+  // A waiter's turn: runs queued ops up to and including `ticket`.
+  void run_until(uint64_t ticket);
+  std::vector<Task> pop_batch();  // with mu_ held
+  void execute_and_release(std::vector<Task>& batch);
+  std::optional<Error> execute(std::vector<Task>& batch);
+  // Records the first failure, tells the peers; returns the error to report.
+  Error fail(Error e);
+  std::string rank_str() const;
+
+  HostRunner& runner_;
+  std::shared_ptr<FailureLatch> failure_;
+  const int rank_;
+  const std::chrono::milliseconds timeout_;
+  std::shared_ptr<Continuations> continuations_;
+  Dispatch dispatch_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  uint64_t next_ticket_ = 1;
+  bool busy_ = false;
+  bool running_p2p_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace collie

@@ -1,0 +1,47 @@
+// comm/op.h: an operation as the communicator front hands it to a backend:
+// what it is (OpDesc, which also travels in wire headers and names the op in
+// every message) and the buffers it works on. The front has checked it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "collie/types.h"
+
+namespace collie {
+
+// The values are part of collie's wire format (TCP frame headers).
+enum class OpKind : uint8_t {
+  allreduce = 1,
+  broadcast,
+  allgather,
+  reduce_scatter,
+  barrier,
+  p2p,
+  split,
+};
+std::string_view to_string(OpKind k);
+
+struct OpDesc {
+  OpKind op = OpKind::allreduce;
+  DType dtype = DType::u8;
+  ReduceOp redop = ReduceOp::sum;
+  uint32_t seq = 0;              // collective number, or per-pair message number for p2p
+  int32_t tag = 0;               // p2p tag, broadcast root
+  uint64_t count = 0;            // elements as the caller passed them
+  std::string describe() const;  // "allreduce #3 (f32 x 1000, sum)"
+};
+
+struct Op {
+  OpDesc desc;
+  // allreduce, reduce_scatter, allgather: in and out as the caller passed
+  // them; broadcast, send and recv: the one buffer, in both.
+  TensorView in{};
+  TensorView out{};
+  int peer = -1;  // send and recv
+  bool is_send = false;
+  bool p2p() const { return desc.op == OpKind::p2p; }
+};
+
+}  // namespace collie

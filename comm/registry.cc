@@ -1,0 +1,65 @@
+// comm/registry.cc: every backend collie knows of, built or not, in the
+// order `auto` prefers them. This is the one file that names a backend's
+// folder: a backend is added with a line here (see docs/architecture.md).
+#include "collie_build_config.h"
+#include "comm/backend.h"
+#include "comm/tcp/tcp_backend.h"
+
+namespace collie {
+
+const std::vector<BackendEntry>& backend_registry() {
+  static const std::vector<BackendEntry> registry = {
+      {"nccl", false, "the NCCL backend is not part of this version of collie yet", nullptr,
+       nullptr},
+      {"shm", false, "the shared-memory transport is not part of this version of collie yet",
+       nullptr, nullptr},
+      {"mpi", false,
+       COLLIE_HAVE_MPI ? "the MPI backend is not part of this version of collie yet"
+                       : "this build has no MPI: install libopenmpi-dev and configure with "
+                         "-Dmpi=enabled",
+       nullptr, nullptr},
+      tcp::backend_entry(),
+  };
+  return registry;
+}
+
+namespace {
+
+std::string names(bool built_only) {
+  std::string s;
+  for (const auto& b : backend_registry())
+    if (b.built || !built_only) s += (s.empty() ? "" : ", ") + std::string(b.name);
+  return s;
+}
+
+std::string unusable(const BackendEntry& b, const config::Launch& launch) {
+  return b.unusable ? b.unusable(launch) : std::string();
+}
+
+}  // namespace
+
+const BackendEntry& pick_backend(const std::string& requested, const config::Launch& launch) {
+  const auto& all = backend_registry();
+  if (requested == "auto") {
+    for (const auto& b : all)
+      if (b.built && unusable(b, launch).empty()) return b;
+    throw Error(ErrorCode::unavailable, "no backend of this build can serve " +
+                                            std::to_string(launch.world_size) +
+                                            " ranks (built: " + names(true) + ")");
+  }
+  for (const auto& b : all) {
+    if (requested != b.name) continue;
+    if (!b.built)
+      throw Error(ErrorCode::unavailable, "backend '" + requested +
+                                              "' is not available: " + b.why_not_built +
+                                              " (available: " + names(true) + ")");
+    if (std::string why = unusable(b, launch); !why.empty())
+      throw Error(ErrorCode::unavailable, "backend '" + requested + "' cannot serve these ranks: " +
+                                              why + " (available: " + names(true) + ")");
+    return b;
+  }
+  throw Error(ErrorCode::invalid_argument,
+              "unknown backend '" + requested + "'; choose one of auto, " + names(false));
+}
+
+}  // namespace collie
