@@ -76,8 +76,16 @@ std::string BucketPlan::fingerprint() const {
 FlatBuffer FlatBuffer::allocate(DType dtype, size_t numel) {
   FlatBuffer f;
   size_t bytes = std::max<size_t>(1, numel * dtype_size(dtype));
-  f.owned_ = std::shared_ptr<uint8_t[]>(new uint8_t[bytes]());
-  f.view_ = TensorView{f.owned_.get(), dtype, numel, Device::cpu()};
+  std::shared_ptr<uint8_t[]> mem(new uint8_t[bytes]());
+  f.view_ = TensorView{mem.get(), dtype, numel, Device::cpu()};
+  f.owner_ = std::move(mem);
+  return f;
+}
+
+FlatBuffer FlatBuffer::part_of(std::shared_ptr<void> owner, TensorView memory) {
+  FlatBuffer f;
+  f.owner_ = std::move(owner);
+  f.view_ = memory;
   return f;
 }
 

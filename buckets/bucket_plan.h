@@ -59,19 +59,22 @@ class BucketPlan {
   std::vector<std::pair<size_t, size_t>> where_;
 };
 
-// One bucket's memory: owned, or lent by the engine (which keeps it alive).
+// One bucket's memory: owned, lent by the engine (which keeps it alive), or
+// part of a larger allocation that `owner` keeps alive (BucketMemory's
+// arenas).
 class FlatBuffer {
  public:
   FlatBuffer() = default;
   static FlatBuffer allocate(DType dtype, size_t numel);
   static FlatBuffer borrow(TensorView memory);
+  static FlatBuffer part_of(std::shared_ptr<void> owner, TensorView memory);
 
   TensorView view() const { return view_; }
   TensorView slice(size_t offset, size_t numel) const { return view_.slice(offset, numel); }
   void zero();
 
  private:
-  std::shared_ptr<uint8_t[]> owned_;
+  std::shared_ptr<void> owner_;
   TensorView view_{};
 };
 

@@ -40,13 +40,13 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
     const Parameter& p = params_[i];
     if (p.value.numel > 0 && !p.value.data)
       throw misuse("parameter " + std::to_string(i) + " on " + who + " has no data");
-    if (!opt_.gradient_as_bucket_view &&
-        (p.grad.numel != p.value.numel || p.grad.dtype != p.value.dtype ||
-         (p.grad.numel > 0 && !p.grad.data)))
+    if (!opt_.gradient_as_bucket_view && p.grad.data &&
+        (p.grad.numel != p.value.numel || p.grad.dtype != p.value.dtype))
       throw misuse("parameter " + std::to_string(i) + " on " + who +
                    ": its gradient buffer must match it (" + std::to_string(p.value.numel) + " " +
                    std::string(to_string(p.value.dtype)) +
-                   " elements), or use gradient_as_bucket_view");
+                   " elements), or be given later (set_grad, mark_grad_ready), or use "
+                   "gradient_as_bucket_view");
     if (p.rows > 0 && p.value.numel % p.rows != 0)
       throw misuse("parameter " + std::to_string(i) + " on " + who + " has " +
                    std::to_string(p.value.numel) +
@@ -60,6 +60,8 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
   // Every rank must hold the same parameters and build the same buckets:
   // compare counts, shapes and the bucket plan (it also depends on the
   // bucket sizes, which a rank could be given differently).
+  memory_ = std::make_unique<BucketMemory>(specs_, opt_.bucket_allocator);
+  stale_view_.assign(params_.size(), nullptr);
   build_buckets({});
   uint64_t plan_hash = kFnvBasis;
   for (char ch : plan_.fingerprint())
@@ -109,19 +111,56 @@ Reducer::~Reducer() {
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   plan_ = BucketPlan::build(specs_, order, opt_.first_bucket_bytes, opt_.bucket_bytes);
-  buffers_.clear();
-  for (const Bucket& b : plan_.buckets())
-    buffers_.push_back(FlatBuffer::allocate(b.dtype, b.numel));
+  buffers_ = memory_->lay_out(plan_);
   works_.assign(plan_.buckets().size(), Work());
   launched_at_.assign(plan_.buckets().size(), {});
   comm_us_ = std::make_shared<std::vector<double>>(plan_.buckets().size(), 0.0);
 }
 
+TensorView Reducer::bucket_slot(size_t i) const {
+  size_t b = plan_.bucket_of(i), k = plan_.slot_of(i);
+  return buffers_[b].slice(plan_.buckets()[b].offsets[k], specs_[i].numel);
+}
+
 TensorView Reducer::grad_view(size_t i) const {
   if (i >= params_.size()) throw misuse("no parameter " + std::to_string(i));
   if (!opt_.gradient_as_bucket_view) return params_[i].grad;
-  size_t b = plan_.bucket_of(i), k = plan_.slot_of(i);
-  return buffers_[b].slice(plan_.buckets()[b].offsets[k], specs_[i].numel);
+  return bucket_slot(i);
+}
+
+uint64_t Reducer::layout_generation() const {
+  return generation_;
+}
+
+void Reducer::set_grad(size_t i, TensorView grad) {
+  std::lock_guard lk(mu_);
+  set_grad_locked(i, grad);
+}
+
+void Reducer::set_grad_locked(size_t i, const TensorView& grad) {
+  if (i >= params_.size())
+    throw misuse("gradient " + std::to_string(i) + ": there are " + std::to_string(params_.size()) +
+                 " parameters");
+  const std::string which = "the gradient of parameter " + std::to_string(i);
+  if (opt_.gradient_as_bucket_view) {
+    const void* want = bucket_slot(i).data;
+    if (grad.data == want) return;
+    if (grad.data && grad.data == stale_view_[i])
+      throw misuse(which + " was written through its view from before the buckets were rebuilt " +
+                   "(layout generation " + std::to_string(generation_ - 1) + "; now " +
+                   std::to_string(generation_) +
+                   "): re-read grad_view() after finalize_backward when layout_generation() "
+                   "changes");
+    throw misuse(which + " was given at " + std::to_string(reinterpret_cast<uintptr_t>(grad.data)) +
+                 ", which is not its bucket view: with gradient_as_bucket_view the engine writes "
+                 "into grad_view(" +
+                 std::to_string(i) + ")");
+  }
+  if (grad.data && (grad.numel != specs_[i].numel || grad.dtype != specs_[i].dtype))
+    throw misuse(which + " was given as " + std::to_string(grad.numel) + " " +
+                 std::string(to_string(grad.dtype)) + " elements; the parameter has " +
+                 std::to_string(specs_[i].numel) + " " + std::string(to_string(specs_[i].dtype)));
+  params_[i].grad = grad.data ? grad : TensorView{};
 }
 
 void Reducer::set_comm_hook(const std::string& spec) {
@@ -183,13 +222,22 @@ void Reducer::prepare_for_backward(const std::vector<bool>& used) {
 }
 
 void Reducer::copy_in(size_t i) {
-  size_t b = plan_.bucket_of(i), k = plan_.slot_of(i);
-  auto slot = buffers_[b].slice(plan_.buckets()[b].offsets[k], specs_[i].numel);
+  auto slot = bucket_slot(i);
   std::memcpy(slot.data, params_[i].grad.data, slot.nbytes());
 }
 
 void Reducer::mark_grad_ready(size_t i) {
   std::lock_guard lk(mu_);
+  mark_locked(i);
+}
+
+void Reducer::mark_grad_ready(size_t i, TensorView grad) {
+  std::lock_guard lk(mu_);
+  set_grad_locked(i, grad);
+  mark_locked(i);
+}
+
+void Reducer::mark_locked(size_t i) {
   if (i >= params_.size())
     throw misuse("mark_grad_ready(" + std::to_string(i) + "): there are " +
                  std::to_string(params_.size()) + " parameters");
@@ -203,6 +251,10 @@ void Reducer::mark_grad_ready(size_t i) {
   if (marked_[i])
     throw misuse("gradient of parameter " + std::to_string(i) +
                  " marked ready twice in iteration " + std::to_string(iteration_));
+  if (!opt_.gradient_as_bucket_view && !params_[i].grad.data)
+    throw misuse("gradient of parameter " + std::to_string(i) +
+                 " marked ready, but the reducer has no buffer for it: pass it to "
+                 "mark_grad_ready(i, grad) or set_grad");
   marked_[i] = true;
   ready_order_.push_back(i);
   last_mark_ = Clock::now();
@@ -265,12 +317,14 @@ void Reducer::finalize_backward() {
   stats_.gradient_bytes = 0;
   for (const auto& buf : buffers_) stats_.gradient_bytes += buf.view().nbytes();
 
+  // Copy mode: the averages go back to where the engine's gradients are now;
+  // a gradient the engine has no buffer for (set_grad with none) is left.
   if (!opt_.gradient_as_bucket_view)
-    for (size_t i = 0; i < params_.size(); ++i) {
-      size_t b = plan_.bucket_of(i), k = plan_.slot_of(i);
-      auto slot = buffers_[b].slice(plan_.buckets()[b].offsets[k], specs_[i].numel);
-      std::memcpy(params_[i].grad.data, slot.data, slot.nbytes());
-    }
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].grad.data) {
+        auto slot = bucket_slot(i);
+        std::memcpy(params_[i].grad.data, slot.data, slot.nbytes());
+      }
 
   stats_.iteration = iteration_;
   stats_.backward_us = us_between(backward_start_, last_mark_);
@@ -326,21 +380,34 @@ void Reducer::rebuild_from_observed_order() {
 void Reducer::apply_order(const std::vector<size_t>& new_order) {
   const size_t n = params_.size();
   bucket_order_ = new_order;
-  BucketPlan old_plan = plan_;
-  std::vector<FlatBuffer> old_buffers = buffers_;
+  const std::string before = plan_.fingerprint();
+  std::vector<TensorView> old_slots(n);
+  for (size_t i = 0; i < n; ++i) old_slots[i] = bucket_slot(i);
   build_buckets(new_order);
-  if (plan_.fingerprint() == old_plan.fingerprint()) {
-    buffers_ = old_buffers;
-    return;
-  }
-  // Gradients (the engine's, with bucket views) move to the new layout.
+  if (plan_.fingerprint() == before) return;
+  // The new layout is in the same memory: gradients (the engine's, with
+  // bucket views) move to their new places through a copy, since old and
+  // new places overlap. Nothing is reallocated, so a view the engine kept
+  // still points into live memory, and mark_grad_ready(i, view) recognises
+  // it as stale.
+  size_t total = 0;
   for (size_t i = 0; i < n; ++i) {
-    size_t ob = old_plan.bucket_of(i), ok = old_plan.slot_of(i);
-    size_t nb = plan_.bucket_of(i), nk = plan_.slot_of(i);
-    auto from = old_buffers[ob].slice(old_plan.buckets()[ob].offsets[ok], specs_[i].numel);
-    auto to = buffers_[nb].slice(plan_.buckets()[nb].offsets[nk], specs_[i].numel);
-    std::memcpy(to.data, from.data, from.nbytes());
+    if (!old_slots[i].device.is_cpu())
+      throw Error(ErrorCode::unavailable,
+                  "reducer: rebuilding buckets on " + to_string(old_slots[i].device) +
+                      " needs device copies, which this build does not have; set "
+                      "rebuild_buckets to false");
+    total += old_slots[i].nbytes();
   }
+  std::vector<uint8_t> saved(total);
+  for (size_t i = 0, at = 0; i < n; at += old_slots[i].nbytes(), ++i)
+    std::memcpy(saved.data() + at, old_slots[i].data, old_slots[i].nbytes());
+  for (size_t i = 0, at = 0; i < n; at += old_slots[i].nbytes(), ++i) {
+    TensorView now = bucket_slot(i);
+    std::memcpy(now.data, saved.data() + at, now.nbytes());
+    stale_view_[i] = now.data == old_slots[i].data ? nullptr : old_slots[i].data;
+  }
+  ++generation_;
 }
 
 namespace {

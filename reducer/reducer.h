@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "buckets/bucket_memory.h"
 #include "buckets/bucket_plan.h"
 #include "collie/comm.h"
 #include "hooks/comm_hook.h"
@@ -53,11 +54,20 @@ struct ReducerOptions {
   // instead (a user's own C++ hook).
   std::string comm_hook;
   std::shared_ptr<CommHook> hook;
+  // Where bucket memory comes from: the engine's allocator (PyTorch's, a
+  // CUDA one), so that buckets live on their device and the engine's
+  // gradients can view them. Null: zeroed host memory. Asked once per
+  // (dtype, device); the memory is released when the reducer and every
+  // reduction still writing it are gone, never by a rebuild.
+  std::shared_ptr<BucketAllocator> bucket_allocator;
 };
 
 struct Parameter {
   TensorView value;  // the parameter itself (broadcast from rank 0 at construction)
-  TensorView grad;   // the engine's gradient buffer; unused with gradient_as_bucket_view
+  // The engine's gradient buffer; unused with gradient_as_bucket_view. May
+  // be empty here and given later (set_grad, or mark_grad_ready(i, grad)),
+  // for engines whose gradients come and go (PyTorch's set_to_none).
+  TensorView grad;
   // Its first dimension when it is a matrix or higher (a conv weight
   // [out, in, kh, kw] has rows = out); 0 for a vector. Hooks that compress
   // matrices (PowerSGD) view the gradient as rows x numel/rows.
@@ -88,12 +98,28 @@ class Reducer {
   // iteration's set is kept and later `used` arguments are ignored.
   void prepare_for_backward(const std::vector<bool>& used = {});
   void mark_grad_ready(size_t param);
+  // The same, saying where the gradient is now. Copy mode: the engine's
+  // current buffer, which may have moved since the last iteration (PyTorch's
+  // zero_grad(set_to_none=True) frees it); it is copied in now and the
+  // average copied back into it. Bucket-view mode: it must be grad_view(i);
+  // a view from before a rebuild is refused, naming the layout generation,
+  // instead of its writes landing in another gradient's place.
+  void mark_grad_ready(size_t param, TensorView grad);
   void finalize_backward();
 
+  // Where gradient i lives now, in copy mode (empty: the engine has none,
+  // and finalize leaves it alone). In bucket-view mode it must be
+  // grad_view(i).
+  void set_grad(size_t param, TensorView grad);
+
   // Where the engine must write gradient i (gradient_as_bucket_view), or the
-  // engine's own buffer otherwise. Re-read after finalize_backward(): the
-  // first rebuild moves buckets.
+  // engine's own buffer otherwise. Re-read after finalize_backward() when
+  // layout_generation() has changed: the first rebuild moves gradients to
+  // other places in the same memory.
   TensorView grad_view(size_t param) const;
+  // Counts the changes of bucket layout (the rebuild after the first
+  // iteration, a load_state with another layout): 0 until the first.
+  uint64_t layout_generation() const;
 
   // While set, iterations only accumulate locally (no communication); the
   // next iteration without it reduces the accumulated gradients.
@@ -123,6 +149,9 @@ class Reducer {
  private:
   void build_buckets(const std::vector<size_t>& order);
   void launch_ready_buckets();  // with mu_ held
+  void mark_locked(size_t param);
+  void set_grad_locked(size_t param, const TensorView& grad);
+  TensorView bucket_slot(size_t param) const;
   void copy_in(size_t param);
   void rebuild_from_observed_order();
   void apply_order(const std::vector<size_t>& order);  // moves gradients with the buckets
@@ -133,7 +162,10 @@ class Reducer {
   std::vector<ParamSpec> specs_;
   ReducerOptions opt_;
   BucketPlan plan_;
-  std::vector<FlatBuffer> buffers_;
+  std::unique_ptr<BucketMemory> memory_;
+  std::vector<FlatBuffer> buffers_;  // slices of memory_'s arenas
+  uint64_t generation_ = 0;
+  std::vector<const void*> stale_view_;  // per parameter: its view before the last rebuild
   std::shared_ptr<CommHook> hook_;
 
   std::mutex mu_;

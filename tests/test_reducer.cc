@@ -10,10 +10,16 @@
 // rebuild really moves gradients.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <mutex>
+#include <random>
 #include <string>
+#include <thread>
 
 #include "collie/comm.h"
+#include "mp_common.h"
 #include "mp_test.h"
 #include "reducer/reducer.h"
 #include "tiny_mlp.h"
@@ -32,9 +38,13 @@ constexpr double kLr = 0.05;
 
 struct Config {
   bool bucket_view, static_graph, unused, no_sync;
+  // Copy mode with gradients that move: every step the engine frees its
+  // gradient buffers and makes new ones (PyTorch's zero_grad(set_to_none)),
+  // passes each at mark_grad_ready, and says an unused one has none.
+  bool moving = false;
   std::string name() const {
     return std::string(bucket_view ? "view" : "copy") + (static_graph ? "+static" : "") +
-           (unused ? "+unused" : "") + (no_sync ? "+no_sync" : "");
+           (unused ? "+unused" : "") + (no_sync ? "+no_sync" : "") + (moving ? "+moving" : "");
   }
 };
 
@@ -73,7 +83,7 @@ void train_and_compare(const Config& c) {
   std::vector<Parameter> ps;
   for (size_t i = 0; i < params.size(); ++i)
     ps.push_back({view_of(params[i].data(), params[i].size()),
-                  view_of(own_grads[i].data(), own_grads[i].size())});
+                  c.moving ? TensorView{} : view_of(own_grads[i].data(), own_grads[i].size())});
   ReducerOptions opt;
   opt.first_bucket_bytes = 16;  // 3-4 buckets out of 56 floats of parameters
   opt.bucket_bytes = 32;
@@ -86,8 +96,16 @@ void train_and_compare(const Config& c) {
   const int micro = c.no_sync ? 4 : 1;
   for (int step = 0; step < kSteps; ++step) {
     std::vector<float*> grads;
+    if (c.moving) {
+      // New buffers every step, the old ones freed: the reducer must never
+      // write where a gradient was (asan reports it if it does).
+      std::vector<std::vector<float>> fresh;
+      for (auto& v : params) fresh.emplace_back(v.size(), 0.0f);
+      own_grads.swap(fresh);
+    }
     for (size_t i = 0; i < params.size(); ++i) {
-      TensorView g = red.grad_view(i);
+      TensorView g =
+          c.moving ? view_of(own_grads[i].data(), own_grads[i].size()) : red.grad_view(i);
       std::memset(g.data, 0, g.nbytes());  // zero_grad
       grads.push_back(static_cast<float*>(g.data));
     }
@@ -99,14 +117,22 @@ void train_and_compare(const Config& c) {
     for (int m = 0; m < micro; ++m) {
       red.set_no_sync(m + 1 < micro);
       red.prepare_for_backward(used);
+      if (c.moving && !use_e) red.set_grad(4, {});  // set_to_none: no buffer for e
       int count = shard / micro;
       testing::backward<float>(pp, grads, data, first + m * count, count, shard, use_e,
-                               [&](size_t i) { red.mark_grad_ready(i); });
+                               [&](size_t i) {
+                                 if (c.moving)
+                                   red.mark_grad_ready(i, view_of(grads[i], params[i].size()));
+                                 else
+                                   red.mark_grad_ready(i);
+                               });
       red.finalize_backward();
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      const float* g =
-          static_cast<const float*>(red.grad_view(i).data);  // re-read: rebuilds move it
+      // Re-read: rebuilds move bucket views; with moving gradients an unused
+      // one has no buffer (its update would add zero).
+      const float* g = static_cast<const float*>(red.grad_view(i).data);
+      if (!g) continue;
       for (size_t k = 0; k < params[i].size(); ++k) params[i][k] -= static_cast<float>(kLr) * g[k];
     }
   }
@@ -136,7 +162,10 @@ TEST(Reducer, DataParallelEqualsSerialForEveryOptionCombination) {
   for (bool view : {false, true})
     for (bool stat : {false, true})
       for (bool unused : {false, true})
-        for (bool no_sync : {false, true}) train_and_compare({view, stat, unused, no_sync});
+        for (bool no_sync : {false, true}) {
+          train_and_compare({view, stat, unused, no_sync});
+          if (!view) train_and_compare({view, stat, unused, no_sync, true});
+        }
 }
 
 TEST(Reducer, BucketViewsAreTheBucketsNoCopies) {
@@ -149,6 +178,195 @@ TEST(Reducer, BucketViewsAreTheBucketsNoCopies) {
   // Both gradients live in one bucket, back to back, last parameter first.
   auto g0 = red.grad_view(0), g1 = red.grad_view(1);
   EXPECT_EQ(static_cast<float*>(g1.data) + 20, static_cast<float*>(g0.data));
+}
+
+// An engine's allocator that keeps the books: what it handed out, and when
+// it got it back.
+class CountingAllocator final : public BucketAllocator {
+ public:
+  void* allocate(size_t bytes, DType t, Device d) override {
+    void* p = host_bucket_allocator()->allocate(bytes, t, d);
+    std::lock_guard lk(mu);
+    live.push_back({p, bytes});
+    ++allocations;
+    return p;
+  }
+  void release(void* p, size_t bytes, Device d) noexcept override {
+    {
+      std::lock_guard lk(mu);
+      ++releases;
+      for (size_t i = 0; i < live.size(); ++i)
+        if (live[i].first == p) live.erase(live.begin() + static_cast<long>(i));
+    }
+    host_bucket_allocator()->release(p, bytes, d);
+  }
+  bool owns(const TensorView& v) {
+    std::lock_guard lk(mu);
+    auto* b = static_cast<uint8_t*>(v.data);
+    for (auto [p, n] : live)
+      if (b >= static_cast<uint8_t*>(p) && b + v.nbytes() <= static_cast<uint8_t*>(p) + n)
+        return true;
+    return false;
+  }
+  std::mutex mu;
+  std::vector<std::pair<void*, size_t>> live;
+  int allocations = 0, releases = 0;
+};
+
+// Parameters of two dtypes, marked in registration order, so that the
+// rebuild after the first iteration changes the layout.
+struct TwoDtypeModel {
+  std::vector<std::vector<float>> f{std::vector<float>(5), std::vector<float>(7),
+                                    std::vector<float>(3), std::vector<float>(9)};
+  std::vector<double> d = std::vector<double>(6);
+  std::vector<Parameter> params() {
+    std::vector<Parameter> ps;
+    for (auto& v : f) ps.push_back({view_of(v.data(), v.size()), {}});
+    ps.push_back({view_of(d.data(), d.size()), {}});
+    return ps;
+  }
+};
+
+// One synchronised step in bucket-view mode: gradient i, element k of rank r
+// is (r + 1) * (i + 1) + k; returns the worst error against the average.
+double view_step(Reducer& red, size_t nparams, const std::vector<TensorView>& write_to) {
+  const int n = comm().size(), r = comm().rank();
+  red.prepare_for_backward();
+  for (size_t i = 0; i < nparams; ++i) {
+    TensorView g = write_to[i];
+    for (size_t k = 0; k < g.numel; ++k)
+      testing::put(g.dtype, g.data, k, (r + 1.0) * (i + 1.0) + static_cast<double>(k));
+    red.mark_grad_ready(i, g);
+  }
+  red.finalize_backward();
+  double worst = 0;
+  for (size_t i = 0; i < nparams; ++i) {
+    TensorView g = red.grad_view(i);
+    for (size_t k = 0; k < g.numel; ++k) {
+      double want = (n + 1.0) / 2.0 * (i + 1.0) + static_cast<double>(k);
+      worst = std::max(worst, std::abs(testing::get(g.dtype, g.data, k) - want));
+    }
+  }
+  return worst;
+}
+
+std::vector<TensorView> views_of(Reducer& red, size_t n) {
+  std::vector<TensorView> v;
+  for (size_t i = 0; i < n; ++i) v.push_back(red.grad_view(i));
+  return v;
+}
+
+// Bucket memory comes from the engine's allocator, once per (dtype,
+// device); the rebuild moves gradients inside it without allocating; the
+// memory goes back only when the reducer is gone.
+TEST(Reducer, BucketMemoryComesFromTheEnginesAllocatorAndIsNeverReallocated) {
+  TwoDtypeModel m;
+  auto alloc = std::make_shared<CountingAllocator>();
+  {
+    ReducerOptions opt;
+    opt.gradient_as_bucket_view = true;
+    opt.first_bucket_bytes = 16;
+    opt.bucket_bytes = 32;
+    opt.bucket_allocator = alloc;
+    Reducer red(comm(), m.params(), opt);
+    EXPECT_EQ(alloc->allocations, 2);  // f32 and f64
+    for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(alloc->owns(red.grad_view(i))) << i;
+    EXPECT_EQ(red.layout_generation(), 0u);
+    EXPECT_LE(view_step(red, 5, views_of(red, 5)), 1e-12);  // marked 0..4: another order
+    EXPECT_EQ(red.layout_generation(), 1u);
+    // After the rebuild the averages are still there, in the new places.
+    for (int step = 0; step < 3; ++step)
+      EXPECT_LE(view_step(red, 5, views_of(red, 5)), 1e-12) << step;
+    for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(alloc->owns(red.grad_view(i))) << i;
+    EXPECT_EQ(alloc->allocations, 2);
+    EXPECT_EQ(alloc->releases, 0);
+  }
+  // The last bucket's continuation holds its memory until it has run to its
+  // end, on the continuation thread, just after finalize saw the bucket done.
+  for (int i = 0; i < 5000 && alloc->releases < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(alloc->releases, 2);
+  EXPECT_TRUE(alloc->live.empty());
+}
+
+// An engine that keeps a gradient view from before the rebuild is told so
+// when it marks the gradient with it, naming the generation, instead of
+// writing into whatever gradient now lives there.
+TEST(Reducer, AViewFromBeforeTheRebuildIsRefusedNamingTheGeneration) {
+  TwoDtypeModel m;
+  ReducerOptions opt;
+  opt.gradient_as_bucket_view = true;
+  opt.first_bucket_bytes = 16;
+  opt.bucket_bytes = 32;
+  Reducer red(comm(), m.params(), opt);
+  auto before = views_of(red, 5);
+  view_step(red, 5, before);
+  ASSERT_EQ(red.layout_generation(), 1u);
+  auto after = views_of(red, 5);
+  size_t moved = 5;
+  for (size_t i = 0; i < 5 && moved == 5; ++i)
+    if (before[i].data != after[i].data) moved = i;
+  ASSERT_LT(moved, 5u) << "the rebuild moved nothing";
+  red.prepare_for_backward();
+  std::string msg = testing::error_of([&] { red.mark_grad_ready(moved, before[moved]); });
+  EXPECT_NE(msg.find("layout generation 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("re-read grad_view()"), std::string::npos) << msg;
+  // With the current views the step goes through on every rank.
+  for (size_t i = 0; i < 5; ++i) red.mark_grad_ready(i, after[i]);
+  red.finalize_backward();
+}
+
+// mark_grad_ready from several threads at once (engines run backward on
+// worker threads): 4 threads mark a quarter of the gradients each, in a
+// different order every iteration; the tsan build runs this.
+TEST(Reducer, MarkGradReadyFromFourThreadsAtOnce) {
+  const int n = comm().size(), r = comm().rank();
+  constexpr size_t kParams = 24;
+  constexpr int kIterations = 40;
+  for (bool view : {false, true}) {
+    std::vector<std::vector<float>> values(kParams), grads(kParams);
+    std::vector<Parameter> ps;
+    for (size_t i = 0; i < kParams; ++i) {
+      values[i].assign(3 + 5 * i, 0.0f);
+      grads[i].assign(values[i].size(), 0.0f);
+      ps.push_back({view_of(values[i].data(), values[i].size()),
+                    view ? TensorView{} : view_of(grads[i].data(), grads[i].size())});
+    }
+    ReducerOptions opt;
+    opt.gradient_as_bucket_view = view;
+    opt.first_bucket_bytes = 64;
+    opt.bucket_bytes = 256;
+    Reducer red(comm(), ps, opt);
+    double worst = 0;
+    for (int it = 0; it < kIterations; ++it) {
+      std::vector<float*> g(kParams);
+      for (size_t i = 0; i < kParams; ++i) {
+        g[i] = static_cast<float*>(red.grad_view(i).data);
+        for (size_t k = 0; k < values[i].size(); ++k)
+          g[i][k] = static_cast<float>((r + 1) * (i + 1) + it + k % 5);
+      }
+      red.prepare_for_backward();
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 4; ++t)
+        threads.emplace_back([&, t] {
+          std::vector<size_t> mine;
+          for (size_t i = t; i < kParams; i += 4) mine.push_back(i);
+          std::mt19937 rng(static_cast<unsigned>(it * 4 + t));
+          std::shuffle(mine.begin(), mine.end(), rng);
+          for (size_t i : mine) red.mark_grad_ready(i);
+        });
+      for (auto& t : threads) t.join();
+      red.finalize_backward();
+      for (size_t i = 0; i < kParams; ++i) {
+        const float* avg = static_cast<const float*>(red.grad_view(i).data);
+        for (size_t k = 0; k < values[i].size(); ++k) {
+          double want = (n + 1.0) / 2.0 * (i + 1.0) + it + static_cast<double>(k % 5);
+          worst = std::max(worst, std::abs(avg[k] - want) / want);
+        }
+      }
+    }
+    EXPECT_LE(worst, 1e-6) << (view ? "bucket view" : "copy");
+  }
 }
 
 TEST(Reducer, MisuseIsAClearError) {
