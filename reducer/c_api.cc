@@ -1,32 +1,16 @@
-// reducer/c_api.cc: include/collie/collie.h over the C++ API. It sits at
-// the top of the stack (it needs both the communicator and the reducer);
-// every entry point turns a collie::Error into its status code and keeps the
-// message for collie_last_error().
-#include <atomic>
+// reducer/c_api.cc: the reducer, comm-hook and averager half of
+// include/collie/collie.h over the C++ API (the communicator half is
+// c_api_comm.cc). It sits at the top of the stack: it needs both the
+// communicator and the reducer.
 #include <cstddef>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "collie/collie.h"
-#include "collie/comm.h"
 #include "hooks/model_averager.h"
+#include "reducer/c_api_internal.h"
 #include "reducer/reducer.h"
-
-struct collie_comm {
-  std::unique_ptr<collie::Communicator> owned;  // null for the view handed to C hooks
-  // The view's reference: a C hook that calls it after the communicator is
-  // gone gets an error, not freed memory.
-  std::shared_ptr<collie::Communicator> shared;
-  collie::Communicator* comm = nullptr;
-};
-
-struct collie_work {
-  collie::Work work;
-};
 
 struct collie_averager {
   std::unique_ptr<collie::PeriodicModelAverager> periodic;
@@ -43,68 +27,25 @@ struct collie_reducer {
   std::unique_ptr<collie::Reducer> reducer;
 };
 
+using namespace collie::capi;
+
 namespace {
 
-thread_local std::string g_last_error;
-
-collie_status fail(collie_status st, std::string msg) {
-  g_last_error = std::move(msg);
-  return st;
-}
-
-// Runs fn, mapping exceptions to status codes.
-template <typename Fn>
-collie_status guarded(Fn&& fn) {
-  try {
-    fn();
-    return COLLIE_OK;
-  } catch (const collie::Error& e) {
-    return fail(static_cast<collie_status>(e.code()), e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(COLLIE_ERR_INTERNAL, "out of memory");
-  } catch (const std::exception& e) {
-    return fail(COLLIE_ERR_INTERNAL, e.what());
-  }
-}
-
-collie::TensorView to_view(const collie_tensor& t, const char* what) {
-  if (t.dtype < 0 || t.dtype >= collie::kNumDTypes)
-    throw collie::Error(collie::ErrorCode::invalid_argument,
-                        std::string(what) + ": unknown dtype code " + std::to_string(t.dtype));
-  if (t.device_type != COLLIE_CPU && t.device_type != COLLIE_CUDA)
-    throw collie::Error(
-        collie::ErrorCode::invalid_argument,
-        std::string(what) + ": unknown device type " + std::to_string(t.device_type));
-  collie::Device d =
-      t.device_type == COLLIE_CPU ? collie::Device::cpu() : collie::Device::cuda(t.device_index);
-  return collie::TensorView{t.data, static_cast<collie::DType>(t.dtype), t.numel, d};
-}
-
-collie_tensor from_view(const collie::TensorView& v) {
-  collie_tensor t{};
-  t.data = v.data;
-  t.numel = v.numel;
-  t.dtype = static_cast<int32_t>(v.dtype);
-  t.device_type = v.device.is_cpu() ? COLLIE_CPU : COLLIE_CUDA;
-  t.device_index = v.device.index;
-  return t;
-}
-
-collie::ReduceOp to_op(int op) {
-  if (op < 0 || op >= collie::kNumReduceOps)
-    throw collie::Error(collie::ErrorCode::invalid_argument,
-                        "unknown reduce op code " + std::to_string(op));
-  return static_cast<collie::ReduceOp>(op);
-}
-
-// The sizes of the option and stats structs in the first ABI: the smallest
-// a caller may pass. Fields after them are read or written only when the
-// caller's struct_size covers them.
+// The smallest option and stats structs a caller may pass: ABI 1's first
+// sizes. Fields after them are read or written only when the caller's
+// struct_size covers them.
 constexpr uint32_t kReducerOptionsV1 = offsetof(collie_reducer_options, comm_hook);
 constexpr uint32_t kReducerStatsV1 = offsetof(collie_reducer_stats, gradient_bytes);
+
+// ABI 1's reducer structs had padding where struct_tag is now, which its
+// callers may have left as anything: a struct no larger than ABI 1's largest
+// is read as ABI 1's. A larger one carries a tag, or 0 (zeroed, then sized:
+// these structs only ever grow at the end); anything else is a struct that
+// was never initialised.
+constexpr uint32_t kReducerOptionsV1Max = 56, kReducerStatsV1Max = 64;
 template <typename S>
-bool has_field(const S* s, size_t offset, size_t size) {
-  return s->struct_size >= offset + size;
+bool tag_ok(const S* s, uint32_t v1_max) {
+  return s->struct_size <= v1_max || s->struct_tag == 0 || is_struct_tag(s->struct_tag);
 }
 
 // The checkpoint calls' protocol: *size is always the state's size; the
@@ -118,107 +59,72 @@ collie::Bytes bytes_in(const void* buf, size_t size) {
   return collie::Bytes(b, b + size);
 }
 
-collie_status null_argument(const char* func, const char* name) {
-  return fail(COLLIE_ERR_INVALID_ARGUMENT, std::string(func) + ": " + name + " is NULL");
-}
+// An engine's collie_allocator behind the C++ BucketAllocator.
+class CAllocator final : public collie::BucketAllocator {
+ public:
+  explicit CAllocator(const collie_allocator& a) : a_(a) {}
+  void* allocate(size_t bytes, collie::DType t, collie::Device d) override {
+    void* p = a_.allocate(a_.user, bytes, static_cast<int32_t>(t),
+                          d.is_cpu() ? COLLIE_CPU : COLLIE_CUDA, d.index);
+    if (!p)
+      throw collie::Error(collie::ErrorCode::unavailable,
+                          "the engine's bucket allocator returned NULL for " +
+                              std::to_string(bytes) + " bytes of " +
+                              std::string(collie::to_string(t)) + " on " + collie::to_string(d));
+    return p;
+  }
+  void release(void* p, size_t bytes, collie::Device d) noexcept override {
+    if (a_.release) a_.release(a_.user, p, bytes, d.is_cpu() ? COLLIE_CPU : COLLIE_CUDA, d.index);
+  }
 
-#define COLLIE_REQUIRE(ptr, name) \
-  if (!(ptr)) return null_argument(__func__, name)
+ private:
+  collie_allocator a_;
+};
+
+collie::ReducerOptions to_reducer_options(const collie_reducer_options* o, const uint64_t** rows) {
+  collie::ReducerOptions opt;
+  *rows = nullptr;
+  if (!o) return opt;
+  if (o->struct_size < kReducerOptionsV1 || !tag_ok(o, kReducerOptionsV1Max))
+    throw collie::Error(collie::ErrorCode::invalid_argument,
+                        "collie_reducer_create: options struct_size is " +
+                            std::to_string(o->struct_size) +
+                            "; initialise them with COLLIE_REDUCER_OPTIONS_INIT or "
+                            "collie_reducer_options_init");
+  collie_reducer_options defaults = COLLIE_REDUCER_OPTIONS_INIT;
+  collie_reducer_options c = read_struct(o, defaults);
+  static_assert(offsetof(collie_reducer_options, bucket_allocator) == kReducerOptionsV1Max);
+  opt.first_bucket_bytes = c.first_bucket_bytes;
+  opt.bucket_bytes = c.bucket_bytes;
+  opt.gradient_as_bucket_view = c.gradient_as_bucket_view != 0;
+  opt.find_unused_parameters = c.find_unused_parameters != 0;
+  opt.static_graph = c.static_graph != 0;
+  opt.broadcast_parameters = c.broadcast_parameters != 0;
+  opt.rebuild_buckets = c.rebuild_buckets != 0;
+  if (c.comm_hook) opt.comm_hook = c.comm_hook;
+  *rows = c.param_rows;
+  if (const collie_allocator* a = c.bucket_allocator) {
+    if (a->struct_size < offsetof(collie_allocator, user) + sizeof(void*) || !a->allocate)
+      throw collie::Error(collie::ErrorCode::invalid_argument,
+                          "collie_reducer_create: bucket_allocator needs struct_size "
+                          "(COLLIE_ALLOCATOR_INIT) and an allocate function");
+    opt.bucket_allocator = std::make_shared<CAllocator>(*a);
+  }
+  return opt;
+}
 
 }  // namespace
 
 extern "C" {
 
-const char* collie_last_error(void) {
-  return g_last_error.c_str();
-}
-int collie_abi_version(void) {
-  return COLLIE_ABI_VERSION;
-}
-
-void collie_comm_options_init(collie_comm_options* o) {
-  if (!o) return;
-  std::memset(o, 0, sizeof *o);
-  o->struct_size = sizeof *o;
-  o->rank = o->world_size = o->master_port = -1;
-}
-
-collie_status collie_comm_connect(const collie_comm_options* o, collie_comm** out) {
-  COLLIE_REQUIRE(out, "out");
-  *out = nullptr;
-  if (o && o->struct_size < sizeof(collie_comm_options))
-    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_comm_connect: options struct_size is " +
-                                                 std::to_string(o->struct_size) +
-                                                 "; call collie_comm_options_init first");
-  return guarded([&] {
-    collie::Options opt;
-    if (o) {
-      opt.rank = o->rank;
-      opt.world_size = o->world_size;
-      if (o->master_addr) opt.master_addr = o->master_addr;
-      opt.master_port = o->master_port;
-      if (o->backend) opt.backend = o->backend;
-      if (o->timeout_seconds > 0)
-        opt.timeout = std::chrono::milliseconds(static_cast<long long>(o->timeout_seconds * 1000));
-    }
-    auto c = std::make_unique<collie_comm>();
-    c->owned = collie::connect(opt);
-    c->comm = c->owned.get();
-    *out = c.release();
-  });
-}
-
-collie_status collie_comm_destroy(collie_comm* c) {
-  if (c && !c->owned)
-    return fail(COLLIE_ERR_INVALID_ARGUMENT,
-                "collie_comm_destroy: this is the reducer's communicator as lent to a comm hook; "
-                "only a communicator from collie_comm_connect may be destroyed");
-  return guarded([&] { delete c; });
-}
-
-collie_status collie_comm_rank(const collie_comm* c, int* rank) {
-  COLLIE_REQUIRE(c, "comm");
-  COLLIE_REQUIRE(rank, "rank");
-  *rank = c->comm->rank();
-  return COLLIE_OK;
-}
-
-collie_status collie_comm_size(const collie_comm* c, int* size) {
-  COLLIE_REQUIRE(c, "comm");
-  COLLIE_REQUIRE(size, "size");
-  *size = c->comm->size();
-  return COLLIE_OK;
-}
-
-collie_status collie_allreduce(collie_comm* c, collie_tensor in, collie_tensor out, collie_op op) {
-  COLLIE_REQUIRE(c, "comm");
-  return guarded(
-      [&] { c->comm->allreduce(to_view(in, "in"), to_view(out, "out"), to_op(op)).wait(); });
-}
-
-collie_status collie_broadcast(collie_comm* c, collie_tensor buf, int root) {
-  COLLIE_REQUIRE(c, "comm");
-  return guarded([&] { c->comm->broadcast(to_view(buf, "buf"), root).wait(); });
-}
-
-collie_status collie_allgather(collie_comm* c, collie_tensor in, collie_tensor out) {
-  COLLIE_REQUIRE(c, "comm");
-  return guarded([&] { c->comm->allgather(to_view(in, "in"), to_view(out, "out")).wait(); });
-}
-
-collie_status collie_barrier(collie_comm* c) {
-  COLLIE_REQUIRE(c, "comm");
-  return guarded([&] { c->comm->barrier().wait(); });
-}
-
+// ABI 1's exported initialiser, for programs built against it: writes
+// ABI 1's 56-byte struct (programs built since use the header's inline one).
 void collie_reducer_options_init(collie_reducer_options* o) {
   if (!o) return;
-  std::memset(o, 0, sizeof *o);
-  o->struct_size = sizeof *o;
-  collie::ReducerOptions d;
-  o->first_bucket_bytes = d.first_bucket_bytes;
-  o->bucket_bytes = d.bucket_bytes;
-  o->broadcast_parameters = 1;
+  collie_reducer_options full = COLLIE_REDUCER_OPTIONS_INIT;
+  full.struct_size = kReducerOptionsV1Max;
+  full.struct_tag = 0;
+  std::memcpy(static_cast<void*>(o), &full, kReducerOptionsV1Max);
 }
 
 collie_status collie_reducer_create(collie_comm* c, const collie_tensor* params,
@@ -229,37 +135,13 @@ collie_status collie_reducer_create(collie_comm* c, const collie_tensor* params,
   *out = nullptr;
   if (n > 0 && !params)
     return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_create: params is NULL");
-  // The struct grows at its end: a caller built against an older header
-  // passes a smaller size, and the fields it does not have keep defaults.
-  if (o && o->struct_size < kReducerOptionsV1)
-    return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_create: options struct_size is " +
-                                                 std::to_string(o->struct_size) +
-                                                 "; call collie_reducer_options_init first");
   return guarded([&] {
-    collie::ReducerOptions opt;
-    if (o) {
-      opt.first_bucket_bytes = o->first_bucket_bytes;
-      opt.bucket_bytes = o->bucket_bytes;
-      opt.gradient_as_bucket_view = o->gradient_as_bucket_view != 0;
-      opt.find_unused_parameters = o->find_unused_parameters != 0;
-      opt.static_graph = o->static_graph != 0;
-      opt.broadcast_parameters = o->broadcast_parameters != 0;
-      if (has_field(o, offsetof(collie_reducer_options, comm_hook), sizeof o->comm_hook) &&
-          o->comm_hook)
-        opt.comm_hook = o->comm_hook;
-    }
-    const uint64_t* rows =
-        o && has_field(o, offsetof(collie_reducer_options, param_rows), sizeof o->param_rows)
-            ? o->param_rows
-            : nullptr;
-    if (!grads && !opt.gradient_as_bucket_view)
-      throw collie::Error(
-          collie::ErrorCode::invalid_argument,
-          "collie_reducer_create: grads is NULL, which needs gradient_as_bucket_view");
+    const uint64_t* rows = nullptr;
+    collie::ReducerOptions opt = to_reducer_options(o, &rows);
     std::vector<collie::Parameter> ps;
     for (size_t i = 0; i < n; ++i)
       ps.push_back({to_view(params[i], "params[i]"),
-                    grads ? to_view(grads[i], "grads[i]") : collie::TensorView{},
+                    grads && grads[i].data ? to_view(grads[i], "grads[i]") : collie::TensorView{},
                     rows ? static_cast<size_t>(rows[i]) : 0});
     auto r = std::make_unique<collie_reducer>();
     r->reducer = std::make_unique<collie::Reducer>(*c->comm, std::move(ps), opt);
@@ -283,6 +165,25 @@ collie_status collie_reducer_prepare(collie_reducer* r, const uint8_t* used, siz
 collie_status collie_reducer_mark_ready(collie_reducer* r, size_t param) {
   COLLIE_REQUIRE(r, "reducer");
   return guarded([&] { r->reducer->mark_grad_ready(param); });
+}
+
+collie_status collie_reducer_mark_ready_grad(collie_reducer* r, size_t param, collie_tensor grad) {
+  COLLIE_REQUIRE(r, "reducer");
+  return guarded([&] { r->reducer->mark_grad_ready(param, to_view(grad, "grad")); });
+}
+
+collie_status collie_reducer_set_grad(collie_reducer* r, size_t param, const collie_tensor* grad) {
+  COLLIE_REQUIRE(r, "reducer");
+  return guarded([&] {
+    r->reducer->set_grad(param, grad && grad->data ? to_view(*grad, "grad") : collie::TensorView{});
+  });
+}
+
+collie_status collie_reducer_layout_generation(const collie_reducer* r, uint64_t* generation) {
+  COLLIE_REQUIRE(r, "reducer");
+  COLLIE_REQUIRE(generation, "generation");
+  *generation = r->reducer->layout_generation();
+  return COLLIE_OK;
 }
 
 collie_status collie_reducer_finalize(collie_reducer* r) {
@@ -310,20 +211,21 @@ collie_status collie_reducer_set_comm_hook(collie_reducer* r, const char* spec) 
 collie_status collie_reducer_get_stats(const collie_reducer* r, collie_reducer_stats* out) {
   COLLIE_REQUIRE(r, "reducer");
   COLLIE_REQUIRE(out, "out");
-  if (out->struct_size < kReducerStatsV1)
+  if (out->struct_size < kReducerStatsV1 || !tag_ok(out, kReducerStatsV1Max))
     return fail(COLLIE_ERR_INVALID_ARGUMENT,
-                "collie_reducer_get_stats: set out->struct_size = sizeof(collie_reducer_stats)");
+                "collie_reducer_get_stats: initialise the stats with COLLIE_REDUCER_STATS_INIT");
   const auto& s = r->reducer->last_stats();
-  out->iteration = s.iteration;
-  out->backward_us = s.backward_us;
-  out->exposed_us = s.exposed_us;
-  out->comm_us_total = 0;
-  for (double us : s.bucket_comm_us) out->comm_us_total += us;
-  out->num_buckets = static_cast<uint32_t>(s.bucket_comm_us.size());
-  if (has_field(out, offsetof(collie_reducer_stats, gradient_bytes), sizeof out->gradient_bytes))
-    out->gradient_bytes = s.gradient_bytes;
-  if (has_field(out, offsetof(collie_reducer_stats, hook_bytes), sizeof out->hook_bytes))
-    out->hook_bytes = s.hook_bytes;
+  collie_reducer_stats full{};
+  full.iteration = s.iteration;
+  full.backward_us = s.backward_us;
+  full.exposed_us = s.exposed_us;
+  for (double us : s.bucket_comm_us) full.comm_us_total += us;
+  full.num_buckets = static_cast<uint32_t>(s.bucket_comm_us.size());
+  full.gradient_bytes = s.gradient_bytes;
+  full.hook_bytes = s.hook_bytes;
+  full.layout_generation = r->reducer->layout_generation();
+  static_assert(offsetof(collie_reducer_stats, layout_generation) == kReducerStatsV1Max);
+  write_struct(out, full);
   return COLLIE_OK;
 }
 
@@ -351,36 +253,6 @@ collie_status collie_reducer_load_state(collie_reducer* r, const void* buf, size
   if (size > 0 && !buf)
     return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_load_state: buf is NULL");
   return guarded([&] { r->reducer->load_state(bytes_in(buf, size)); });
-}
-
-collie_status collie_allreduce_async(collie_comm* c, collie_tensor in, collie_tensor out,
-                                     collie_op op, collie_work** w) {
-  COLLIE_REQUIRE(c, "comm");
-  COLLIE_REQUIRE(w, "work");
-  *w = nullptr;
-  return guarded([&] {
-    auto h = std::make_unique<collie_work>();
-    h->work = c->comm->allreduce(to_view(in, "in"), to_view(out, "out"), to_op(op));
-    *w = h.release();
-  });
-}
-
-collie_status collie_work_wait(collie_work* w) {
-  COLLIE_REQUIRE(w, "work");
-  return guarded([&] { w->work.wait(); });
-}
-
-collie_status collie_work_test(collie_work* w, int* done) {
-  COLLIE_REQUIRE(w, "work");
-  COLLIE_REQUIRE(done, "done");
-  *done = w->work.done() ? 1 : 0;
-  if (auto e = w->work.error()) return fail(static_cast<collie_status>(e->code()), e->what());
-  return COLLIE_OK;
-}
-
-collie_status collie_work_free(collie_work* w) {
-  delete w;
-  return COLLIE_OK;
 }
 
 }  // extern "C"
@@ -440,7 +312,7 @@ class CHook final : public collie::CommHook {
 
 extern "C" {
 
-collie_status collie_register_comm_hook(const char* name, collie_comm_hook_fn fn, void* user) {
+collie_status collie_hook_register(const char* name, collie_comm_hook_fn fn, void* user) {
   COLLIE_REQUIRE(name, "name");
   COLLIE_REQUIRE(fn, "fn");
   return guarded([&] {
@@ -451,6 +323,10 @@ collie_status collie_register_comm_hook(const char* name, collie_comm_hook_fn fn
   });
 }
 
+collie_status collie_register_comm_hook(const char* name, collie_comm_hook_fn fn, void* user) {
+  return collie_hook_register(name, fn, user);
+}
+
 collie_status collie_hook_complete(collie_hook_done* done, collie_status status,
                                    const char* message) {
   COLLIE_REQUIRE(done, "done");
@@ -459,7 +335,7 @@ collie_status collie_hook_complete(collie_hook_done* done, collie_status status,
   if (status == COLLIE_OK) {
     w.complete();
   } else {
-    int code = status > COLLIE_OK && status <= COLLIE_ERR_INTERNAL ? status : COLLIE_ERR_INTERNAL;
+    int code = status > COLLIE_OK && status <= COLLIE_ERR_ABORTED ? status : COLLIE_ERR_INTERNAL;
     w.fail(collie::Error(static_cast<collie::ErrorCode>(code),
                          w.description() + " failed: " + (message ? message : "(no message)")));
   }

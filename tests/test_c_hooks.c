@@ -39,7 +39,7 @@ static void sum_then_scale(void* user, collie_comm* comm, const collie_grad_buck
   int size = 0;
   (void)user;
   ++calls;
-  collie_status st = collie_allreduce(comm, b->buffer, b->buffer, COLLIE_SUM);
+  collie_status st = collie_comm_allreduce(comm, b->buffer, b->buffer, COLLIE_SUM, NULL);
   if (st == COLLIE_OK) st = collie_comm_size(comm, &size);
   if (st == COLLIE_OK) {
     float* x = (float*)b->buffer.data;
@@ -56,7 +56,7 @@ static void async_avg(void* user, collie_comm* comm, const collie_grad_bucket* b
     CHECK(collie_comm_destroy(comm) == COLLIE_ERR_INVALID_ARGUMENT &&
               strstr(collie_last_error(), "lent"),
           "a hook must not destroy the communicator it was lent: %s", collie_last_error());
-  collie_status st = collie_allreduce_async(comm, b->buffer, b->buffer, COLLIE_AVG, &w);
+  collie_status st = collie_comm_allreduce(comm, b->buffer, b->buffer, COLLIE_AVG, &w);
   if (st != COLLIE_OK)
     collie_hook_complete(done, st, collie_last_error());
   else
@@ -125,9 +125,9 @@ int main(void) {
   OK(collie_comm_rank(comm, &rank));
   OK(collie_comm_size(comm, &size));
 
-  OK(collie_register_comm_hook("c_sum_then_scale", sum_then_scale, NULL));
-  OK(collie_register_comm_hook("c_async_avg", async_avg, &async_calls));
-  OK(collie_register_comm_hook("c_fails", fails, NULL));
+  OK(collie_hook_register("c_sum_then_scale", sum_then_scale, NULL));
+  OK(collie_hook_register("c_async_avg", async_avg, &async_calls));
+  OK(collie_hook_register("c_fails", fails, NULL));
 
   /* Hooks written in C, picked by name like the built-ins. */
   const char* hooks[] = {"c_sum_then_scale", "c_async_avg"};

@@ -1,10 +1,17 @@
 /* collie/collie.h: collie's C ABI, for autograd engines in any language.
  *
- * Opaque handles (collie_comm, collie_reducer), plain C structs for tensors
- * and options, and a status code from every call; when a call fails,
- * collie_last_error() gives the message (per thread, valid until the thread's
- * next failing call). Option structs start with their own size so that the
- * ABI can grow: initialise them with the matching *_init function.
+ * Opaque handles (collie_comm, collie_reducer, collie_work), plain C structs
+ * for tensors and options, and a status code from every call; when a call
+ * fails, collie_last_error() gives the message (per thread, valid until the
+ * thread's next failing call). Functions are named collie_<object>_<verb>.
+ *
+ * The ABI grows without breaking callers. Every options and stats struct
+ * starts with {struct_size, struct_tag}: initialise it with its _INIT macro
+ * (or the inline _init function), which sets both from the header the
+ * program is built with. collie reads and writes only the fields the
+ * caller's struct_size covers, so a program built against an older, smaller
+ * struct keeps working (ABI 1's structs, which had no tag, are accepted
+ * too); fields are only ever added at the end.
  *
  * A training step, as an engine drives it:
  *
@@ -14,6 +21,9 @@
  *       collie_reducer_mark_ready(red, i);                     (any thread)
  *   collie_reducer_finalize(red);      -> averaged gradients in place
  *   optimizer step
+ *
+ * Collectives block when `work` is NULL; otherwise they return at once with
+ * a handle to wait on, test, or hand to collie_hook_complete_after.
  *
  * Thread safety: collie_reducer_mark_ready may be called from several
  * threads at once; every other reducer call belongs to one thread at a time.
@@ -29,7 +39,15 @@
 extern "C" {
 #endif
 
-#define COLLIE_ABI_VERSION 1
+#define COLLIE_ABI_VERSION 2
+/* struct_tag of the structs of this header: "CL" and the ABI version. */
+#define COLLIE_STRUCT_TAG (0x434C0000u | COLLIE_ABI_VERSION)
+
+#if defined(__GNUC__) || defined(__clang__)
+#define COLLIE_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define COLLIE_DEPRECATED(msg)
+#endif
 
 typedef enum {
   COLLIE_OK = 0,
@@ -38,7 +56,9 @@ typedef enum {
   COLLIE_ERR_INVALID_ARGUMENT = 3,
   COLLIE_ERR_MISMATCH = 4,
   COLLIE_ERR_UNAVAILABLE = 5,
-  COLLIE_ERR_INTERNAL = 6
+  COLLIE_ERR_INTERNAL = 6,
+  COLLIE_ERR_ABORTED = 7, /* the program aborted the communicator (collie_comm_abort) */
+  COLLIE_IN_PROGRESS = 8  /* not an error: the operation has not ended yet */
 } collie_status;
 
 typedef enum {
@@ -71,41 +91,122 @@ typedef struct {
 
 typedef struct collie_comm collie_comm;
 typedef struct collie_reducer collie_reducer;
+typedef struct collie_work collie_work;
 
 /* The message of this thread's last failed call ("" if none). */
 const char* collie_last_error(void);
+/* The ABI version of the library (COLLIE_ABI_VERSION of the header it was
+ * built from): a program may check it is at least the one it needs. */
 int collie_abi_version(void);
 
 /* ---- communicator ---- */
 
 typedef struct {
-  uint32_t struct_size;    /* sizeof(collie_comm_options) */
-  int32_t rank;            /* -1: from the launcher's variables */
-  int32_t world_size;      /* -1: likewise */
-  const char* master_addr; /* NULL: likewise */
-  int32_t master_port;     /* -1: likewise */
-  const char* backend;     /* NULL or "auto", "tcp", ... */
-  double timeout_seconds;  /* 0: COLLIE_TIMEOUT, else 300 */
+  uint32_t struct_size;     /* sizeof(collie_comm_options) */
+  uint32_t struct_tag;      /* COLLIE_STRUCT_TAG */
+  int32_t rank;             /* -1: from the launcher's variables */
+  int32_t world_size;       /* -1: likewise */
+  const char* master_addr;  /* NULL: likewise */
+  int32_t master_port;      /* -1: likewise */
+  int32_t local_rank;       /* -1: likewise */
+  const char* backend;      /* NULL or "auto", "tcp", ... */
+  double timeout_seconds;   /* 0: COLLIE_TIMEOUT, else 300 */
+  int32_t local_world_size; /* -1: from the launcher's variables */
+  int32_t reserved0;
+  const char* secret; /* NULL: COLLIE_JOB_SECRET */
 } collie_comm_options;
 
-void collie_comm_options_init(collie_comm_options* opts);
+#define COLLIE_COMM_OPTIONS_INIT \
+  { sizeof(collie_comm_options), COLLIE_STRUCT_TAG, -1, -1, NULL, -1, -1, NULL, 0.0, -1, 0, NULL }
+
+/* Sets *opts to COLLIE_COMM_OPTIONS_INIT. Inline, so that it writes the
+ * struct as the header the caller is built with defines it (the library's
+ * exported function of this name serves programs built against ABI 1, and
+ * writes ABI 1's smaller struct). */
+#ifndef COLLIE_BUILDING_LIBRARY
+static inline void collie_comm_options_init(collie_comm_options* opts) {
+  const collie_comm_options init = COLLIE_COMM_OPTIONS_INIT;
+  if (opts) *opts = init;
+}
+#endif
 /* opts may be NULL: everything from the environment. */
 collie_status collie_comm_connect(const collie_comm_options* opts, collie_comm** out);
 collie_status collie_comm_destroy(collie_comm* comm);
 collie_status collie_comm_rank(const collie_comm* comm, int* rank);
 collie_status collie_comm_size(const collie_comm* comm, int* size);
+/* The backend's name ("tcp", ...), valid as long as the communicator. */
+collie_status collie_comm_backend(const collie_comm* comm, const char** name);
 
-/* Blocking collectives (in place when in.data == out.data). */
-collie_status collie_allreduce(collie_comm* comm, collie_tensor in, collie_tensor out,
-                               collie_op op);
-collie_status collie_broadcast(collie_comm* comm, collie_tensor buf, int root);
-collie_status collie_allgather(collie_comm* comm, collie_tensor in, collie_tensor out);
-collie_status collie_barrier(collie_comm* comm);
+/* Collectives (in place when in.data == out.data). work NULL: blocks until
+ * the operation ends and returns its status. Otherwise *work receives a
+ * handle (free it with collie_work_free) and the call returns at once; the
+ * tensors must stay valid until the operation ends. */
+collie_status collie_comm_allreduce(collie_comm* comm, collie_tensor in, collie_tensor out,
+                                    collie_op op, collie_work** work);
+collie_status collie_comm_broadcast(collie_comm* comm, collie_tensor buf, int root,
+                                    collie_work** work);
+/* out holds size x in.numel elements, every rank's `in` in rank order. */
+collie_status collie_comm_allgather(collie_comm* comm, collie_tensor in, collie_tensor out,
+                                    collie_work** work);
+/* in holds size x out.numel elements; rank r gets block r of the reduction. */
+collie_status collie_comm_reduce_scatter(collie_comm* comm, collie_tensor in, collie_tensor out,
+                                         collie_op op, collie_work** work);
+collie_status collie_comm_barrier(collie_comm* comm, collie_work** work);
+/* Point to point: messages between two ranks arrive in the order they were
+ * sent; the receiver's count, dtype and tag must match the sender's. */
+collie_status collie_comm_send(collie_comm* comm, collie_tensor buf, int peer, int tag,
+                               collie_work** work);
+collie_status collie_comm_recv(collie_comm* comm, collie_tensor buf, int peer, int tag,
+                               collie_work** work);
+/* Collective: ranks passing the same color form a new communicator ordered
+ * by (key, rank); color < 0 joins none and gets *out = NULL. */
+collie_status collie_comm_split(collie_comm* comm, int color, int key, collie_comm** out);
+/* Fails the communicator with COLLIE_ERR_ABORTED and `reason`: the operation
+ * in flight stops, later calls fail at once, the peers are told. Any thread. */
+collie_status collie_comm_abort(collie_comm* comm, const char* reason);
+/* COLLIE_OK while the communicator works; once it has failed, the first
+ * failure's status, with its message in collie_last_error(). Never blocks. */
+collie_status collie_comm_get_async_error(collie_comm* comm);
+
+/* ---- operations in flight ---- */
+
+collie_status collie_work_wait(collie_work* work); /* the op's status */
+/* As collie_work_wait, giving up with COLLIE_ERR_TIMEOUT after `seconds`
+ * (the op goes on). */
+collie_status collie_work_wait_for(collie_work* work, double seconds);
+/* COLLIE_IN_PROGRESS while the op runs, then its status. Never blocks. */
+collie_status collie_work_query(collie_work* work);
+/* Makes `stream` (a cudaStream_t) wait for the op: a stream wait for device
+ * operations, a host wait for host ones. */
+collie_status collie_work_wait_stream(collie_work* work, void* stream);
+/* *done = 1 once ended; the status is the op's error if it failed. */
+collie_status collie_work_test(collie_work* work, int* done);
+/* Need not be complete; the op goes on, and the tensors it was given must
+ * stay valid until it ends. */
+collie_status collie_work_free(collie_work* work);
 
 /* ---- DDP reducer ---- */
 
+/* Where bucket memory comes from, when the engine provides it (its own
+ * allocator, device memory). allocate returns `bytes` bytes for `dtype`
+ * elements on the device, aligned to 64 bytes, or NULL; release gets back
+ * what allocate returned, once nothing uses it (after the reducer is
+ * destroyed). collie copies this struct; `user` must outlive the reducer. */
+typedef struct {
+  uint32_t struct_size; /* sizeof(collie_allocator) */
+  uint32_t struct_tag;  /* COLLIE_STRUCT_TAG */
+  void* (*allocate)(void* user, size_t bytes, int32_t dtype, int32_t device_type,
+                    int32_t device_index);
+  void (*release)(void* user, void* ptr, size_t bytes, int32_t device_type, int32_t device_index);
+  void* user;
+} collie_allocator;
+
+#define COLLIE_ALLOCATOR_INIT \
+  { sizeof(collie_allocator), COLLIE_STRUCT_TAG, NULL, NULL, NULL }
+
 typedef struct {
   uint32_t struct_size;        /* sizeof(collie_reducer_options) */
+  uint32_t struct_tag;         /* COLLIE_STRUCT_TAG */
   uint64_t first_bucket_bytes; /* default 1 MiB */
   uint64_t bucket_bytes;       /* default 25 MiB */
   int32_t gradient_as_bucket_view;
@@ -117,14 +218,31 @@ typedef struct {
   const uint64_t* param_rows;   /* NULL, or per parameter its first dimension when it is a
                                    matrix (rows of the rows x numel/rows view that PowerSGD
                                    compresses; a conv weight [o,i,kh,kw] has o), 0 for a vector */
+  /* ABI 2 */
+  const collie_allocator* bucket_allocator; /* NULL: zeroed host memory */
+  int32_t rebuild_buckets;                  /* default 1: re-plan after the first iteration */
+  int32_t reserved0;
 } collie_reducer_options;
 
-void collie_reducer_options_init(collie_reducer_options* opts);
+#define COLLIE_REDUCER_OPTIONS_INIT                                                           \
+  {                                                                                           \
+    sizeof(collie_reducer_options), COLLIE_STRUCT_TAG, 1u << 20, 25u << 20, 0, 0, 0, 1, NULL, \
+        NULL, NULL, 1, 0                                                                      \
+  }
+
+/* Sets *opts to COLLIE_REDUCER_OPTIONS_INIT (inline, as collie_comm_options_init). */
+#ifndef COLLIE_BUILDING_LIBRARY
+static inline void collie_reducer_options_init(collie_reducer_options* opts) {
+  const collie_reducer_options init = COLLIE_REDUCER_OPTIONS_INIT;
+  if (opts) *opts = init;
+}
+#endif
 
 /* params[i] are the model's parameters; grads[i] the engine's gradient
- * buffers (may be NULL with gradient_as_bucket_view). The arrays are copied;
- * the memory they describe must outlive the reducer. Collective: every rank
- * calls it with the same shapes. */
+ * buffers: NULL with gradient_as_bucket_view, or when the engine passes each
+ * gradient where it is now, at collie_reducer_mark_ready_grad (an entry with
+ * data NULL likewise). The arrays are copied; the parameters' memory must
+ * outlive the reducer. Collective: every rank calls it with the same shapes. */
 collie_status collie_reducer_create(collie_comm* comm, const collie_tensor* params,
                                     const collie_tensor* grads, size_t num_params,
                                     const collie_reducer_options* opts, collie_reducer** out);
@@ -132,26 +250,43 @@ collie_status collie_reducer_destroy(collie_reducer* red);
 /* used: one byte per parameter (non-zero = used this iteration), or NULL. */
 collie_status collie_reducer_prepare(collie_reducer* red, const uint8_t* used, size_t num_params);
 collie_status collie_reducer_mark_ready(collie_reducer* red, size_t param);
+/* The same, saying where the gradient is now. Copy mode: the engine's current
+ * buffer, which may have moved since the last step (PyTorch's
+ * zero_grad(set_to_none=True)); the average is copied back there. Bucket
+ * views: it must be the current grad view; a view from before a rebuild is
+ * refused (COLLIE_ERR_INVALID_ARGUMENT, naming the layout generation). */
+collie_status collie_reducer_mark_ready_grad(collie_reducer* red, size_t param, collie_tensor grad);
+/* Copy mode: where gradient `param` is now; NULL (or data NULL): the engine
+ * has none, and finalize leaves it alone. */
+collie_status collie_reducer_set_grad(collie_reducer* red, size_t param, const collie_tensor* grad);
 collie_status collie_reducer_finalize(collie_reducer* red);
-/* Where gradient `param` lives: re-read after each finalize. */
+/* Where gradient `param` lives: re-read when the layout generation changes. */
 collie_status collie_reducer_grad_view(collie_reducer* red, size_t param, collie_tensor* out);
+/* Counts the bucket layout's changes (the rebuild after the first iteration,
+ * a load_state with another layout); 0 until the first. */
+collie_status collie_reducer_layout_generation(const collie_reducer* red, uint64_t* generation);
 collie_status collie_reducer_set_no_sync(collie_reducer* red, int on);
 /* Swaps the comm hook between iterations, by spec ("fp16", "powersgd:rank=2",
- * a name given to collie_register_comm_hook, ...); every rank at the same
+ * a name given to collie_hook_register, ...); every rank at the same
  * iteration. Unknown names and bad parameters: an error listing what is
  * accepted, and the old hook stays. */
 collie_status collie_reducer_set_comm_hook(collie_reducer* red, const char* spec);
 
 typedef struct {
   uint32_t struct_size; /* sizeof(collie_reducer_stats), set by the caller */
+  uint32_t struct_tag;  /* COLLIE_STRUCT_TAG */
   uint64_t iteration;   /* which synchronised iteration these describe */
   double backward_us;   /* prepare -> last mark_ready */
   double exposed_us;    /* time finalize waited for communication */
   double comm_us_total; /* sum over buckets of launch -> completion */
   uint32_t num_buckets;
-  uint64_t gradient_bytes; /* bytes of the buckets handed to the comm hook */
-  uint64_t hook_bytes;     /* bytes the hook handed to collectives (per rank) */
+  uint64_t gradient_bytes;    /* bytes of the buckets handed to the comm hook */
+  uint64_t hook_bytes;        /* bytes the hook handed to collectives (per rank) */
+  uint64_t layout_generation; /* ABI 2: as collie_reducer_layout_generation */
 } collie_reducer_stats;
+
+#define COLLIE_REDUCER_STATS_INIT \
+  { sizeof(collie_reducer_stats), COLLIE_STRUCT_TAG, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0 }
 
 collie_status collie_reducer_get_stats(const collie_reducer* red, collie_reducer_stats* out);
 /* Per-bucket communication time (launch -> completion, microseconds) of the
@@ -169,17 +304,6 @@ collie_status collie_reducer_get_bucket_times(const collie_reducer* red, double*
 collie_status collie_reducer_save_state(collie_reducer* red, void* buf, size_t capacity,
                                         size_t* size);
 collie_status collie_reducer_load_state(collie_reducer* red, const void* buf, size_t size);
-
-/* ---- asynchronous collectives ---- */
-
-typedef struct collie_work collie_work;
-collie_status collie_allreduce_async(collie_comm* comm, collie_tensor in, collie_tensor out,
-                                     collie_op op, collie_work** work);
-collie_status collie_work_wait(collie_work* work);            /* the op's status */
-collie_status collie_work_test(collie_work* work, int* done); /* non-blocking */
-/* Need not be complete; the op goes on, and the tensors it was given must
- * stay valid until it ends. */
-collie_status collie_work_free(collie_work* work);
 
 /* ---- comm hooks written in C ---- */
 
@@ -207,7 +331,8 @@ typedef struct collie_hook_done collie_hook_done;
  *
  * The hook runs on the thread that called collie_reducer_mark_ready (or
  * prepare), with the reducer locked: it must not call collie_reducer_*
- * functions. `comm` is lent, not owned: collie_comm_destroy refuses it.
+ * functions. `comm` is lent, not owned: collie_comm_destroy refuses it, and
+ * calls through it after the communicator is destroyed fail cleanly.
  * Buckets are handed to hooks in the same order on every rank; a hook that
  * issues a second collective later (from a completion) must keep that order
  * itself, and the user should not issue other collectives on the same
@@ -218,7 +343,7 @@ typedef void (*collie_comm_hook_fn)(void* user_data, collie_comm* comm,
 
 /* Registers a hook under `name` (usable as a comm_hook spec, by
  * COLLIE_COMM_HOOK and in fp16_wrap:<name>); user_data goes to every call. */
-collie_status collie_register_comm_hook(const char* name, collie_comm_hook_fn fn, void* user_data);
+collie_status collie_hook_register(const char* name, collie_comm_hook_fn fn, void* user_data);
 /* status COLLIE_OK, or an error whose message (may be NULL) the reducer reports. */
 collie_status collie_hook_complete(collie_hook_done* done, collie_status status,
                                    const char* message);
@@ -245,6 +370,23 @@ collie_status collie_averager_save_state(collie_averager* avg, void* buf, size_t
                                          size_t* size);
 collie_status collie_averager_load_state(collie_averager* avg, const void* buf, size_t size);
 collie_status collie_averager_destroy(collie_averager* avg);
+
+/* ---- ABI 1 names, kept so that programs built against it still link ---- */
+
+COLLIE_DEPRECATED("use collie_comm_allreduce(comm, in, out, op, NULL)")
+collie_status collie_allreduce(collie_comm* comm, collie_tensor in, collie_tensor out,
+                               collie_op op);
+COLLIE_DEPRECATED("use collie_comm_broadcast(comm, buf, root, NULL)")
+collie_status collie_broadcast(collie_comm* comm, collie_tensor buf, int root);
+COLLIE_DEPRECATED("use collie_comm_allgather(comm, in, out, NULL)")
+collie_status collie_allgather(collie_comm* comm, collie_tensor in, collie_tensor out);
+COLLIE_DEPRECATED("use collie_comm_barrier(comm, NULL)")
+collie_status collie_barrier(collie_comm* comm);
+COLLIE_DEPRECATED("use collie_comm_allreduce(comm, in, out, op, &work)")
+collie_status collie_allreduce_async(collie_comm* comm, collie_tensor in, collie_tensor out,
+                                     collie_op op, collie_work** work);
+COLLIE_DEPRECATED("use collie_hook_register")
+collie_status collie_register_comm_hook(const char* name, collie_comm_hook_fn fn, void* user_data);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,7 @@ int main(void) {
   collie_tensor t = {x, 4, COLLIE_F32, COLLIE_CPU, 0};
   if (collie_comm_connect(NULL, &comm) != COLLIE_OK || collie_comm_rank(comm, &rank) != COLLIE_OK ||
       collie_comm_size(comm, &size) != COLLIE_OK ||
-      collie_allreduce(comm, t, t, COLLIE_SUM) != COLLIE_OK) {
+      collie_comm_allreduce(comm, t, t, COLLIE_SUM, NULL) != COLLIE_OK) {
     fprintf(stderr, "failed: %s\n", collie_last_error());
     return 1;
   }
