@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <string>
 #include <vector>
 
@@ -310,25 +309,6 @@ TEST(Work, AContinuationCanWaitForAnotherOpOfTheSameCommunicator) {
       .wait(std::chrono::seconds(60));
   EXPECT_EQ(x[999], static_cast<float>(n));
   EXPECT_EQ(y[2], 2.0f * n);
-}
-
-// A continuation that blocks (a hook doing long arithmetic, or waiting for
-// the engine) does not hold up the operations behind it: they run while it
-// waits, and it finishes afterwards.
-TEST(Work, ABlockedContinuationDoesNotHoldUpLaterOps) {
-  const int n = comm().size();
-  std::vector<float> a(100, 1.0f), b(100, 3.0f);
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  Work first = comm().allreduce(view_of(a.data(), a.size()), ReduceOp::sum);
-  Work chained = first.then([released](const Work&) { released.wait(); });
-  Work second = comm().allreduce(view_of(b.data(), b.size()), ReduceOp::sum);
-  second.wait(std::chrono::seconds(60));
-  EXPECT_FALSE(chained.done());
-  release.set_value();
-  chained.wait(std::chrono::seconds(60));
-  EXPECT_EQ(a[0], static_cast<float>(n));
-  EXPECT_EQ(b[99], 3.0f * n);
 }
 
 // A reference from share() that outlives the communicator: a call through

@@ -1,0 +1,229 @@
+// tests/test_executor.cc: the host executor that tcp (and later shm and mpi)
+// run operations on, against a fake runner whose collectives wait on gates
+// the test opens: issue order, continuations kept off the executor (the
+// review's deadlock), shutdown, abort, and point-to-point batching, all
+// deterministic and without sockets.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "comm/host_executor.h"
+
+namespace collie {
+namespace {
+
+using namespace std::chrono_literals;
+
+class GatedRunner final : public HostRunner {
+ public:
+  explicit GatedRunner(std::shared_ptr<FailureLatch> latch) : latch_(std::move(latch)) {}
+
+  void run_collective(const Op& op, Deadline deadline) override {
+    std::unique_lock lk(mu_);
+    ran.push_back(op.desc.seq);
+    cv_.notify_all();
+    cv_.wait_until(lk, deadline, [&] { return open_.count(op.desc.seq) || latch_->failed(); });
+    if (latch_->failed()) throw *latch_->get();
+    if (!open_.count(op.desc.seq))
+      throw Error(ErrorCode::timeout, op.desc.describe() + " timed out in the fake runner");
+  }
+
+  void run_p2p(P2pBatch& batch, Deadline deadline) override {
+    std::unique_lock lk(mu_);
+    batch_sizes.push_back(batch.ops.size());
+    in_p2p_ = true;
+    cv_.notify_all();
+    // Wait for the test to issue one more, then take it in.
+    cv_.wait_until(lk, deadline, [&] { return late_issued_; });
+    lk.unlock();
+    while (batch.refill()) {
+    }
+    lk.lock();
+    batch_sizes.push_back(batch.ops.size());
+    for (size_t i = 0; i < batch.ops.size(); ++i) batch.finished(i);
+  }
+
+  void abort_peers(const Error&) noexcept override {
+    std::lock_guard lk(mu_);
+    aborted = true;
+  }
+  void close() noexcept override {
+    std::lock_guard lk(mu_);
+    closed = true;
+  }
+  void wake() noexcept override {
+    std::lock_guard lk(mu_);
+    ++woken;
+    cv_.notify_all();
+  }
+
+  void open(uint32_t seq) {
+    std::lock_guard lk(mu_);
+    open_.insert(seq);
+    cv_.notify_all();
+  }
+  void wait_started(size_t n) {
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, 10s, [&] { return ran.size() >= n; });
+  }
+  void wait_in_p2p() {
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, 10s, [&] { return in_p2p_; });
+  }
+  void late_issued() {
+    std::lock_guard lk(mu_);
+    late_issued_ = true;
+    cv_.notify_all();
+  }
+
+  std::vector<uint32_t> ran;
+  std::vector<size_t> batch_sizes;
+  bool aborted = false, closed = false;
+  int woken = 0;
+
+ private:
+  std::shared_ptr<FailureLatch> latch_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<uint32_t> open_;
+  bool in_p2p_ = false, late_issued_ = false;
+};
+
+struct Fixture {
+  std::shared_ptr<FailureLatch> latch = std::make_shared<FailureLatch>();
+  GatedRunner runner{latch};
+  std::shared_ptr<HostExecutor> ex = HostExecutor::start(runner, latch, 0, 5s);
+  ~Fixture() { ex->shutdown(); }
+
+  Work collective(uint32_t seq) {
+    Op op;
+    op.desc = {OpKind::allreduce, DType::f32, ReduceOp::sum, seq, 0, 1};
+    return ex->submit(op);
+  }
+  Work p2p(uint32_t seq, bool is_send) {
+    Op op;
+    op.desc = {OpKind::p2p, DType::f32, ReduceOp::sum, seq, 0, 1};
+    op.peer = 1;
+    op.is_send = is_send;
+    return ex->submit(op);
+  }
+};
+
+TEST(Executor, OpsRunOneAtATimeInIssueOrder) {
+  Fixture f;
+  std::vector<Work> w;
+  for (uint32_t k = 1; k <= 4; ++k) w.push_back(f.collective(k));
+  for (uint32_t k = 4; k >= 2; --k) f.runner.open(k);  // later ones first: they still wait
+  f.runner.wait_started(1);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(f.runner.ran, std::vector<uint32_t>{1});
+  EXPECT_FALSE(w[1].done());
+  f.runner.open(1);
+  for (auto& x : w) x.wait(5s);
+  EXPECT_EQ(f.runner.ran, (std::vector<uint32_t>{1, 2, 3, 4}));
+}
+
+// A continuation that blocks does not hold up the op behind it: it runs on
+// the continuation thread, and the executor is free.
+TEST(Executor, ABlockedContinuationDoesNotHoldUpLaterOps) {
+  Fixture f;
+  Work a = f.collective(1);  // cannot end before its gate opens
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::thread::id cont_thread;
+  Work chained = a.then([&, released](const Work&) {
+    cont_thread = std::this_thread::get_id();
+    released.wait_for(10s);  // bounded: a regression fails instead of hanging
+  });
+  Work b = f.collective(2);
+  f.runner.open(1);
+  f.runner.open(2);
+  b.wait(5s);
+  EXPECT_FALSE(chained.done());
+  release.set_value();
+  chained.wait(5s);
+  EXPECT_NE(cont_thread, std::this_thread::get_id());
+}
+
+// The review's reproducer, one level down: a continuation that issues an
+// op on the same executor and waits for it.
+TEST(Executor, AContinuationThatWaitsForAnotherOpFinishes) {
+  Fixture f;
+  Work a = f.collective(1);
+  Work chained = a.then([&](const Work&) { f.collective(2).wait(5s); });
+  f.runner.open(2);
+  f.runner.open(1);
+  chained.wait(5s);
+  EXPECT_EQ(f.runner.ran, (std::vector<uint32_t>{1, 2}));
+}
+
+TEST(Executor, ShutdownFailsQueuedOpsAndLaterSubmitsAtOnce) {
+  Fixture f;
+  Work a = f.collective(1), b = f.collective(2);
+  f.runner.wait_started(1);
+  std::thread closer([&] { f.ex->shutdown(); });
+  std::this_thread::sleep_for(20ms);
+  f.runner.open(1);  // shutdown waits for the running op to end
+  closer.join();
+  a.wait(5s);
+  ASSERT_TRUE(b.error());
+  EXPECT_EQ(b.error()->code(), ErrorCode::unavailable);
+  EXPECT_NE(std::string(b.error()->what()).find("never ran"), std::string::npos);
+  Work c = f.collective(3);
+  ASSERT_TRUE(c.done());
+  EXPECT_NE(std::string(c.error()->what()).find("destroyed"), std::string::npos);
+  EXPECT_TRUE(f.runner.closed);
+  EXPECT_EQ(f.runner.ran, std::vector<uint32_t>{1});
+}
+
+TEST(Executor, AbortStopsTheRunningOpAndFailsTheRestWithItsCause) {
+  Fixture f;
+  Work a = f.collective(1), b = f.collective(2);
+  f.runner.wait_started(1);
+  Error stop(ErrorCode::aborted, "stopped by the test");
+  f.latch->set(stop);
+  f.ex->abort(stop);
+  ASSERT_THROW(a.wait(5s), Error);
+  EXPECT_EQ(a.error()->code(), ErrorCode::aborted);
+  ASSERT_THROW(b.wait(5s), Error);
+  EXPECT_NE(std::string(b.error()->what()).find("failed earlier: stopped by the test"),
+            std::string::npos);
+  EXPECT_GE(f.runner.woken, 1);
+  EXPECT_TRUE(f.runner.aborted);
+}
+
+TEST(Executor, AbortWhileIdleTellsThePeersAtOnce) {
+  Fixture f;
+  Error stop(ErrorCode::aborted, "stopped while idle");
+  f.latch->set(stop);
+  f.ex->abort(stop);
+  EXPECT_TRUE(f.runner.aborted);
+}
+
+// Sends and receives issued back to back run as one batch; one issued while
+// the batch runs wakes it and joins it; each completes.
+TEST(Executor, PointToPointOpsBatchAndTakeInLateOnes) {
+  Fixture f;
+  Work gate = f.collective(1);  // holds the executor while the p2p ops queue up
+  f.runner.wait_started(1);
+  Work s = f.p2p(1, true), r = f.p2p(1, false);
+  f.runner.open(1);
+  f.runner.wait_in_p2p();
+  Work late = f.p2p(2, true);
+  f.runner.late_issued();
+  s.wait(5s);
+  r.wait(5s);
+  late.wait(5s);
+  gate.wait(5s);
+  EXPECT_EQ(f.runner.batch_sizes, (std::vector<size_t>{2, 3}));
+  EXPECT_GE(f.runner.woken, 1);
+}
+
+}  // namespace
+}  // namespace collie
