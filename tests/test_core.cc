@@ -299,6 +299,26 @@ TEST(Config, BadValuesSayWhatToChange) {
   EXPECT_NE(msg.find("auto, ring, rd"), std::string::npos) << msg;
 }
 
+// collie-run's own settings come through comm/config like everything else.
+TEST(Config, LauncherSettingsAndTheirBadValues) {
+  auto l = config::launcher_settings(fake({}));
+  EXPECT_EQ(l.grace_seconds, 5);
+  EXPECT_EQ(l.job_secret, "");
+  EXPECT_FALSE(l.thread_count_set);
+  l = config::launcher_settings(fake(
+      {{"COLLIE_RUN_GRACE", "0"}, {"COLLIE_JOB_SECRET", "s3"}, {"OPENBLAS_NUM_THREADS", "1"}}));
+  EXPECT_EQ(l.grace_seconds, 0);
+  EXPECT_EQ(l.job_secret, "s3");
+  EXPECT_TRUE(l.thread_count_set);
+  EXPECT_TRUE(config::launcher_settings(fake({{"OMP_NUM_THREADS", "2"}})).thread_count_set);
+  for (const char* bad : {"-1", "86401", "abc", "1.5"}) {
+    std::string msg = error_of([&] {
+      config::launcher_settings(fake({{"COLLIE_RUN_GRACE", bad}}));
+    });
+    EXPECT_NE(msg.find("COLLIE_RUN_GRACE"), std::string::npos) << bad << ": " << msg;
+  }
+}
+
 TEST(Config, TimeoutFromEnvironmentInSeconds) {
   Options none;
   auto l = config::resolve_launch(none, fake({{"COLLIE_TIMEOUT", "2.5"}}));

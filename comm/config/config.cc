@@ -263,4 +263,22 @@ int log_level(const Env& env) {
   return 0;
 }
 
+LauncherSettings launcher_settings(const Env& env) {
+  LauncherSettings l;
+  if (auto g = parse_int("COLLIE_RUN_GRACE", env("COLLIE_RUN_GRACE"))) {
+    if (*g < 0 || *g > 86400)
+      throw bad("COLLIE_RUN_GRACE=" + std::to_string(*g) +
+                " is not a number of seconds in 0..86400 (the time ranks get between SIGTERM "
+                "and SIGKILL)");
+    l.grace_seconds = static_cast<int>(*g);
+  }
+  if (const char* v = env("COLLIE_JOB_SECRET")) l.job_secret = v;
+  auto set = [&](const char* name) {
+    const char* v = env(name);
+    return v && *v;
+  };
+  l.thread_count_set = set("OMP_NUM_THREADS") || set("OPENBLAS_NUM_THREADS");
+  return l;
+}
+
 }  // namespace collie::config

@@ -69,4 +69,12 @@ std::string hostname_override(const Env& env);
 // COLLIE_DEBUG: WARN (default), INFO, DEBUG.
 int log_level(const Env& env);
 
+// What collie-run reads from its own environment.
+struct LauncherSettings {
+  int grace_seconds = 5;          // COLLIE_RUN_GRACE: SIGTERM to SIGKILL, 0..86400
+  std::string job_secret;         // COLLIE_JOB_SECRET ("" when unset)
+  bool thread_count_set = false;  // OMP_NUM_THREADS or OPENBLAS_NUM_THREADS is set
+};
+LauncherSettings launcher_settings(const Env& env);
+
 }  // namespace collie::config

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/config/config.h"
 #include "comm/core/log.h"
 #include "comm/core/topology.h"
 #include "comm/net/socket.h"
@@ -69,6 +70,7 @@ struct Args {
   int grace_seconds = 5;
   bool prefix = true;
   std::vector<std::string> prog;
+  collie::config::LauncherSettings env;  // what the environment says (comm/config)
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -88,8 +90,12 @@ int parse_int(const std::string& what, const std::string& v, long min, long max)
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  if (const char* g = std::getenv("COLLIE_RUN_GRACE"))
-    a.grace_seconds = parse_int("COLLIE_RUN_GRACE", g, 0, 86400);
+  try {
+    a.env = collie::config::launcher_settings(collie::config::process_env());
+  } catch (const collie::Error& e) {
+    usage_error(e.what());
+  }
+  a.grace_seconds = a.env.grace_seconds;
   int i = 1;
   for (; i < argc; ++i) {
     std::string flag = argv[i];
@@ -221,8 +227,7 @@ class Job {
   // give each rank its share unless the user chose: OMP_NUM_THREADS (which
   // OpenBLAS also reads) = CPUs / ranks on this host, at least 1.
   void share_cpus() {
-    if (a_.nproc <= 1 || std::getenv("OMP_NUM_THREADS") || std::getenv("OPENBLAS_NUM_THREADS"))
-      return;
+    if (a_.nproc <= 1 || a_.env.thread_count_set) return;
     int share = std::max(1, collie::topology::usable_cpus() / a_.nproc);
     setenv("OMP_NUM_THREADS", std::to_string(share).c_str(), 1);
     collie::log::info("collie-run: OMP_NUM_THREADS=" + std::to_string(share) + " for each of the " +
@@ -239,8 +244,8 @@ class Job {
     for (int fd = 0; fd <= 2; ++fd)
       if (fcntl(fd, F_GETFD) < 0) open("/dev/null", O_RDWR);
 
-    if (const char* s = std::getenv("COLLIE_JOB_SECRET"); s && *s) {
-      secret_ = s;
+    if (!a_.env.job_secret.empty()) {
+      secret_ = a_.env.job_secret;
     } else if (a_.nnodes > 1) {
       // A secret made up here would differ on every node, and the store
       // would refuse every node but this one.
