@@ -92,9 +92,7 @@ class Front final : public Communicator {
 
   Work allreduce(TensorView in, TensorView out, ReduceOp op) override {
     std::string what = where("allreduce");
-    check(in, what, "input");
-    check(out, what, "output");
-    validate::same_dtype(in, out, what);
+    check_in_out(in, out, what);
     validate::op_on(op, in.dtype, what);
     validate::same_or_disjoint(in, out, what);
     if (in.numel != out.numel)
@@ -113,9 +111,7 @@ class Front final : public Communicator {
 
   Work allgather(TensorView in, TensorView out) override {
     std::string what = where("allgather");
-    check(in, what, "input");
-    check(out, what, "output");
-    validate::same_dtype(in, out, what);
+    check_in_out(in, out, what);
     if (out.numel != in.numel * static_cast<size_t>(size()))
       throw Error(ErrorCode::invalid_argument,
                   what + ": output has " + std::to_string(out.numel) +
@@ -129,9 +125,7 @@ class Front final : public Communicator {
 
   Work reduce_scatter(TensorView in, TensorView out, ReduceOp op) override {
     std::string what = where("reduce_scatter");
-    check(in, what, "input");
-    check(out, what, "output");
-    validate::same_dtype(in, out, what);
+    check_in_out(in, out, what);
     validate::op_on(op, in.dtype, what);
     if (in.numel != out.numel * static_cast<size_t>(size()))
       throw Error(ErrorCode::invalid_argument,
@@ -200,6 +194,11 @@ class Front final : public Communicator {
   void check(const TensorView& t, const std::string& what, const char* name) const {
     validate::tensor(t, what, name);
     validate::device(t, core_->backend->accepts(t.device), core_->backend->name(), what, name);
+  }
+  void check_in_out(const TensorView& in, const TensorView& out, const std::string& what) const {
+    check(in, what, "input");
+    check(out, what, "output");
+    validate::same_dtype(in, out, what);
   }
 
   Work submit(OpKind kind, TensorView in, TensorView out, ReduceOp redop, int tag, size_t count) {

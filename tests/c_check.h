@@ -1,13 +1,13 @@
 /* tests/c_check.h: the C tests' assertions. CHECK counts a failure and goes
  * on (the test exits non-zero at the end); OK stops at once when a call that
- * must succeed does not, printing collie_last_error(). */
+ * must succeed does not, printing collie_last_error(). The file that uses it
+ * includes a collie C header too: collie/collie.h, or tests/abi/collie_v1.h
+ * for the ABI 1 caller. */
 #ifndef COLLIE_TESTS_C_CHECK_H
 #define COLLIE_TESTS_C_CHECK_H
 
 #include <stdio.h>
 #include <stdlib.h>
-
-#include "collie/collie.h"
 
 static int failures = 0;
 #define CHECK(cond, ...)                                     \

@@ -8,26 +8,14 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "c_check.h"
 #include "collie_v1.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                     \
-  do {                                                       \
-    if (!(cond)) {                                           \
-      fprintf(stderr, "FAILED %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                          \
-      fprintf(stderr, "\n");                                 \
-      ++failures;                                            \
-    }                                                        \
-  } while (0)
-#define OK(call)                                                                     \
-  do {                                                                               \
-    collie_status st_ = (call);                                                      \
-    if (st_ != COLLIE_OK) {                                                          \
-      fprintf(stderr, "%s failed (%d): %s\n", #call, (int)st_, collie_last_error()); \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
+/* Bytes a call must not have written, after a struct of ABI 1's size. */
+static void check_guard(const unsigned char* guard, size_t n, unsigned char fill,
+                        const char* what) {
+  for (size_t i = 0; i < n; ++i) CHECK(guard[i] == fill, "byte %zu past the %s written", i, what);
+}
 
 /* An ABI-1 C hook: sum, then scale in place. */
 static void sum_then_scale(void* user, collie_comm* comm, const collie_grad_bucket* b,
@@ -54,8 +42,7 @@ int main(void) {
   collie_comm_options_init(&opts.o);
   CHECK(opts.o.struct_size == sizeof(collie_comm_options) && sizeof(collie_comm_options) == 48,
         "ABI 1 comm options are %u bytes", opts.o.struct_size);
-  for (size_t i = 0; i < sizeof opts.guard; ++i)
-    CHECK(opts.guard[i] == 0x5a, "byte %zu past the comm options written", i);
+  check_guard(opts.guard, sizeof opts.guard, 0x5a, "comm options");
   opts.o.backend = "tcp";
   opts.o.timeout_seconds = 120;
   collie_comm* comm = NULL;
@@ -101,8 +88,7 @@ int main(void) {
   collie_reducer_options_init(&ro.o);
   CHECK(ro.o.struct_size == 56 && sizeof(collie_reducer_options) == 56,
         "ABI 1 reducer options are %u bytes", ro.o.struct_size);
-  for (size_t i = 0; i < sizeof ro.guard; ++i)
-    CHECK(ro.guard[i] == 0x5a, "byte %zu past the reducer options written", i);
+  check_guard(ro.guard, sizeof ro.guard, 0x5a, "reducer options");
   ro.o.gradient_as_bucket_view = 1;
   ro.o.comm_hook = "v1_sum_then_scale";
   float p0[3] = {0}, p1[2] = {0};
@@ -140,8 +126,7 @@ int main(void) {
   OK(collie_reducer_get_stats(red, &st.s));
   CHECK(st.s.iteration == 2 && st.s.num_buckets >= 1, "stats: iteration %llu",
         (unsigned long long)st.s.iteration);
-  for (size_t i = 0; i < sizeof st.guard; ++i)
-    CHECK(st.guard[i] == 0xcd, "byte %zu past the stats written", i);
+  check_guard(st.guard, sizeof st.guard, 0xcd, "stats");
   OK(collie_reducer_destroy(red));
 
   int32_t f = failures;
