@@ -151,7 +151,9 @@ void Reducer::set_grad_locked(size_t i, const TensorView& grad) {
                    std::to_string(generation_) +
                    "): re-read grad_view() after finalize_backward when layout_generation() "
                    "changes");
-    throw misuse(which + " was given at " + std::to_string(reinterpret_cast<uintptr_t>(grad.data)) +
+    char at[32];
+    std::snprintf(at, sizeof at, "%p", grad.data);
+    throw misuse(which + " was given at " + at +
                  ", which is not its bucket view: with gradient_as_bucket_view the engine writes "
                  "into grad_view(" +
                  std::to_string(i) + ")");

@@ -311,6 +311,11 @@ TEST(Reducer, AViewFromBeforeTheRebuildIsRefusedNamingTheGeneration) {
   std::string msg = testing::error_of([&] { red.mark_grad_ready(moved, before[moved]); });
   EXPECT_NE(msg.find("layout generation 0"), std::string::npos) << msg;
   EXPECT_NE(msg.find("re-read grad_view()"), std::string::npos) << msg;
+  // A buffer that never was a bucket view is refused too.
+  std::vector<float> elsewhere(after[0].numel);
+  msg = testing::error_of(
+      [&] { red.mark_grad_ready(0, view_of(elsewhere.data(), elsewhere.size())); });
+  EXPECT_NE(msg.find("not its bucket view"), std::string::npos) << msg;
   // With the current views the step goes through on every rank.
   for (size_t i = 0; i < 5; ++i) red.mark_grad_ready(i, after[i]);
   red.finalize_backward();
