@@ -52,6 +52,10 @@ Result run(const std::vector<std::string>& args, const std::vector<std::string>&
     int null = open("/dev/null", O_RDONLY);
     dup2(null, 0);
     dup2(null, kLeakedFd);
+    // Start from default dispositions whatever this test was started under:
+    // under nohup SIGHUP is ignored, and a shell cannot trap a signal that
+    // was ignored when it started, so the ranks never saw the forwarded one.
+    for (int sig : {SIGHUP, SIGINT, SIGTERM}) signal(sig, SIG_DFL);
     for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
     std::vector<std::string> all{launcher()};
     all.insert(all.end(), args.begin(), args.end());
