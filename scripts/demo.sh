@@ -6,8 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-[ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" -Dbuildtype=release >/dev/null
-ninja -C "$BUILD" >/dev/null
+scripts/build.sh "$BUILD" -Dbuildtype=release
 echo "== collie-run -n 2 train_mlp   (our own autograd engine, gradients averaged by collie's reducer)"
 "$BUILD/comm/launch/collie-run" -n 2 "$BUILD/examples/train_mlp"
 echo

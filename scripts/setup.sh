@@ -1,10 +1,41 @@
 #!/usr/bin/env bash
-# Installs what collie builds and tests with, from Debian's packages.
+# Installs what collie builds and tests with, from Debian's packages. When
+# another apt holds the package locks (an unattended upgrade, say), it waits
+# for them, up to 10 minutes, instead of failing.
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends \
-  g++ meson ninja-build pkg-config python3 clang-format \
-  libgtest-dev libbenchmark-dev libhwloc-dev libopenblas-dev libopenmpi-dev openmpi-bin >/dev/null
+wait_s=${SETUP_LOCK_WAIT:-600}
+packages=(
+  g++ meson ninja-build pkg-config python3 clang-format              # the build, the format check
+  libgtest-dev libbenchmark-dev                                      # tests, kernel benchmarks
+  libhwloc-dev libopenblas-dev libopenmpi-dev openmpi-bin            # topology, PowerSGD, MPI
+  gnuplot-nox                                                        # collie-bench --plot
+  python3-torch                                                      # torchrun, PyTorch's DDP to compare
+)
+
+# DPkg::Lock::Timeout makes install wait for the dpkg lock, but update takes
+# the package lists' lock, which that option does not cover: wait for it here.
+update() {
+  local out start=$SECONDS said=0
+  while ! out=$($SUDO apt-get -o DPkg::Lock::Timeout="$wait_s" update -qq 2>&1); do
+    if ! grep -qi "lock" <<<"$out" || (( SECONDS - start >= wait_s )); then
+      echo "$out" >&2
+      return 1
+    fi
+    if (( !said )); then
+      echo "setup: another apt holds the package lists; waiting for it (up to ${wait_s} s)"
+      said=1
+    fi
+    sleep 2
+  done
+}
+
+echo "setup: refreshing Debian's package lists"
+update
+echo "setup: installing ${#packages[@]} packages and what they need (a few hundred, about 300 MB" \
+     "on a bare machine, mostly PyTorch), waiting for any other apt to finish"
+$SUDO apt-get -o DPkg::Lock::Timeout="$wait_s" install -y -qq --no-install-recommends \
+  "${packages[@]}" >/dev/null
+echo "setup: done"

@@ -13,10 +13,7 @@ if [ "$SANITIZE" != none ]; then
   args=(-Dbuildtype=debugoptimized -Db_sanitize="$SANITIZE" -Db_lundef=false
         -Dcpp_args=-fno-sanitize-recover=all -Dbenchmarks=false)
 fi
-if [ ! -f "$BUILD/build.ninja" ]; then
-  meson setup "$BUILD" "${args[@]}" >/dev/null || { echo "0 passed, 1 failed"; exit 1; }
-fi
-ninja -C "$BUILD" >/dev/null || { ninja -C "$BUILD" | tail -40; echo "0 passed, 1 failed"; exit 1; }
+scripts/build.sh "$BUILD" "${args[@]}" || { echo "0 passed, 1 failed"; exit 1; }
 suite_args=()
 [ -n "${SUITE:-}" ] && suite_args=(--suite "$SUITE")
 meson test -C "$BUILD" --print-errorlogs "${suite_args[@]}" 2>&1 | tail -n 60

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Installs the build into a scratch DESTDIR, then builds a C and a C++
-# program against the installed headers and pkg-config file alone and runs
-# them with the installed collie-run on 2 ranks.
+# program against the installed headers and pkg-config files alone and runs
+# them with the installed collie-run on 2 ranks, with no LD_LIBRARY_PATH:
+# the installed programs and the ones linked through pkg-config find
+# libcollie by their RPATH.
 set -e
 meson="$1"; build="$2"; src="$3"; hook="$4"
 dest=$(mktemp -d)
@@ -11,9 +13,9 @@ pc=$(find "$dest" -name collie.pc | head -n 1)
 prefix=$(sed -n 's/^prefix=//p' "$pc")
 root="$dest$prefix"
 flags="--define-variable=prefix=$root"
-libdir=$(dirname "$(dirname "$pc")")
-cc -std=c11 -o "$dest/uses_c_abi" "$src/uses_c_abi.c" $(pkg-config $flags --cflags --libs "$pc")
-c++ -std=c++20 -o "$dest/uses_reducer" "$src/uses_reducer.cc" $(pkg-config $flags --cflags --libs "$pc")
-export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PKG_CONFIG_PATH="$(dirname "$pc")"
+cc -std=c11 -o "$dest/uses_c_abi" "$src/uses_c_abi.c" $(pkg-config $flags --cflags --libs collie)
+c++ -o "$dest/uses_reducer" "$src/uses_reducer.cc" $(pkg-config $flags --cflags --libs collie-cxx)
+unset LD_LIBRARY_PATH
 "$root/bin/collie-run" -n 2 "$dest/uses_c_abi"
 "$root/bin/collie-run" -n 2 "$dest/uses_reducer" "$hook"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Configures (once) and builds collie in BUILD, saying how far it has got:
+# a line every tenth of the way, and the compiler's errors in full if it
+# fails. Used by demo.sh and test.sh.
+#   scripts/build.sh BUILD [meson setup options...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=$1; shift
+if [ ! -f "$build/build.ninja" ]; then
+  echo "building collie in $build/ (the first build takes 1 to 3 minutes on 2 cores)"
+  log=$(meson setup "$build" "$@" 2>&1) || { echo "$log" | tail -30; echo "meson setup failed"; exit 1; }
+fi
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# ninja prints "[done/total] ..." per step when not on a terminal.
+ninja -C "$build" 2>&1 | tee "$log" | awk '
+  match($0, /^\[([0-9]+)\/([0-9]+)\]/) {
+    split(substr($0, RSTART + 1, RLENGTH - 2), p, "/")
+    pct = int(100 * p[1] / p[2])
+    if (pct >= next_pct) { printf "  build: %3d%% (%d of %d steps)\n", pct, p[1], p[2]; fflush(); next_pct = pct - pct % 10 + 10 }
+  }'
+status=${PIPESTATUS[0]}
+if [ "$status" != 0 ]; then
+  grep -v '^\[' "$log" | tail -60
+  echo "the build failed (ninja exited $status)"
+  exit 1
+fi
