@@ -276,6 +276,77 @@ TEST_F(Launcher, TheFirstFailureDecidesTheExitStatus) {
   EXPECT_FALSE(contains(r.err, "rank 2 exited")) << r.err;
 }
 
+// The part of stderr from collie-run's failure summary on.
+std::string summary(const std::string& err) {
+  auto at = err.find("---- the job failed ----");
+  return at == std::string::npos ? "" : err.substr(at);
+}
+
+// As torchrun's failure summary: the first rank to fail, how it ended, and
+// its last lines (ten), even with other ranks' output around them.
+TEST_F(Launcher, TheSummaryNamesTheRootCauseAndItsLastLines) {
+  auto r = run({"-n", "3", "sh", "-c",
+                "if [ $RANK = 1 ]; then for i in $(seq 1 12); do echo \"line $i\"; done; "
+                "echo 'the real error' >&2; exit 3; fi; echo \"rank $RANK busy\"; sleep 60"});
+  EXPECT_EQ(r.status, 3);
+  std::string s = summary(r.err);
+  EXPECT_TRUE(contains(s, "root cause: rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(contains(s, "the first to fail, exited with status 3")) << s;
+  EXPECT_TRUE(contains(s, "[1] the real error")) << s;
+  EXPECT_TRUE(contains(s, "[1] line 12")) << s;
+  EXPECT_TRUE(contains(s, "[1] line 4")) << s;
+  EXPECT_FALSE(contains(s, "[1] line 3\n")) << s;  // the last ten lines only
+  EXPECT_TRUE(contains(s, "rank 0, stopped by collie-run")) << s;
+  EXPECT_TRUE(contains(s, "rank 2, stopped by collie-run")) << s;
+}
+
+// A rank killed by a signal says nothing itself: the summary still shows
+// what it printed last.
+TEST_F(Launcher, AKilledRanksLastWordsAreInTheSummary) {
+  auto r = run({"-n", "2", "sh", "-c",
+                "if [ $RANK = 1 ]; then echo 'about to run out of memory' >&2; kill -9 $$; fi; "
+                "sleep 60"});
+  EXPECT_EQ(r.status, 128 + SIGKILL);
+  std::string s = summary(r.err);
+  EXPECT_TRUE(contains(s, "root cause: rank 1")) << r.err;
+  EXPECT_TRUE(contains(s, "was killed by signal SIGKILL")) << s;
+  EXPECT_TRUE(contains(s, "[1] about to run out of memory")) << s;
+}
+
+// The other ranks' own errors are kept: a collie rank notices a dead peer a
+// moment later and says so (peer_lost, naming it) before it exits; stopping
+// it at once used to cut that off.
+TEST_F(Launcher, OtherRanksOwnErrorsAreKeptNotCutOff) {
+  auto r = run({"-n", "3", "sh", "-c",
+                "case $RANK in "
+                "  1) exit 1;; "
+                "  0) sleep 0.3; echo 'rank 0: lost rank 1 (its connection closed)' >&2; exit 2;; "
+                "esac; sleep 60"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "[0] rank 0: lost rank 1 (its connection closed)")) << r.err;
+  std::string s = summary(r.err);
+  EXPECT_TRUE(contains(s, "root cause: rank 1")) << s;
+  EXPECT_TRUE(contains(s, "rank 0 failed on its own")) << s;
+  EXPECT_TRUE(contains(s, "rank 2, stopped by collie-run")) << s;
+}
+
+// --log-dir keeps each rank's whole output, both streams, without prefixes.
+TEST_F(Launcher, LogDirKeepsEachRanksWholeOutput) {
+  auto logs = dir_ / "logs" / "run1";
+  auto r = run({"-n", "2", "--log-dir", logs.string(), "sh", "-c",
+                "echo \"out of $RANK\"; echo \"err of $RANK\" >&2; printf 'no newline'"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (int q = 0; q < 2; ++q) {
+    std::ifstream f(logs / ("rank." + std::to_string(q) + ".log"));
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(contains(text, "out of " + std::to_string(q) + "\n")) << text;
+    EXPECT_TRUE(contains(text, "err of " + std::to_string(q) + "\n")) << text;
+    EXPECT_TRUE(contains(text, "no newline")) << text;
+    EXPECT_FALSE(contains(text, "[" + std::to_string(q) + "]")) << text;
+  }
+  EXPECT_TRUE(contains(r.out, "[1] out of 1")) << r.out;  // the console still has it
+}
+
 TEST_F(Launcher, ARankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   // Rank 1 fails once rank 0 ignores SIGTERM, so only SIGKILL can end rank 0
   // (an ignored signal stays ignored across exec: `sleep` ignores it too).

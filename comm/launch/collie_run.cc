@@ -1,12 +1,16 @@
 // comm/launch/collie_run.cc: collie-run, the launcher.
 //
 //   collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]
-//              [--grace-seconds S] [--no-prefix] prog args...
+//              [--grace-seconds S] [--log-dir D] [--no-prefix] prog args...
 //
 // Starts N local ranks of a K-node job with collie's and torchrun's launch
 // variables, prefixes every output line with the rank, forwards SIGINT,
-// SIGTERM and SIGHUP, and when one rank fails ends the others (SIGTERM, then
-// SIGKILL after the grace period) and exits with the failing rank's status.
+// SIGTERM and SIGHUP. When one rank fails, the others get a moment to report
+// their own error (collie's ranks fail within milliseconds of a peer, naming
+// it), then are stopped (SIGTERM, then SIGKILL after the grace period); the
+// job exits with the first failing rank's status, and a summary names that
+// rank, how it ended and its last lines of output, and what became of the
+// others.
 //
 // Node 0's launcher binds the store's listening socket itself (on the given
 // port, or one the kernel picks) and hands the open socket to rank 0 as
@@ -27,6 +31,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
@@ -45,10 +51,14 @@ using collie::net::Deadline;
 constexpr int kStoreFd = 3;             // where rank 0 finds the store socket
 constexpr size_t kMaxLine = 64 * 1024;  // longer lines are cut, not buffered forever
 constexpr auto kPipeDrain = std::chrono::seconds(2);
+// After the first failure, how long the other ranks have to end on their
+// own (and say why) before they are stopped.
+constexpr auto kReportWindow = std::chrono::seconds(1);
+constexpr size_t kTailLines = 10;  // of each rank's output, for the summary
 
 constexpr const char* kUsage =
     "usage: collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]\n"
-    "                  [--grace-seconds S] [--no-prefix] program [args...]\n"
+    "                  [--grace-seconds S] [--log-dir D] [--no-prefix] program [args...]\n"
     "  -n N               ranks to start on this node\n"
     "  --nnodes K         nodes in the job (default 1)\n"
     "  --node-rank R      this node's index, 0..K-1 (default 0)\n"
@@ -57,6 +67,7 @@ constexpr const char* kUsage =
     "                     required on nodes > 0)\n"
     "  --grace-seconds S  after a rank fails, SIGKILL the rest S s after SIGTERM\n"
     "                     (default 5, or $COLLIE_RUN_GRACE)\n"
+    "  --log-dir D        also write each rank's output to D/rank.<rank>.log\n"
     "  --no-prefix        pass output through without the '[rank] ' prefix\n"
     "A job on several nodes needs the same COLLIE_JOB_SECRET exported on every node.\n"
     "Ranks inherit only stdin, stdout and stderr (rank 0 also the store socket).\n";
@@ -69,6 +80,7 @@ struct Args {
   int master_port = -1;  // -1: not given
   int grace_seconds = 5;
   bool prefix = true;
+  std::string log_dir;
   std::vector<std::string> prog;
   collie::config::LauncherSettings env;  // what the environment says (comm/config)
 };
@@ -140,6 +152,8 @@ Args parse_args(int argc, char** argv) {
       a.master_port = parse_int(flag, take(), 1, 65535);
     else if (flag == "--grace-seconds")
       a.grace_seconds = parse_int(flag, take(), 0, 86400);
+    else if (flag == "--log-dir")
+      a.log_dir = take();
     else
       usage_error("unknown option '" + std::string(argv[i]) +
                   "' (put the program after '--' if it starts with '-')");
@@ -205,6 +219,12 @@ struct Rank {
   bool running = false;
   std::string prefix;  // "[rank] "
   Stream out, err;
+  std::deque<std::string> tail;  // its last lines of output, both streams, prefixed
+  int log_fd = -1;               // --log-dir: its whole output, unprefixed
+  // How it ended, for the summary.
+  int status = 0;
+  double ended_s = 0;    // seconds after the start
+  bool stopped = false;  // it ended after collie-run had told it to stop
 };
 
 class Job {
@@ -213,7 +233,17 @@ class Job {
 
   int run() {
     if (!prepare()) return 2;
+    if (!a_.log_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(a_.log_dir, ec);
+      if (ec) {
+        std::fprintf(stderr, "collie-run: --log-dir %s: %s\n", a_.log_dir.c_str(),
+                     ec.message().c_str());
+        return 2;
+      }
+    }
     share_cpus();
+    started_ = Clock::now();
     ranks_.reserve(a_.nproc);
     for (int local = 0; local < a_.nproc; ++local)
       if (!spawn(local)) return 1;  // children die with us (PR_SET_PDEATHSIG)
@@ -300,9 +330,21 @@ class Job {
   bool spawn(int local) {
     Rank& r = ranks_.emplace_back();
     r.rank = a_.node_rank * a_.nproc + local;
-    r.prefix = "[" + std::to_string(r.rank) + "] ";
+    if (a_.prefix) r.prefix = "[" + std::to_string(r.rank) + "] ";
+    if (!a_.log_dir.empty()) {
+      std::string path = a_.log_dir + "/rank." + std::to_string(r.rank) + ".log";
+      r.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (r.log_fd < 0) {
+        std::fprintf(stderr, "collie-run: --log-dir: cannot write %s: %s\n", path.c_str(),
+                     std::strerror(errno));
+        return false;
+      }
+    }
+    // Output goes through pipes (prefixed, kept for the summary and the log
+    // files) unless --no-prefix without --log-dir asks for the plain streams.
+    const bool piped = captures();
     int out[2] = {-1, -1}, err[2] = {-1, -1};
-    if (a_.prefix && (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)) {
+    if (piped && (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)) {
       std::perror("collie-run: pipe");
       return false;
     }
@@ -317,7 +359,7 @@ class Job {
     r.running = true;
     // Also here, so that no signal sent right after fork misses the group.
     setpgid(pid, pid);
-    if (a_.prefix) {
+    if (piped) {
       close(out[1]);
       close(err[1]);
       r.out = {out[0], STDOUT_FILENO, {}};
@@ -343,7 +385,7 @@ class Job {
       int null = open("/dev/null", O_RDONLY);
       dup2(null, STDIN_FILENO);
     }
-    if (a_.prefix) {
+    if (captures()) {
       dup2(out, STDOUT_FILENO);
       dup2(err, STDERR_FILENO);
     }
@@ -403,10 +445,15 @@ class Job {
       if (drain_until_ && Clock::now() >= *drain_until_) {
         signal_ranks(SIGKILL);
         for (Rank& r : ranks_) {
-          finish(r.out, r.prefix);
-          finish(r.err, r.prefix);
+          finish(r, r.out);
+          finish(r, r.err);
         }
         break;
+      }
+      // The others had their moment to report after the first failure.
+      if (stop_at_ && Clock::now() >= *stop_at_) {
+        stop_at_.reset();
+        stop_ranks(SIGTERM);
       }
       if (kill_at_ && Clock::now() >= *kill_at_) {
         signal_ranks(SIGKILL);
@@ -414,6 +461,9 @@ class Job {
       }
       wait_and_handle();
     }
+    if (root_cause_) print_summary();
+    for (Rank& r : ranks_)
+      if (r.log_fd >= 0) close(r.log_fd);
     if (first_failure_) return exit_code(*first_failure_);
     if (stop_signal_) return 128 + stop_signal_;
     return 0;
@@ -421,15 +471,16 @@ class Job {
 
   void wait_and_handle() {
     std::vector<pollfd> pfds{{sigfd_, POLLIN, 0}};
-    std::vector<std::pair<Stream*, const std::string*>> streams;
+    std::vector<std::pair<Rank*, Stream*>> streams;
     for (Rank& r : ranks_)
       for (Stream* s : {&r.out, &r.err})
         if (s->fd >= 0) {
           pfds.push_back({s->fd, POLLIN, 0});
-          streams.emplace_back(s, &r.prefix);
+          streams.emplace_back(&r, s);
         }
     std::optional<Deadline> next = kill_at_;
-    if (drain_until_ && (!next || *drain_until_ < *next)) next = drain_until_;
+    for (const auto& d : {drain_until_, stop_at_})
+      if (d && (!next || *d < *next)) next = d;
     int timeout = next ? collie::net::poll_timeout_ms(*next) : -1;
     if (poll(pfds.data(), pfds.size(), timeout) < 0 && errno != EINTR) {
       std::perror("collie-run: poll");
@@ -452,6 +503,8 @@ class Job {
         continue;
       }
       if (!stop_signal_) stop_signal_ = sig;
+      stop_at_.reset();
+      stop_sent_ = true;
       if (!kill_at_) kill_at_ = Clock::now() + std::chrono::seconds(a_.grace_seconds);
       signal_ranks(sig);
     }
@@ -463,17 +516,31 @@ class Job {
       int status = 0;
       if (!r.running || waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
       r.running = false;
+      r.status = status;
+      r.ended_s = std::chrono::duration<double>(Clock::now() - started_).count();
+      r.stopped = stop_sent_;
       bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       // Once we are stopping the job, exits are our doing, not new failures.
       if (!failed || stopping()) continue;
       first_failure_ = status;
+      root_cause_ = static_cast<size_t>(&r - ranks_.data());
       bool others = false;
       for (const Rank& o : ranks_) others = others || o.running;
       std::fprintf(stderr, "collie-run: rank %d %s%s\n", r.rank, describe(status).c_str(),
                    others ? "; stopping the other ranks" : "");
-      kill_at_ = Clock::now() + std::chrono::seconds(a_.grace_seconds);
-      signal_ranks(SIGTERM);
+      // A moment for the others to end on their own, and say why, before
+      // they are stopped: a peer's error (peer_lost, naming this rank) is
+      // worth keeping.
+      if (others) stop_at_ = Clock::now() + kReportWindow;
     }
+  }
+
+  // Asks every rank still running to stop, and kills them after the grace
+  // period.
+  void stop_ranks(int sig) {
+    stop_sent_ = true;
+    kill_at_ = Clock::now() + std::chrono::seconds(a_.grace_seconds);
+    signal_ranks(sig);
   }
 
   bool stopping() const { return first_failure_.has_value() || stop_signal_ != 0; }
@@ -487,39 +554,83 @@ class Job {
         if (kill(-r.pid, sig) != 0 && r.running) kill(r.pid, sig);
   }
 
-  void relay(Stream& s, const std::string& prefix) {
+  // Output passes through pipes when lines get a prefix or go to log files.
+  bool captures() const { return a_.prefix || !a_.log_dir.empty(); }
+
+  void relay(Rank& r, Stream& s) {
     char chunk[65536];
     ssize_t n = read(s.fd, chunk, sizeof chunk);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n <= 0) {
-      finish(s, prefix);
+      finish(r, s);
       return;
     }
     s.pending.append(chunk, static_cast<size_t>(n));
-    emit(s, prefix, false);
+    emit(r, s, false);
   }
 
   // Flushes the unfinished last line and closes the pipe.
-  void finish(Stream& s, const std::string& prefix) {
+  void finish(Rank& r, Stream& s) {
     if (s.fd < 0) return;
-    emit(s, prefix, true);
+    emit(r, s, true);
     close(s.fd);
     s.fd = -1;
   }
 
-  // Writes the whole lines of `s.pending`, each with the prefix, in one write
-  // so that ranks' lines never interleave mid-line.
-  static void emit(Stream& s, const std::string& prefix, bool eof) {
-    std::string text;
+  // Writes the whole lines of `s.pending`, each with the rank's prefix, in
+  // one write so that ranks' lines never interleave mid-line; keeps the last
+  // ones for the summary and writes them to the rank's log file.
+  void emit(Rank& r, Stream& s, bool eof) {
+    std::string text, raw;
+    auto line = [&](std::string_view l) {
+      text.append(r.prefix).append(l).push_back('\n');
+      raw.append(l).push_back('\n');
+      r.tail.emplace_back(std::string(r.prefix).append(l));
+      if (r.tail.size() > kTailLines) r.tail.pop_front();
+    };
+    std::string_view pending(s.pending);
     size_t start = 0;
-    for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1)
-      text.append(prefix).append(s.pending, start, nl + 1 - start);
-    s.pending.erase(0, start);
-    if (!s.pending.empty() && (eof || s.pending.size() > kMaxLine)) {
-      text.append(prefix).append(s.pending).push_back('\n');
-      s.pending.clear();
+    for (size_t nl; (nl = pending.find('\n', start)) != std::string_view::npos; start = nl + 1)
+      line(pending.substr(start, nl - start));
+    if (start < pending.size() && (eof || pending.size() - start > kMaxLine)) {
+      line(pending.substr(start));
+      start = pending.size();
     }
+    s.pending.erase(0, start);
     if (!text.empty()) write_all(s.to, text);
+    if (!raw.empty() && r.log_fd >= 0) write_all(r.log_fd, raw);
+  }
+
+  // torchrun's failure summary, in collie-run's words: the rank that failed
+  // first (the root cause), how it ended and its last lines; then what
+  // became of every other rank of this node.
+  void print_summary() const {
+    const Rank& root = ranks_[*root_cause_];
+    std::string out = "collie-run: ---- the job failed ----\n";
+    char when[64];
+    std::snprintf(when, sizeof when, "%.2f s after the start", root.ended_s);
+    out += "collie-run: root cause: rank " + std::to_string(root.rank) + " (pid " +
+           std::to_string(root.pid) + "), the first to fail, " + describe(root.status) + ", " +
+           when;
+    out += root.tail.empty() ? std::string(captures() ? "; it printed nothing\n" : "\n")
+                             : "; its last lines:\n";
+    for (const std::string& l : root.tail) out += "collie-run:   " + l + "\n";
+    for (const Rank& r : ranks_) {
+      if (&r == &root) continue;
+      const std::string who = "collie-run: rank " + std::to_string(r.rank);
+      if (r.stopped) {
+        out += who + ", stopped by collie-run: " + describe(r.status) + "\n";
+      } else if (WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) {
+        out += who + " finished: " + describe(r.status) + "\n";
+      } else {
+        std::snprintf(when, sizeof when, "%.2f s after the start", r.ended_s);
+        out += who + " failed on its own " + when + ": " + describe(r.status) +
+               (r.tail.empty() ? "\n" : "; its last line:\ncollie-run:   " + r.tail.back() + "\n");
+      }
+    }
+    if (!a_.log_dir.empty())
+      out += "collie-run: each rank's whole output: " + a_.log_dir + "/rank.<rank>.log\n";
+    write_all(STDERR_FILENO, out);
   }
 
   Args a_;
@@ -534,6 +645,10 @@ class Job {
   int stop_signal_ = 0;               // first signal we were asked to stop with
   std::optional<Deadline> kill_at_;   // SIGKILL whatever is left at this time
   std::optional<Deadline> drain_until_;
+  std::optional<Deadline> stop_at_;   // after the first failure: SIGTERM the rest then
+  bool stop_sent_ = false;            // the ranks have been told to stop
+  std::optional<size_t> root_cause_;  // index of the first rank that failed
+  Clock::time_point started_;
 };
 
 }  // namespace
