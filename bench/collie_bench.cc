@@ -3,22 +3,28 @@
 //
 //   collie-run -n 2 collie-bench [-b 8] [-e 256M] [-f 4] [-n 20] [-w 5] [-c 1]
 //                                [-d f32] [-o sum] [-i 0|1] [-a auto|ring|rd]
+//                                [-B backend] [--plot out.png]
 //
 // For each size: -w warm-up ops, then -n timed ops back to back; the time of
 // one op is the slowest rank's mean. algbw = size / time; busbw = algbw x
 // 2(n-1)/n, the bytes each rank's link carries, comparable across rank counts.
 // With -c 1 every size is checked after the timed ops against the known
 // answer (rank r contributes (r + 1) + (i mod 13), exact in every dtype).
+// --plot draws busbw and time against size with gnuplot.
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "collie/comm.h"
+#include "comm/config/config.h"
 #include "comm/core/element.h"
 
 namespace {
@@ -33,92 +39,196 @@ struct Args {
   int in_place = 0;
   collie::DType dtype = collie::DType::f32;
   collie::ReduceOp op = collie::ReduceOp::sum;
-  std::string algo;
+  std::string algo = "auto";
   std::string backend = "auto";
+  std::string plot;
+  bool help = false;
 };
 
-[[noreturn]] void usage(const char* msg) {
-  if (msg) std::fprintf(stderr, "collie-bench: %s\n", msg);
-  std::fprintf(stderr,
-               "usage: collie-run -n N collie-bench [-b minbytes] [-e maxbytes] [-f factor]\n"
-               "         [-n iters] [-w warmup] [-c check 0|1] [-d dtype] [-o op]\n"
-               "         [-i in-place 0|1] [-a auto|ring|rd] [-B backend]\n"
-               "sizes take K, M, G suffixes; dtypes f32 f64 f16 bf16 i32 i64 u8;\n"
-               "ops sum avg min max prod\n");
-  std::exit(2);
-}
+constexpr const char* kUsage =
+    "usage: collie-run -n N collie-bench [options]\n"
+    "  -b, --minbytes SIZE      smallest size (default 8); SIZE is bytes with an optional\n"
+    "                           K, M or G suffix: 8, 512K, 256M; rounded down to whole\n"
+    "                           elements, at least one\n"
+    "  -e, --maxbytes SIZE      largest size (default 256M), at least -b\n"
+    "  -f, --stepfactor F       multiply the size by F from one step to the next (>= 2)\n"
+    "  -n, --iters N            timed operations per size (>= 1, default 20)\n"
+    "  -w, --warmup_iters N     untimed operations before them (>= 0, default 5)\n"
+    "  -c, --check 0|1          check every result against the known answer (default 1)\n"
+    "  -d, --datatype T         f32 f64 f16 bf16 i32 i64 u8 (default f32)\n"
+    "  -o, --op OP              sum avg min max prod (default sum)\n"
+    "  -i, --inplace 0|1        in place (default 0: out of place)\n"
+    "  -a, --algo A             auto ring rd (default auto: the cost model picks)\n"
+    "  -B, --backend NAME       auto tcp ... (default auto)\n"
+    "      --plot FILE.png      draw busbw and time against size (needs gnuplot)\n"
+    "  -h, --help               this text\n";
 
-size_t parse_size(const char* s) {
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+size_t parse_size(const std::string& flag, const std::string& v) {
   char* end = nullptr;
-  double v = std::strtod(s, &end);
-  if (end == s || v < 0) usage("bad size");
-  switch (*end) {
-    case 'K':
-    case 'k':
-      v *= 1024;
-      break;
-    case 'M':
-    case 'm':
-      v *= 1024 * 1024;
-      break;
-    case 'G':
-    case 'g':
-      v *= 1024.0 * 1024 * 1024;
-      break;
-    case '\0':
-      break;
-    default:
-      usage("bad size suffix");
+  double x = std::strtod(v.c_str(), &end);
+  double scale = 1;
+  if (end != v.c_str() && *end) {
+    switch (*end) {
+      case 'K':
+      case 'k':
+        scale = 1024.0;
+        break;
+      case 'M':
+      case 'm':
+        scale = 1024.0 * 1024;
+        break;
+      case 'G':
+      case 'g':
+        scale = 1024.0 * 1024 * 1024;
+        break;
+      default:
+        scale = 0;
+    }
+    if (scale && end[1] != '\0') scale = 0;
   }
-  return static_cast<size_t>(v);
+  if (end == v.c_str() || scale == 0 || !std::isfinite(x) || x < 0)
+    throw UsageError(flag + " '" + v +
+                     "' is not a size: give bytes with an optional K, M or G suffix (8, 512K, "
+                     "256M)");
+  return static_cast<size_t>(x * scale);
 }
 
-int parse_int(const char* s) {
+int parse_int(const std::string& flag, const std::string& v, long lo, long hi, const char* what) {
   char* end = nullptr;
-  long v = std::strtol(s, &end, 10);
-  if (*end != '\0' || v < 0) usage("bad number");
-  return static_cast<int>(v);
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || x < lo || x > hi)
+    throw UsageError(flag + " '" + v + "': " + what);
+  return static_cast<int>(x);
 }
 
 Args parse(int argc, char** argv) {
   Args a;
+  bool have_min = false, have_max = false;
   for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i];
-    if (f == "-h" || f == "--help") usage(nullptr);
-    if (i + 1 >= argc) usage(("missing value for " + f).c_str());
-    const char* v = argv[++i];
-    if (f == "-b")
-      a.min_bytes = parse_size(v);
-    else if (f == "-e")
-      a.max_bytes = parse_size(v);
-    else if (f == "-f")
-      a.factor = parse_size(v);
-    else if (f == "-n")
-      a.iters = std::max(1, parse_int(v));
-    else if (f == "-w")
-      a.warmup = parse_int(v);
-    else if (f == "-c")
-      a.check = parse_int(v);
-    else if (f == "-i")
-      a.in_place = parse_int(v);
-    else if (f == "-a")
-      a.algo = v;
-    else if (f == "-B")
-      a.backend = v;
-    else if (f == "-d") {
-      auto d = collie::parse_dtype(v);
-      if (!d) usage("unknown dtype");
+    std::string f = argv[i], v;
+    bool inline_value = false;
+    if (auto eq = f.find('='); f.rfind("--", 0) == 0 && eq != std::string::npos) {
+      v = f.substr(eq + 1);
+      f.resize(eq);
+      inline_value = true;
+    }
+    if (f == "-h" || f == "--help") {
+      a.help = true;
+      continue;
+    }
+    auto value = [&]() -> const std::string& {
+      if (!inline_value) {
+        if (i + 1 >= argc) throw UsageError(f + " needs a value");
+        v = argv[++i];
+      }
+      return v;
+    };
+    if (f == "-b" || f == "--minbytes") {
+      a.min_bytes = parse_size(f, value());
+      have_min = true;
+    } else if (f == "-e" || f == "--maxbytes") {
+      a.max_bytes = parse_size(f, value());
+      have_max = true;
+    } else if (f == "-f" || f == "--stepfactor") {
+      a.factor =
+          static_cast<size_t>(parse_int(f, value(), 2, 1 << 30, "a whole number, at least 2"));
+    } else if (f == "-n" || f == "--iters") {
+      a.iters = parse_int(f, value(), 1, 1 << 30, "a whole number of timed operations, at least 1");
+    } else if (f == "-w" || f == "--warmup_iters") {
+      a.warmup =
+          parse_int(f, value(), 0, 1 << 30, "a whole number of warm-up operations, 0 or more");
+    } else if (f == "-c" || f == "--check") {
+      a.check = parse_int(f, value(), 0, 1, "0 (do not check) or 1 (check every result)");
+    } else if (f == "-i" || f == "--inplace") {
+      a.in_place = parse_int(f, value(), 0, 1, "0 (out of place) or 1 (in place)");
+    } else if (f == "-d" || f == "--datatype") {
+      auto d = collie::parse_dtype(value());
+      if (!d) throw UsageError(f + " '" + v + "' is not a dtype: f32 f64 f16 bf16 i32 i64 u8");
       a.dtype = *d;
-    } else if (f == "-o") {
-      auto o = collie::parse_reduce_op(v);
-      if (!o) usage("unknown op");
+    } else if (f == "-o" || f == "--op") {
+      auto o = collie::parse_reduce_op(value());
+      if (!o) throw UsageError(f + " '" + v + "' is not an op: sum avg min max prod");
       a.op = *o;
+    } else if (f == "-a" || f == "--algo") {
+      a.algo = value();
+      if (a.algo != "auto" && a.algo != "ring" && a.algo != "rd")
+        throw UsageError(f + " '" + v + "' is not an algorithm: auto ring rd");
+    } else if (f == "-B" || f == "--backend") {
+      a.backend = value();
+    } else if (f == "--plot") {
+      a.plot = value();
+      if (a.plot.empty()) throw UsageError("--plot needs a file name (out.png)");
     } else {
-      usage(("unknown flag " + f).c_str());
+      throw UsageError("unknown option '" + std::string(argv[i]) + "'");
     }
   }
-  if (a.factor < 2) usage("-f must be at least 2");
+  if (a.min_bytes < 1) throw UsageError("-b must be at least 1 byte");
+  if (a.min_bytes > a.max_bytes)
+    throw UsageError("-b (" + std::to_string(a.min_bytes) + " B) is larger than -e (" +
+                     std::to_string(a.max_bytes) + " B)" +
+                     (have_min && !have_max ? ", whose default is 256M" : "") +
+                     (have_max && !have_min ? ", which must be at least -b's default, 8" : "") +
+                     ": give -e at least -b");
+  if (!collie::supports(a.op, a.dtype))
+    throw UsageError(std::string("-o ") + std::string(collie::to_string(a.op)) +
+                     " is not defined on -d " + std::string(collie::to_string(a.dtype)) +
+                     " (avg on integers would truncate)");
   return a;
+}
+
+// Whether this process is the job's rank 0, from the launcher's variables,
+// before connecting: usage and errors about the command line are printed by
+// rank 0 alone, not once per rank.
+bool leads() {
+  try {
+    return collie::config::resolve_launch(collie::Options{}, collie::config::process_env()).rank ==
+           0;
+  } catch (const collie::Error&) {
+    return true;  // the launch variables are wrong: connect() will say how
+  }
+}
+
+struct Row {
+  size_t bytes;
+  double us, busbw;
+};
+
+// Draws busbw and time against size into `path` (PNG) with gnuplot: two
+// panels, log-scaled sizes. Returns an empty string or what went wrong.
+std::string plot(const std::string& path, const std::vector<Row>& rows, const std::string& title) {
+  std::string script = "set terminal pngcairo size 1000,800 font ',10'\n";
+  script += "set output '" + path + "'\n";
+  script += "set multiplot layout 2,1 title '" + title + "'\n";
+  script += "set logscale x 2\nset grid\nset key off\nset xlabel 'size (bytes)'\n";
+  script += "set format x '%.0b%BB'\n";  // 1024-based: 64KiB, 1MiB
+  auto data = [&](bool busbw) {
+    std::string d;
+    for (const Row& r : rows)
+      d += std::to_string(r.bytes) + " " + std::to_string(busbw ? r.busbw : r.us) + "\n";
+    return d + "e\n";
+  };
+  script +=
+      "set ylabel 'busbw (GB/s)'\nplot '-' using 1:2 with linespoints lw 2 pt 7\n" + data(true);
+  script +=
+      "set logscale y 10\nset ylabel 'time (us)'\n"
+      "plot '-' using 1:2 with linespoints lw 2 pt 7\n" +
+      data(false);
+  script += "unset multiplot\n";
+  FILE* g = popen("gnuplot 2>&1", "w");
+  if (!g) return "cannot start gnuplot";
+  std::fwrite(script.data(), 1, script.size(), g);
+  int status = pclose(g);
+  if (status != 0)
+    return "gnuplot failed (exit status " + std::to_string(WEXITSTATUS(status)) + ")";
+  return "";
+}
+
+bool have_gnuplot() {
+  return std::system("command -v gnuplot >/dev/null 2>&1") == 0;
 }
 
 double contribution(int r, size_t i) {
@@ -151,14 +261,39 @@ double expected(collie::ReduceOp op, int n, size_t i) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a = parse(argc, argv);
-  if (!a.algo.empty()) setenv("COLLIE_ALLREDUCE_ALGO", a.algo.c_str(), 1);
+  const bool lead = leads();
+  Args a;
+  try {
+    a = parse(argc, argv);
+  } catch (const UsageError& e) {
+    if (lead) std::fprintf(stderr, "collie-bench: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
+  if (a.help) {
+    if (lead) std::fputs(kUsage, stdout);
+    return 0;
+  }
+  setenv("COLLIE_ALLREDUCE_ALGO", a.algo.c_str(), 1);  // the library reads -a here
   try {
     collie::Options opt;
     opt.backend = a.backend;
     auto comm = collie::connect(opt);
     const int n = comm->size(), rank = comm->rank();
     const size_t es = collie::dtype_size(a.dtype);
+    // Rank 0 draws the plot: it checks for gnuplot now, not after the sweep,
+    // and every rank learns the answer, so that all stop together.
+    if (!a.plot.empty()) {
+      int32_t ok = rank == 0 ? have_gnuplot() : 1;
+      comm->broadcast(collie::view_of(&ok, 1), 0).wait();
+      if (!ok) {
+        if (rank == 0)
+          std::fprintf(stderr,
+                       "collie-bench: --plot needs gnuplot, which is not installed here "
+                       "(apt-get install gnuplot-nox)\n");
+        return 2;
+      }
+    }
+    std::vector<Row> rows;
     if (rank == 0) {
       std::printf("# collie-bench: allreduce, %d ranks, backend %s, %s, %s, %s\n", n,
                   comm->backend().c_str(), std::string(collie::to_string(a.dtype)).c_str(),
@@ -178,7 +313,7 @@ int main(int argc, char** argv) {
     // The x-factor ladder from -b, plus -e itself when the ladder misses it
     // (8 x 4^k never lands on 256 MiB).
     std::vector<size_t> sizes;
-    for (size_t b = std::max<size_t>(a.min_bytes, 1); b <= a.max_bytes; b *= a.factor) {
+    for (size_t b = a.min_bytes; b <= a.max_bytes; b *= a.factor) {
       sizes.push_back(b);
       if (b > a.max_bytes / a.factor) break;
     }
@@ -219,6 +354,7 @@ int main(int argc, char** argv) {
       double busbw = algbw * 2.0 * (n - 1) / n;
       bw_sum += busbw;
       ++bw_count;
+      rows.push_back({nbytes, us, busbw});
       if (rank == 0) {
         std::printf("  %12zu %12zu %6s %6s %11.1f %8.3f %8.3f %7s\n", nbytes, count,
                     std::string(collie::to_string(a.dtype)).c_str(),
@@ -229,6 +365,16 @@ int main(int argc, char** argv) {
     }
     if (rank == 0)
       std::printf("# Avg bus bandwidth    : %.3f GB/s\n", bw_sum / std::max(1, bw_count));
+    if (rank == 0 && !a.plot.empty()) {
+      std::string title = "collie-bench: allreduce, " + std::to_string(n) + " ranks, " +
+                          comm->backend() + ", " + std::string(collie::to_string(a.dtype)) + " " +
+                          std::string(collie::to_string(a.op));
+      if (std::string err = plot(a.plot, rows, title); !err.empty()) {
+        std::fprintf(stderr, "collie-bench: --plot %s: %s\n", a.plot.c_str(), err.c_str());
+        return 1;
+      }
+      std::printf("# plot: %s\n", a.plot.c_str());
+    }
   } catch (const collie::Error& e) {
     std::fprintf(stderr, "collie-bench: %s error: %s\n",
                  std::string(collie::to_string(e.code())).c_str(), e.what());

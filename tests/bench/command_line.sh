@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# collie-bench's command line: every bad value echoed with its option and
+# what is accepted, --help on stdout with status 0, usage printed once under
+# collie-run (not once per rank), -a judged by collie-bench itself, nothing
+# silently changed, and --plot writing a PNG.
+#   command_line.sh COLLIE_RUN COLLIE_BENCH
+set -uo pipefail
+run=$1; bench=$2
+failures=0
+fail() { echo "FAILED: $*"; failures=$((failures + 1)); }
+expect_usage_error() {  # message-substring args...
+  local want=$1; shift
+  local out rc
+  out=$("$bench" "$@" 2>&1); rc=$?
+  [ $rc = 2 ] || fail "collie-bench $* exited $rc, not 2"
+  grep -qF -- "$want" <<<"$out" || fail "collie-bench $*: no '$want' in: $(head -1 <<<"$out")"
+  grep -q "COLLIE_ALLREDUCE_ALGO" <<<"$out" && fail "collie-bench $*: blames COLLIE_ALLREDUCE_ALGO"
+}
+expect_usage_error "-b '1X' is not a size: give bytes with an optional K, M or G suffix" -b 1X
+expect_usage_error "-a 'tree' is not an algorithm: auto ring rd" -a tree
+expect_usage_error "-b (2097152 B) is larger than -e (1048576 B)" -b 2M -e 1M
+expect_usage_error "-n '0': a whole number of timed operations, at least 1" -n 0
+expect_usage_error "-f '1': a whole number, at least 2" -f 1
+expect_usage_error "-d 'f8' is not a dtype: f32 f64 f16 bf16 i32 i64 u8" -d f8
+expect_usage_error "-o avg is not defined on -d i32" -d i32 -o avg
+expect_usage_error "unknown option '--bogus'" --bogus
+expect_usage_error "-c '2': 0 (do not check) or 1 (check every result)" -c 2
+
+out=$("$bench" --help 2>/tmp/collie_bench_help_err.$$); rc=$?
+[ $rc = 0 ] || fail "--help exited $rc"
+grep -q "^usage: " <<<"$out" || fail "--help did not print the usage on stdout"
+[ -s /tmp/collie_bench_help_err.$$ ] && fail "--help wrote to stderr"
+rm -f /tmp/collie_bench_help_err.$$
+
+out=$("$run" -n 3 "$bench" -n 0 2>&1)
+n=$(grep -c "^\[.\] usage: \|^usage: " <<<"$out")
+[ "$n" = 1 ] || fail "under collie-run -n 3 the usage was printed $n times"
+
+if command -v gnuplot >/dev/null; then
+  png=$(mktemp --suffix=.png)
+  "$run" -n 2 "$bench" -b 8 -e 64K -n 2 -w 1 --plot "$png" >/dev/null 2>&1 || fail "--plot run failed"
+  [ "$(head -c 4 "$png" | od -An -c | tr -d ' ')" = '211PNG' ] || fail "--plot did not write a PNG"
+  rm -f "$png"
+else
+  echo "gnuplot not installed: --plot not checked"
+fi
+[ $failures = 0 ] && echo "collie-bench command line: all as expected"
+exit $((failures > 0))
