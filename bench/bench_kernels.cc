@@ -1,6 +1,6 @@
 // bench/bench_kernels.cc: Google Benchmark microbenchmarks of the reduction
 // kernels the collectives are made of (bytes/s of output), to compare with
-// the machine's memory bandwidth (../shared/anchors: memcpy ~10 GB/s,
+// the machine's memory bandwidth (bench/peers/ANCHORS.md: memcpy ~10 GB/s,
 // c = a + b f32 ~8 GB/s on the reference VM).
 #include <benchmark/benchmark.h>
 
