@@ -13,6 +13,7 @@ packages=(
   libhwloc-dev libopenblas-dev libopenmpi-dev openmpi-bin            # topology, PowerSGD, MPI
   gnuplot-nox                                                        # collie-bench --plot
   python3-torch                                                      # torchrun, PyTorch's DDP to compare
+  slurmctld slurmd slurm-client munge                                # the srun test's one-node SLURM
 )
 
 # DPkg::Lock::Timeout makes install wait for the dpkg lock, but update takes
