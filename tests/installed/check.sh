@@ -14,6 +14,14 @@ prefix=$(sed -n 's/^prefix=//p' "$pc")
 root="$dest$prefix"
 flags="--define-variable=prefix=$root"
 export PKG_CONFIG_PATH="$(dirname "$pc")"
+# A versioned soname, so that programs linked against this release keep
+# working across compatible ones.
+lib=$(find "$dest" -name 'libcollie.so.*.*' | head -n 1)
+soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+case "$soname" in
+  libcollie.so.[0-9]*) ;;
+  *) echo "libcollie's soname is '$soname', not versioned"; exit 1 ;;
+esac
 cc -std=c11 -o "$dest/uses_c_abi" "$src/uses_c_abi.c" $(pkg-config $flags --cflags --libs collie)
 c++ -o "$dest/uses_reducer" "$src/uses_reducer.cc" $(pkg-config $flags --cflags --libs collie-cxx)
 unset LD_LIBRARY_PATH

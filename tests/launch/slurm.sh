@@ -72,4 +72,10 @@ for r in $(seq 0 $((n - 1))); do
   grep -q "^rank $r of $n: sum of ranks $((n * (n - 1) / 2))$" <<<"$out" || fail=1
 done
 if [ $fail = 1 ]; then echo "$line exited $rc:"; echo "$out"; echo FAILED; exit 1; fi
-echo "SLURM: '$line' ran every rank with the rendezvous derived from the job id"
+# The example engine with the same line: it trains and checks that every
+# rank's replica is identical.
+out=$(cd "$t" && env -u LD_LIBRARY_PATH COLLIE_TIMEOUT=60 timeout 300 ${line/.\/my_job/$build/examples/train_mlp --steps 20} 2>&1); rc=$?
+if [ $rc != 0 ] || ! grep -q "replicas identical on all $n ranks: yes" <<<"$out"; then
+  echo "train_mlp under srun exited $rc:"; echo "$out"; echo FAILED; exit 1
+fi
+echo "SLURM: '$line' ran every rank with the rendezvous derived from the job id; train_mlp's replicas identical"

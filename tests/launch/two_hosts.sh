@@ -45,4 +45,13 @@ if [ $fail = 1 ]; then
   echo "second host ($line2), exit $rc2:"; cat "$work/h2.txt"
   echo "FAILED"; exit 1
 fi
-echo "two hosts, 2 ranks each, the README's lines: every rank has the sum over 4 ranks"
+# The example engine with the same lines: it trains and checks that every
+# rank's replica is identical.
+mlp="$build/examples/train_mlp --steps 20"
+run_on "$h1" "${line1/.\/my_job/$mlp}" "$work/h1.txt" & p1=$!
+run_on "$h2" "${line2/.\/my_job/$mlp}" "$work/h2.txt" & p2=$!
+wait $p1; rc1=$?; wait $p2; rc2=$?
+if [ $rc1 != 0 ] || [ $rc2 != 0 ] || ! grep -q "replicas identical on all 4 ranks: yes" "$work/h1.txt"; then
+  echo "train_mlp on two hosts: exit $rc1 and $rc2"; cat "$work/h1.txt" "$work/h2.txt"; echo FAILED; exit 1
+fi
+echo "two hosts, 2 ranks each, the README's lines: every rank has the sum over 4 ranks; train_mlp's replicas identical"
