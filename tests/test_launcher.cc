@@ -162,8 +162,11 @@ TEST_F(Launcher, EveryRankGetsItsVariablesAndAPrefix) {
     EXPECT_EQ(cnnodes, "1") << l;
     EXPECT_EQ(addr, "127.0.0.1") << l;
     EXPECT_EQ(caddr, "127.0.0.1") << l;
-    EXPECT_EQ(mport, cport) << l;
+    // MASTER_PORT is torch.distributed's (its rank 0 serves a store there),
+    // so it must not be collie's.
+    EXPECT_NE(mport, cport) << l;
     EXPECT_GT(std::atoi(mport.c_str()), 0) << l;
+    EXPECT_GT(std::atoi(cport.c_str()), 0) << l;
     if (port.empty()) port = mport;
     EXPECT_EQ(mport, port) << "every rank must see the same port";
     ranks.insert(rank);
@@ -205,8 +208,8 @@ TEST_F(Launcher, SecondNodeRanksContinueTheNumbering) {
       "12345",
       "sh",
       "-c",
-      "echo $RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $COLLIE_NNODES $MASTER_PORT "
-      "${COLLIE_STORE_FD:-nofd}"};
+      "echo $RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $COLLIE_NNODES $COLLIE_MASTER_PORT "
+      "$MASTER_PORT ${COLLIE_STORE_FD:-nofd}"};
   // Every node's launcher must share one secret; one made up per node could
   // never work, so the launcher refuses instead.
   auto r = run(args);
@@ -217,22 +220,26 @@ TEST_F(Launcher, SecondNodeRanksContinueTheNumbering) {
   ASSERT_EQ(r.status, 0) << r.err;
   auto out = lines(r.out);
   std::set<std::string> got(out.begin(), out.end());
-  EXPECT_EQ(got, (std::set<std::string>{"[2] 2 4 0 1 2 12345 nofd", "[3] 3 4 1 1 2 12345 nofd"}));
+  EXPECT_EQ(got, (std::set<std::string>{"[2] 2 4 0 1 2 12345 12346 nofd",
+                                        "[3] 3 4 1 1 2 12345 12346 nofd"}));
 }
 
 TEST_F(Launcher, NodeZeroOfSeveralSaysWhichPortItPicked) {
-  auto r = run({"-n", "1", "--nnodes", "2", "sh", "-c", "echo $MASTER_PORT"},
+  auto r = run({"-n", "1", "--nnodes", "2", "sh", "-c", "echo $COLLIE_MASTER_PORT $MASTER_PORT"},
                {"COLLIE_JOB_SECRET=shared"});
   ASSERT_EQ(r.status, 0) << r.err;
   ASSERT_EQ(lines(r.out).size(), 1u) << r.out;
-  std::string port = lines(r.out)[0].substr(4);  // after "[0] "
-  EXPECT_TRUE(contains(r.err, "--master-port " + port)) << r.err;
+  std::istringstream in(lines(r.out)[0].substr(4));  // after "[0] "
+  int port = 0, torch_port = 0;
+  in >> port >> torch_port;
+  EXPECT_TRUE(contains(r.err, "--master-port " + std::to_string(port))) << r.err;
+  EXPECT_EQ(torch_port, port + 1) << "every node computes torch's port from the one given";
 }
 
 TEST_F(Launcher, OnlyRankZeroGetsTheListeningStoreSocket) {
   // Every rank counts the sockets it holds and looks for the descriptor the
   // launcher's parent leaked (kLeakedFd); rank 0 finds the inode of
-  // COLLIE_STORE_FD among the sockets in LISTEN state (0A) on MASTER_PORT.
+  // COLLIE_STORE_FD among the sockets in LISTEN state (0A) on COLLIE_MASTER_PORT.
   static_assert(kLeakedFd == 9);
   const std::string prog = R"sh(
     n=0
@@ -241,15 +248,15 @@ TEST_F(Launcher, OnlyRankZeroGetsTheListeningStoreSocket) {
     [ -e /proc/$$/fd/9 ] && echo leaked
     if [ -n "$COLLIE_STORE_FD" ]; then
       ino=$(readlink /proc/$$/fd/$COLLIE_STORE_FD | tr -dc 0-9)
-      awk -v p=":$(printf %04X $MASTER_PORT)" -v i=$ino \
-        '$4 == "0A" && substr($2, length($2) - 4) == p && $10 == i {print "listening on MASTER_PORT"}' \
+      awk -v p=":$(printf %04X $COLLIE_MASTER_PORT)" -v i=$ino \
+        '$4 == "0A" && substr($2, length($2) - 4) == p && $10 == i {print "listening on the port"}' \
         /proc/net/tcp /proc/net/tcp6
     fi)sh";
   auto r = run({"-n", "3", "sh", "-c", prog});
   ASSERT_EQ(r.status, 0) << r.err;
   auto out = lines(r.out);
   std::multiset<std::string> got(out.begin(), out.end());
-  EXPECT_EQ(got, (std::multiset<std::string>{"[0] sockets 1", "[0] listening on MASTER_PORT",
+  EXPECT_EQ(got, (std::multiset<std::string>{"[0] sockets 1", "[0] listening on the port",
                                              "[1] sockets 0", "[2] sockets 0"}))
       << r.out << r.err;
 }
@@ -518,3 +525,21 @@ TEST_F(Launcher, BusyMasterPortIsNamed) {
 }
 
 }  // namespace
+
+TEST_F(Launcher, TorchDistributedCanServeItsStoreOnMasterPort) {
+  // torch.distributed.init_process_group("gloo") under collie-run: its rank 0
+  // binds MASTER_PORT while collie's store still listens on its own port.
+  // When the two were one port, torch failed with "Address already in use".
+  const std::string prog = R"sh(
+    if [ "$RANK" = 0 ]; then
+      python3 -c 'import os, socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+s.listen()
+print("bound MASTER_PORT")'
+    fi)sh";
+  auto r = run({"-n", "2", "sh", "-c", prog});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(lines(r.out), std::vector<std::string>{"[0] bound MASTER_PORT"}) << r.err;
+}

@@ -306,6 +306,18 @@ class Job {
           std::fprintf(stderr, "%s\n", e.what());
         return false;
       }
+      // torch.distributed in the ranks (init_process_group's env://) has its
+      // rank 0 serve a TCPStore on MASTER_PORT, so MASTER_PORT must not be
+      // collie's store port. Several nodes must agree without talking: P + 1.
+      // One node picks a port the kernel says is free.
+      if (a_.nnodes == 1 && a_.master_port < 0) {
+        try {
+          collie::net::Fd probe = collie::net::listen_tcp(a_.master_addr, 0, "collie-run");
+          torch_port_ = collie::net::local_port(probe.get());
+        } catch (const collie::Error&) {
+          torch_port_ = -1;
+        }
+      }
       if (a_.nnodes > 1 && a_.master_port < 0)
         std::fprintf(stderr,
                      "collie-run: rank 0's store listens on port %d; start the other nodes "
@@ -420,7 +432,9 @@ class Job {
     set("LOCAL_WORLD_SIZE", std::to_string(a_.nproc));
     set("GROUP_RANK", std::to_string(a_.node_rank));
     set("MASTER_ADDR", a_.master_addr);
-    set("MASTER_PORT", std::to_string(port_));
+    set("MASTER_PORT", std::to_string(torch_port_ > 0  ? torch_port_
+                                      : port_ == 65535 ? port_ - 1
+                                                       : port_ + 1));
 
     std::vector<char*> argv;
     for (const auto& s : a_.prog) argv.push_back(const_cast<char*>(s.c_str()));
@@ -637,6 +651,7 @@ class Job {
   int world_;
   std::string secret_;
   int port_ = -1;
+  int torch_port_ = -1;    // MASTER_PORT: torch.distributed's own store, beside collie's
   collie::net::Fd store_;  // node 0: the store's listening socket until rank 0 has it
   sigset_t handled_{}, saved_mask_{};
   int sigfd_ = -1;
