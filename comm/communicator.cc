@@ -3,6 +3,10 @@
 // registry and put the communicator front over it.
 #include <unistd.h>
 
+#include <atomic>
+#include <mutex>
+#include <utility>
+
 #include "collie/comm.h"
 #include "comm/backend.h"
 #include "comm/config/config.h"
@@ -12,6 +16,24 @@
 namespace collie {
 
 namespace {
+
+// Rank 0's store server, one per process and port. A program may connect,
+// destroy and connect again (a second DDP from Python does): a peer's second
+// connect can reach rank 0 before rank 0 has destroyed its first
+// communicator, so the server outlives communicators and each connect keys
+// its rendezvous apart (connect() numbers them). The listening socket
+// collie-run hands down (COLLIE_STORE_FD) is adopted once only.
+std::shared_ptr<TcpStoreServer> store_server(int port, const config::Launch& launch) {
+  static std::mutex mu;
+  static std::shared_ptr<TcpStoreServer> serving;
+  static bool inherited_fd_taken = false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (serving && (port <= 0 || serving->port() == port)) return serving;
+  int fd = launch.store_fd;
+  if (fd >= 0 && std::exchange(inherited_fd_taken, true)) fd = -1;
+  serving = TcpStoreServer::start(port < 0 ? 0 : port, launch.secret, fd);
+  return serving;
+}
 
 // The store every rank rendezvous through, and the address this rank's
 // peers reach it on.
@@ -34,10 +56,8 @@ void make_rendezvous(const Options& options, BackendContext& ctx) {
   } else if (launch.world_size > 1) {
     std::shared_ptr<TcpStoreServer> server;
     int port = launch.master_port;
-    if (launch.rank == 0) {
-      server = TcpStoreServer::start(port < 0 ? 0 : port, launch.secret, launch.store_fd);
-      port = server->port();
-    }
+    if (launch.rank == 0) server = store_server(port, launch);
+    if (server) port = server->port();
     auto client = TcpStore::connect(launch.master_addr, port, launch.secret, launch.timeout, who);
     ctx.listen_host = client->local_address();
     ctx.store = std::move(client);
@@ -59,7 +79,12 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   ctx.env = config::process_env();
   ctx.launch = config::resolve_launch(options, ctx.env);
   const BackendEntry& entry = pick_backend(config::backend(options, ctx.env), ctx.launch);
-  ctx.key = "collie/world";
+  // Every rank makes the same sequence of job-wide connects; the k-th keys
+  // its rendezvous apart from the earlier ones, whose keys may still sit in
+  // the store (a file store or rank 0's kept server).
+  static std::atomic<int> connects{0};
+  const int k = connects.fetch_add(1);
+  ctx.key = k == 0 ? "collie/world" : "collie/world." + std::to_string(k);
   ctx.failure = std::make_shared<FailureLatch>();
   make_rendezvous(options, ctx);
   log::info("rank " + std::to_string(ctx.launch.rank) + " of " +

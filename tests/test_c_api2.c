@@ -264,6 +264,20 @@ int main(void) {
   collie_tensor ft = {&f, 1, COLLIE_I32, COLLIE_CPU, 0};
   OK(collie_comm_allreduce(comm, ft, ft, COLLIE_SUM, NULL));
   OK(collie_comm_destroy(comm));
+
+  /* A second job-wide communicator after the first is gone, as a Python
+   * program that builds a second DDP does. Rank 0 served the first store on
+   * the socket collie-run handed down, which died with it: the second must
+   * serve on the port again rather than reuse a closed descriptor. */
+  comm = NULL;
+  OK(collie_comm_connect(&o, &comm));
+  int32_t again = rank + 1;
+  collie_tensor at = {&again, 1, COLLIE_I32, COLLIE_CPU, 0};
+  OK(collie_comm_allreduce(comm, at, at, COLLIE_SUM, NULL));
+  CHECK(again == size * (size + 1) / 2, "second communicator's sum %d", (int)again);
+  f += failures;
+  OK(collie_comm_allreduce(comm, ft, ft, COLLIE_SUM, NULL));
+  OK(collie_comm_destroy(comm));
   if (rank == 0) printf("C ABI 2: %d ranks, %s\n", size, f ? "FAILED" : "ok");
   return f ? 1 : 0;
 }
