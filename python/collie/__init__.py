@@ -1,0 +1,215 @@
+"""collie for Python: the communicator, and (collie.torch) a drop-in
+DistributedDataParallel for PyTorch.
+
+    import collie
+    comm = collie.connect()            # rank, size, rendezvous: the launcher's variables
+    comm.allreduce(t, op="avg")        # t: a torch tensor or any C-contiguous buffer
+
+Launch with collie-run, torchrun, mpirun or srun, or from Python with
+collie.spawn(fn, nprocs). Errors are collie.Error, whose `code` says what kind
+("peer_lost", "timeout", "mismatch", "invalid_argument", ...).
+"""
+import ctypes
+import threading
+
+from ._lib import Error, lib, check
+from . import _lib
+from .launch import ProcessFailed, spawn, start_processes  # noqa: F401
+
+__all__ = ["Error", "Communicator", "Work", "ProcessFailed", "connect", "default_communicator",
+           "spawn", "start_processes"]
+
+_TORCH_DTYPES = {"float32": _lib.F32, "float64": _lib.F64, "float16": _lib.F16,
+                 "bfloat16": _lib.BF16, "int32": _lib.I32, "int64": _lib.I64, "uint8": _lib.U8}
+_BUFFER_DTYPES = {"f": _lib.F32, "d": _lib.F64, "e": _lib.F16, "i": _lib.I32, "l": _lib.I64,
+                  "q": _lib.I64, "B": _lib.U8}
+
+
+def as_tensor(x):
+    """A collie_tensor describing `x`: a torch tensor (contiguous), or a
+    C-contiguous object with the buffer protocol (numpy array, bytearray)."""
+    if hasattr(x, "data_ptr") and hasattr(x, "dtype"):  # torch.Tensor
+        name = str(x.dtype).replace("torch.", "")
+        if name not in _TORCH_DTYPES:
+            raise Error("invalid_argument", f"collie does not move {x.dtype} tensors")
+        if not x.is_contiguous():
+            raise Error("invalid_argument", "collie needs contiguous tensors: call .contiguous()")
+        dev = x.device
+        return _lib.Tensor(x.data_ptr(), x.numel(), _TORCH_DTYPES[name],
+                           _lib.CPU if dev.type == "cpu" else _lib.CUDA, dev.index or 0)
+    view = memoryview(x)
+    if not view.c_contiguous or view.readonly:
+        raise Error("invalid_argument", "collie needs a writable, C-contiguous buffer")
+    fmt = view.format.lstrip("@=<")
+    if fmt not in _BUFFER_DTYPES:
+        raise Error("invalid_argument", f"collie does not move buffers of format '{view.format}'")
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(view)) if view.nbytes else None
+    return _lib.Tensor(addr, view.nbytes // view.itemsize, _BUFFER_DTYPES[fmt], _lib.CPU, 0)
+
+
+class Work:
+    """An operation in flight: wait() for it (raises collie.Error if it
+    failed), is_completed() without waiting. Keeps its buffers alive."""
+
+    def __init__(self, handle, keep):
+        self._h = handle
+        self._keep = keep
+
+    def wait(self, timeout=None):
+        if timeout is None:
+            check(lib.collie_work_wait(self._h))
+        else:
+            check(lib.collie_work_wait_for(self._h, float(timeout)))
+        return True
+
+    def is_completed(self):
+        return check(lib.collie_work_query(self._h)) != _lib.IN_PROGRESS
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            lib.collie_work_free(self._h)
+            self._h = None
+
+
+def _op(op):
+    if op not in _lib.OPS:
+        raise Error("invalid_argument", f"unknown op '{op}': sum avg min max prod")
+    return _lib.OPS[op]
+
+
+class Communicator:
+    """collie's communicator: every rank of the job calls the same
+    collectives in the same order. async_op=True returns a Work."""
+
+    def __init__(self, handle, owned=True):
+        self._h = ctypes.c_void_p(handle)
+        self._owned = owned
+
+    @property
+    def handle(self):
+        return self._h
+
+    @property
+    def rank(self):
+        r = ctypes.c_int()
+        check(lib.collie_comm_rank(self._h, ctypes.byref(r)))
+        return r.value
+
+    @property
+    def size(self):
+        n = ctypes.c_int()
+        check(lib.collie_comm_size(self._h, ctypes.byref(n)))
+        return n.value
+
+    @property
+    def backend(self):
+        name = ctypes.c_char_p()
+        check(lib.collie_comm_backend(self._h, ctypes.byref(name)))
+        return name.value.decode()
+
+    def _run(self, start, async_op, keep):
+        if not async_op:
+            check(start(None))
+            return None
+        w = ctypes.c_void_p()
+        check(start(ctypes.byref(w)))
+        return Work(w, keep)
+
+    def allreduce(self, x, op="sum", async_op=False, out=None):
+        tin = as_tensor(x)
+        tout = as_tensor(out) if out is not None else tin
+        return self._run(lambda w: lib.collie_comm_allreduce(self._h, tin, tout, _op(op), w),
+                         async_op, (x, out))
+
+    def broadcast(self, x, root=0, async_op=False):
+        t = as_tensor(x)
+        return self._run(lambda w: lib.collie_comm_broadcast(self._h, t, root, w), async_op, x)
+
+    def allgather(self, x, out, async_op=False):
+        tin, tout = as_tensor(x), as_tensor(out)
+        return self._run(lambda w: lib.collie_comm_allgather(self._h, tin, tout, w), async_op,
+                         (x, out))
+
+    def reduce_scatter(self, x, out, op="sum", async_op=False):
+        tin, tout = as_tensor(x), as_tensor(out)
+        return self._run(lambda w: lib.collie_comm_reduce_scatter(self._h, tin, tout, _op(op), w),
+                         async_op, (x, out))
+
+    def barrier(self, async_op=False):
+        return self._run(lambda w: lib.collie_comm_barrier(self._h, w), async_op, None)
+
+    def send(self, x, peer, tag=0, async_op=False):
+        t = as_tensor(x)
+        return self._run(lambda w: lib.collie_comm_send(self._h, t, peer, tag, w), async_op, x)
+
+    def recv(self, x, peer, tag=0, async_op=False):
+        t = as_tensor(x)
+        return self._run(lambda w: lib.collie_comm_recv(self._h, t, peer, tag, w), async_op, x)
+
+    def split(self, color, key=0):
+        out = ctypes.c_void_p()
+        check(lib.collie_comm_split(self._h, color, key, ctypes.byref(out)))
+        return Communicator(out.value) if out.value else None
+
+    def abort(self, reason="aborted from Python"):
+        check(lib.collie_comm_abort(self._h, reason.encode()))
+
+    def error(self):
+        """The communicator's first failure as a collie.Error, or None."""
+        try:
+            check(lib.collie_comm_get_async_error(self._h))
+        except Error as e:
+            return e
+        return None
+
+    def close(self):
+        if self._owned and self._h:
+            check(lib.collie_comm_destroy(self._h))
+        self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - a destructor must not raise
+            pass
+
+
+def connect(rank=None, world_size=None, master_addr=None, master_port=None, backend=None,
+            timeout=None, secret=None):
+    """Connects this process to the job. Everything left None comes from the
+    launcher's variables (collie-run's, torchrun's, Open MPI's, SLURM's)."""
+    o = _lib.CommOptions(ctypes.sizeof(_lib.CommOptions), _lib.STRUCT_TAG, -1, -1, None, -1, -1,
+                         None, 0.0, -1, 0, None)
+    if rank is not None:
+        o.rank = rank
+    if world_size is not None:
+        o.world_size = world_size
+    if master_addr:
+        o.master_addr = master_addr.encode()
+    if master_port:
+        o.master_port = master_port
+    if backend:
+        o.backend = backend.encode()
+    if timeout:
+        o.timeout_seconds = float(timeout)
+    if secret:
+        o.secret = secret.encode()
+    h = ctypes.c_void_p()
+    check(lib.collie_comm_connect(ctypes.byref(o), ctypes.byref(h)))
+    return Communicator(h.value)
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_communicator():
+    """The process's job-wide communicator, connected on first use from the
+    launcher's variables and kept until the process ends (PyTorch's default
+    process group). DistributedDataParallel and the averagers use it when
+    given no communicator; split it for subgroups."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.handle is None:
+            _default = connect()
+        return _default

@@ -1,0 +1,732 @@
+"""collie.torch: a drop-in torch.nn.parallel.DistributedDataParallel over
+collie's reducer.
+
+    import collie.torch
+    model = collie.torch.DistributedDataParallel(model)    # instead of torch's DDP
+    ...the training loop as before...
+
+What differs from PyTorch's DDP, on purpose:
+  * find_unused_parameters needs no traversal of the autograd graph: a
+    parameter whose gradient has not arrived when backward ends contributes
+    zeros (or, after no_sync micro-batches, the gradient it accumulated).
+  * Activation checkpointing (torch.utils.checkpoint, reentrant or not) works
+    without static_graph: a parameter may receive its gradient several times
+    in one backward; the first iteration learns how many.
+  * A parameter used only in no_sync micro-batches keeps its accumulated
+    gradient on the synchronising step.
+  * state_dict() holds every rank's comm-hook state (PowerSGD's error
+    feedback), so a checkpoint saved on rank 0 and loaded on every rank
+    continues exactly. Like FSDP's full state dict it is collective: call
+    it on every rank, save on rank 0.
+  * A parameter received no gradient and find_unused_parameters is off: the
+    error comes at the end of that backward, naming the parameter, not one
+    iteration later.
+Comm hooks: collie's by name ("fp16", "powersgd:rank=2", ...); PyTorch's
+built-in hooks passed to register_comm_hook are mapped to collie's; any other
+callable is called as PyTorch calls a hook, hook(state, bucket), and may
+return a torch Future, a collie Work, a tensor, or None (left in place).
+"""
+import contextlib
+import ctypes
+import inspect
+
+import torch
+
+from . import Communicator, Error, Work, as_tensor, default_communicator
+from . import _lib
+from ._lib import check, lib
+
+__all__ = ["DistributedDataParallel", "GradBucket", "PeriodicModelAverager", "PostLocalSGDOptimizer"]
+
+_DTYPES = {torch.float32: _lib.F32, torch.float64: _lib.F64, torch.float16: _lib.F16,
+           torch.bfloat16: _lib.BF16, torch.int32: _lib.I32, torch.int64: _lib.I64,
+           torch.uint8: _lib.U8}
+_TORCH_OF = {v: k for k, v in _DTYPES.items()}
+_MiB = 1 << 20
+
+
+class _Arenas:
+    """PyTorch's allocator behind collie's bucket allocator: bucket memory is
+    torch tensors, so param.grad can be a view of it and a hook gets the
+    bucket as a tensor on its device."""
+
+    def __init__(self):
+        self.live = {}  # aligned address -> (uint8 tensor, offset of the address in it)
+        self._allocate_cb = _lib.ALLOCATE_FN(self._allocate)
+        self._release_cb = _lib.RELEASE_FN(self._release)
+        self.struct = _lib.Allocator(ctypes.sizeof(_lib.Allocator), _lib.STRUCT_TAG,
+                                     self._allocate_cb, self._release_cb, None)
+
+    def _allocate(self, _user, nbytes, _dtype, device_type, device_index):
+        try:
+            device = "cpu" if device_type == _lib.CPU else f"cuda:{device_index}"
+            t = torch.zeros(nbytes + 64, dtype=torch.uint8, device=device)
+            off = (-t.data_ptr()) % 64
+            self.live[t.data_ptr() + off] = (t, off)
+            return t.data_ptr() + off
+        except Exception:  # noqa: BLE001 - collie reports a NULL as out of memory
+            return None
+
+    def _release(self, _user, ptr, _nbytes, _device_type, _device_index):
+        self.live.pop(ptr, None)
+
+    def view(self, addr, numel, dtype, shape=None):
+        """A tensor of `numel` `dtype` elements over bucket memory at `addr`."""
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        for base, (t, off) in self.live.items():
+            if base <= addr and addr + nbytes <= base + t.numel() - off:
+                start = addr - base + off
+                flat = t[start:start + nbytes].view(dtype)
+                return flat.view(shape) if shape is not None else flat
+        raise Error("internal", "collie.torch: bucket memory outside every arena")
+
+
+class GradBucket:
+    """What a Python comm hook gets, with the methods of PyTorch's
+    GradBucket: buffer() is the flat bucket (leave the average there, or
+    return it), gradients() are views of it shaped like parameters().
+    `comm` is collie's communicator, for hooks written against collie."""
+
+    def __init__(self, index, buffer, grads, params, is_last, comm):
+        self._index, self._buffer, self._grads, self._params = index, buffer, grads, params
+        self._is_last, self.comm = is_last, comm
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buffer
+
+    def gradients(self):
+        return self._grads
+
+    def parameters(self):
+        return self._params
+
+    def is_last(self):
+        return self._is_last
+
+    def set_buffer(self, tensor):
+        self._buffer.copy_(tensor)
+
+
+class _Sink(torch.autograd.Function):
+    """Identity on the module's outputs: its backward is the first node of
+    the backward pass, where the reducer is prepared and the end-of-backward
+    callback is queued on the outer graph task (not a reentrant checkpoint's
+    inner one)."""
+
+    @staticmethod
+    def forward(ctx, ddp, *outputs):
+        ctx.ddp = ddp
+        return tuple(o.view_as(o) for o in outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.ddp._start_backward()
+        return (None,) + grads
+
+
+def _map_tensors(obj, fn):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        mapped = [_map_tensors(o, fn) for o in obj]
+        return type(obj)(*mapped) if hasattr(obj, "_fields") else type(obj)(mapped)
+    if isinstance(obj, dict):
+        return type(obj)((k, _map_tensors(v, fn)) for k, v in obj.items())
+    return obj
+
+
+def _builtin_spec(state, hook):
+    """collie's spec for one of PyTorch's built-in hooks, or None."""
+    module = getattr(hook, "__module__", "") or ""
+    if not module.startswith("torch.distributed.algorithms.ddp_comm_hooks"):
+        return None
+    name = getattr(hook, "__name__", "")
+    simple = {"allreduce_hook": "allreduce", "fp16_compress_hook": "fp16",
+              "bf16_compress_hook": "bf16", "noop_hook": "noop"}
+    if name in simple:
+        return simple[name]
+    if name in ("powerSGD_hook", "batched_powerSGD_hook") and state is not None:
+        spec = "powersgd" if name == "powerSGD_hook" else "batched_powersgd"
+        return (f"{spec}:rank={state.matrix_approximation_rank},"
+                f"start_iter={state.start_powerSGD_iter},"
+                # collie never compresses a matrix into more bytes than it
+                # has: rates below 1 mean the same as 1.
+                f"min_compression_rate={max(1.0, float(state.min_compression_rate))},"
+                f"error_feedback={int(state.use_error_feedback)},warm_start={int(state.warm_start)},"
+                f"orthogonalization_epsilon={state.orthogonalization_epsilon}")
+    if name == "post_localSGD_hook" and state is not None:
+        # PyTorch's default subgroup (None) is each host's ranks.
+        sub = state.subgroup
+        size = "host" if sub is None else str(sub.size())
+        return f"post_local_sgd:start_iter={state.start_localSGD_iter},subgroup={size}"
+    return None
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """torch.nn.parallel.DistributedDataParallel's constructor and methods
+    over collie. The communicator: `comm` (or a collie.Communicator passed as
+    process_group); by default one connected from the launcher's variables.
+    `comm_hook`: a hook spec to start with ("fp16", "powersgd:rank=2")."""
+
+    _hook_count = 0
+
+    def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=True,
+                 process_group=None, bucket_cap_mb=25, find_unused_parameters=False,
+                 check_reduction=False, gradient_as_bucket_view=False, static_graph=False,
+                 init_sync=True, *, comm=None, comm_hook=None, first_bucket_cap_mb=1):
+        super().__init__()
+        del device_ids, output_device, dim, check_reduction  # accepted for PyTorch's signature
+        self.module = module
+        if comm is None and isinstance(process_group, Communicator):
+            comm = process_group
+        self._owns_comm = False
+        self._comm = comm if comm is not None else default_communicator()
+        self._find_unused = bool(find_unused_parameters)
+        self._static_graph = bool(static_graph)
+        self._bucket_view = bool(gradient_as_bucket_view)
+        self._broadcast_buffers = bool(broadcast_buffers)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise Error("invalid_argument",
+                        "collie.torch.DistributedDataParallel: the module has no parameter that "
+                        "requires a gradient")
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        for n, p in named:
+            if p.dtype not in _DTYPES:
+                raise Error("invalid_argument",
+                            f"parameter {n} is {p.dtype}, which collie does not reduce")
+            if not p.is_contiguous():
+                raise Error("invalid_argument", f"parameter {n} is not contiguous")
+            if p.is_sparse:
+                raise Error("invalid_argument", f"parameter {n} is sparse; collie reduces dense "
+                                                "gradients only")
+        n = len(self._params)
+        self._index_of = {p.data_ptr(): i for i, p in enumerate(self._params)}
+        tensors = (_lib.Tensor * n)(*[as_tensor(p.data) for p in self._params])
+        rows = (ctypes.c_uint64 * n)(*[p.shape[0] if p.dim() >= 2 else 0 for p in self._params])
+        self._arenas = _Arenas()
+        opts = _lib.ReducerOptions(
+            ctypes.sizeof(_lib.ReducerOptions), _lib.STRUCT_TAG, int(first_bucket_cap_mb * _MiB),
+            int(bucket_cap_mb * _MiB), int(self._bucket_view), 0, 0, int(bool(init_sync)),
+            comm_hook.encode() if isinstance(comm_hook, str) else None, rows,
+            ctypes.pointer(self._arenas.struct), 1, 0)
+        h = ctypes.c_void_p()
+        check(lib.collie_reducer_create(self._comm.handle, tensors, None, n, ctypes.byref(opts),
+                                        ctypes.byref(h)))
+        self._h = h
+        self._generation = None
+        self._views = [None] * n
+        if self._bucket_view:
+            self._bind_views()
+        if init_sync:
+            self._sync_buffers()
+        # Hooks on each parameter's gradient accumulator, kept alive here.
+        self._accumulators, self._handles = [], []
+        for i, p in enumerate(self._params):
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            self._handles.append(acc.register_hook(self._make_hook(i)))
+            self._accumulators.append(acc)
+        self._fires = [0] * n
+        self._expected = None  # gradient arrivals per parameter in the last iteration
+        self._marked = [False] * n
+        self._accumulated = [False] * n  # got a gradient in no_sync since the last sync
+        self._late = []
+        self._global_used = None  # static_graph: the used set, learnt once
+        self._in_backward = False
+        self.require_backward_grad_sync = True
+        self._joining = False
+        self._steps = 0
+        self._python_hooks = []
+        if comm_hook is not None and not isinstance(comm_hook, str):
+            self.register_comm_hook(None, comm_hook)
+
+    @property
+    def comm(self):
+        """The collie.Communicator the gradients travel over."""
+        return self._comm
+
+    # ---- the training step ------------------------------------------------
+
+    def forward(self, *inputs, **kwargs):
+        if self._joining:
+            self._join_round(1)
+        if self._broadcast_buffers and self.training:
+            self._sync_buffers()
+        out = self.module(*inputs, **kwargs)
+        if not torch.is_grad_enabled():
+            return out
+        self._steps += 1
+        flat = []
+        _map_tensors(out, lambda t: flat.append(t) if t.requires_grad else None)
+        if not flat:
+            return out
+        sunk = iter(_Sink.apply(self, *flat))
+        return _map_tensors(out, lambda t: next(sunk) if t.requires_grad else t)
+
+    def _start_backward(self):
+        if self._in_backward:
+            return  # several outputs, one backward
+        check(lib.collie_reducer_prepare(self._h, None, 0))
+        self._in_backward = True
+        n = len(self._params)
+        self._fires, self._marked, self._late = [0] * n, [False] * n, []
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _make_hook(self, i):
+        def hook(*_):
+            if self._in_backward:
+                self._on_gradient(i)
+        return hook
+
+    def _on_gradient(self, i):
+        self._fires[i] += 1
+        if self._bucket_view:
+            self._into_view(i)
+        if not self.require_backward_grad_sync:
+            self._accumulated[i] = True
+            return
+        if self._marked[i]:
+            self._late.append(i)  # arrived after it was reduced: reported at the end
+            return
+        # The first iteration only counts (a checkpointed segment delivers a
+        # parameter's gradient once per recomputation); later ones mark a
+        # parameter as soon as its last expected gradient has arrived.
+        if self._expected is not None and self._fires[i] >= max(self._expected[i], 1):
+            self._mark(i)
+
+    def _into_view(self, i):
+        """With bucket views the gradient must live in its bucket: after
+        zero_grad(set_to_none=True), or an out-of-place accumulation, copy it
+        there and make param.grad the view again (as PyTorch's DDP does)."""
+        p, v = self._params[i], self._views[i]
+        if p.grad is not None and p.grad.data_ptr() != v.data_ptr():
+            v.copy_(p.grad)
+            p.grad = v
+
+    def _mark(self, i):
+        if self._bucket_view:
+            check(lib.collie_reducer_mark_ready(self._h, i))
+        else:
+            p = self._params[i]
+            if not p.grad.is_contiguous():
+                p.grad = p.grad.contiguous()
+            check(lib.collie_reducer_mark_ready_grad(self._h, i, as_tensor(p.grad)))
+        self._marked[i] = True
+
+    def _end_backward(self):
+        try:
+            if not self.require_backward_grad_sync:
+                check(lib.collie_reducer_finalize(self._h))
+                return
+            zeros = {}
+            missing = [i for i in range(len(self._params)) if not self._marked[i]
+                       and not self._fires[i] and not self._accumulated[i]]
+            if missing and not self._find_unused:
+                names = ", ".join(self._names[i] for i in missing[:10])
+                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+                raise Error("invalid_argument",
+                            f"rank {self._comm.rank}: parameters {names}{more} received no "
+                            "gradient in this backward pass; if the model does not use every "
+                            "parameter in every step, pass find_unused_parameters=True")
+            for i, p in enumerate(self._params):
+                if self._marked[i]:
+                    continue
+                if self._fires[i] or self._accumulated[i]:
+                    self._mark(i)  # its gradient, this step's or the no_sync steps'
+                    continue
+                # Unused here: it contributes zeros, and gets the others' average if they used it.
+                if self._bucket_view:
+                    self._views[i].zero_()
+                    check(lib.collie_reducer_mark_ready(self._h, i))
+                else:
+                    zeros[i] = torch.zeros_like(p)
+                    check(lib.collie_reducer_mark_ready_grad(self._h, i, as_tensor(zeros[i])))
+                self._marked[i] = True
+            check(lib.collie_reducer_finalize(self._h))
+            if self._bucket_view:
+                self._bind_views()
+            if self._find_unused:
+                self._give_unused(zeros, self._exchange_used(
+                    [bool(f) or a for f, a in zip(self._fires, self._accumulated)]))
+            if self._late:
+                names = ", ".join(self._names[i] for i in sorted(set(self._late)))
+                raise Error("invalid_argument",
+                            f"rank {self._comm.rank}: parameters {names} received a gradient after "
+                            "theirs had been reduced: this backward used them more often than the "
+                            "first one did")
+            if self._expected is None:
+                self._expected = list(self._fires)
+            else:
+                self._expected = [max(e, f) for e, f in zip(self._expected, self._fires)]
+            self._accumulated = [False] * len(self._params)
+        finally:
+            self._in_backward = False
+
+    def _exchange_used(self, local):
+        """Which parameters some rank used this step (one small all-reduce;
+        with static_graph, only the first time)."""
+        if self._static_graph and self._global_used is not None:
+            return self._global_used
+        used = torch.tensor(local, dtype=torch.uint8)
+        self._comm.allreduce(used, op="max")
+        result = [bool(u) for u in used.tolist()]
+        if self._static_graph:
+            self._global_used = result
+        return result
+
+    def _give_unused(self, zeros, used_somewhere):
+        """Parameters unused here: those used on another rank get the
+        average; those used on no rank keep the gradient they had (None stays
+        None, as with PyTorch's DDP)."""
+        for i, p in enumerate(self._params):
+            if not used_somewhere[i]:
+                continue
+            if i in zeros:
+                p.grad = zeros[i]
+            elif self._bucket_view and p.grad is None:
+                p.grad = self._views[i]
+
+    def _bind_views(self):
+        """Where each gradient lives in bucket memory; re-read when the
+        buckets were re-laid out. Parameters that have a gradient get the
+        new view as param.grad (moving the layout moved their values)."""
+        g = ctypes.c_uint64()
+        check(lib.collie_reducer_layout_generation(self._h, ctypes.byref(g)))
+        if g.value == self._generation:
+            return
+        self._generation = g.value
+        t = _lib.Tensor()
+        for i, p in enumerate(self._params):
+            check(lib.collie_reducer_grad_view(self._h, i, ctypes.byref(t)))
+            self._views[i] = self._arenas.view(t.data, p.numel(), p.dtype, p.shape)
+            if p.grad is not None:
+                p.grad = self._views[i]
+
+    def _sync_buffers(self):
+        """Rank 0's buffers (BatchNorm's running statistics, ...) to every
+        rank, one broadcast per dtype."""
+        by_dtype = {}
+        for b in self.module.buffers():
+            if b.numel() and b.dtype in _DTYPES:
+                by_dtype.setdefault(b.dtype, []).append(b)
+        for group in by_dtype.values():
+            flat = torch.cat([b.detach().reshape(-1) for b in group])
+            self._comm.broadcast(flat, root=0)
+            at = 0
+            with torch.no_grad():
+                for b in group:
+                    b.copy_(flat[at:at + b.numel()].view_as(b))
+                    at += b.numel()
+
+    # ---- the DDP API users know ---------------------------------------------
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradients accumulate locally; the first backward outside reduces
+        them (with what that backward adds)."""
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        check(lib.collie_reducer_set_no_sync(self._h, 1))
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+            check(lib.collie_reducer_set_no_sync(self._h, int(not old)))
+
+    def _set_static_graph(self):
+        """PyTorch's (and Lightning's) way to turn static_graph on after
+        construction."""
+        self._static_graph = True
+
+    def register_comm_hook(self, state, hook):
+        """`hook`: a collie spec ("fp16", "powersgd:rank=2,start_iter=10", ...);
+        one of PyTorch's built-in hooks (mapped to collie's own); or any
+        callable hook(state, bucket) as PyTorch calls it (see GradBucket)."""
+        if isinstance(hook, str):
+            spec = hook
+        else:
+            spec = _builtin_spec(state, hook)
+            if spec is None:
+                if not callable(hook):
+                    raise Error("invalid_argument", f"{hook!r} is not a comm hook")
+                spec = self._register_python_hook(state, hook)
+        check(lib.collie_reducer_set_comm_hook(self._h, spec.encode()))
+
+    def _register_python_hook(self, state, fn):
+        try:
+            nargs = len(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            nargs = 2
+        if nargs != 2:
+            raise Error("invalid_argument",
+                        f"a comm hook is called as hook(state, bucket); {fn!r} takes {nargs} "
+                        "arguments")
+        DistributedDataParallel._hook_count += 1
+        name = f"python_hook_{DistributedDataParallel._hook_count}"
+        params = self._params
+
+        def trampoline(_user, comm, c_bucket, done):
+            try:
+                cb = c_bucket.contents
+                dtype = _TORCH_OF[cb.buffer.dtype]
+                flat = self._arenas.view(cb.buffer.data, cb.buffer.numel, dtype)
+                grads, ps = [], []
+                for k in range(cb.num_grads):
+                    p = params[self._index_of[cb.params[k].data]]
+                    ps.append(p)
+                    grads.append(self._arenas.view(cb.grads[k].data, p.numel(), dtype, p.shape))
+                bucket = GradBucket(cb.index, flat, grads, ps, bool(cb.is_last),
+                                    Communicator(comm, owned=False))
+                self._finish_hook(fn(state, bucket), flat, done)
+            except Exception as e:  # noqa: BLE001 - reported through collie
+                lib.collie_hook_complete(done, _lib.ERR_INTERNAL,
+                                         f"comm hook {getattr(fn, '__name__', fn)!r} raised "
+                                         f"{type(e).__name__}: {e}".encode())
+
+        cb = _lib.HOOK_FN(trampoline)
+        self._python_hooks.append(cb)  # the C side keeps only the pointer
+        check(lib.collie_hook_register(name.encode(), cb, None))
+        return name
+
+    @staticmethod
+    def _finish_hook(result, flat, done):
+        if isinstance(result, Work):
+            handle, result._h = result._h, None  # collie frees it when it completes
+            check(lib.collie_hook_complete_after(done, handle))
+            return
+
+        def place(value):
+            if isinstance(value, (list, tuple)) and len(value) == 1:
+                value = value[0]
+            if value is None:
+                return
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"a comm hook returned {type(value).__name__}; return a torch "
+                                "Future, a collie Work, the bucket's tensor or None")
+            if value.numel() != flat.numel():
+                raise ValueError(f"a comm hook returned {value.numel()} elements for a bucket of "
+                                 f"{flat.numel()}")
+            if value.data_ptr() != flat.data_ptr():
+                flat.copy_(value)
+
+        # torch.distributed's works give torch._C.Future, which
+        # torch.futures.Future wraps but does not subclass in every version.
+        if isinstance(result, (torch.futures.Future, torch._C.Future)):
+            def on_done(fut):
+                try:
+                    place(fut.value())
+                    lib.collie_hook_complete(done, _lib.OK, None)
+                except Exception as e:  # noqa: BLE001 - reported through collie
+                    lib.collie_hook_complete(done, _lib.ERR_INTERNAL,
+                                             f"comm hook future failed: {e}".encode())
+            result.then(on_done)
+            return
+        place(result)
+        lib.collie_hook_complete(done, _lib.OK, None)
+
+    # ---- uneven inputs --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def join(self, enable=True):
+        """Uneven inputs: run the training loop inside. A rank that runs out
+        of data shadows the others' collectives (zero gradients, divided by
+        the whole world, as PyTorch's Join does) until every rank is done;
+        then every rank takes the model of the rank that trained longest."""
+        if not enable:
+            yield
+            return
+        self._joining = True
+        try:
+            yield
+        finally:
+            while self._join_round(0):
+                self._shadow_step()
+            self._joining = False
+            self._sync_final_model()
+
+    def _join_round(self, active):
+        count = torch.tensor([active], dtype=torch.int64)
+        self._comm.allreduce(count, op="sum")
+        return int(count[0]) > 0
+
+    def _shadow_step(self):
+        """The collectives of one training step, with zero gradients."""
+        if self._broadcast_buffers and self.training:
+            self._sync_buffers()
+        check(lib.collie_reducer_prepare(self._h, None, 0))
+        zeros = {}
+        for i, p in enumerate(self._params):
+            if self._bucket_view:
+                self._views[i].zero_()
+                check(lib.collie_reducer_mark_ready(self._h, i))
+            else:
+                zeros[i] = torch.zeros_like(p)
+                check(lib.collie_reducer_mark_ready_grad(self._h, i, as_tensor(zeros[i])))
+        check(lib.collie_reducer_finalize(self._h))
+        if self._bucket_view:
+            self._bind_views()
+        if self._find_unused:
+            self._exchange_used([False] * len(self._params))
+
+    def _sync_final_model(self):
+        steps = torch.tensor([self._steps * self._comm.size + self._comm.rank], dtype=torch.int64)
+        self._comm.allreduce(steps, op="max")
+        root = int(steps[0]) % self._comm.size
+        with torch.no_grad():
+            for p in self._params:
+                self._comm.broadcast(p.data, root=root)
+        for b in self.module.buffers():
+            if b.numel() and b.dtype in _DTYPES and b.is_contiguous():
+                self._comm.broadcast(b.data, root=root)
+
+    # ---- observability ------------------------------------------------------
+
+    def reducer_stats(self):
+        """The reducer's timings and byte counts of the last synchronised step:
+        backward_us, exposed_us (finalize waiting for communication),
+        comm_us_total, num_buckets, gradient_bytes, hook_bytes, ..."""
+        s = _lib.ReducerStats(ctypes.sizeof(_lib.ReducerStats), _lib.STRUCT_TAG)
+        check(lib.collie_reducer_get_stats(self._h, ctypes.byref(s)))
+        return {f: getattr(s, f) for f, _ in _lib.ReducerStats._fields_[2:]}
+
+    # ---- checkpoints ----------------------------------------------------------
+
+    def get_extra_state(self):
+        """Every rank's reducer state (bucket layout, iteration, the hook's
+        state): gathered, so that rank 0's checkpoint restores every rank.
+        Collective (state_dict() calls it)."""
+        size = ctypes.c_size_t()
+        check(lib.collie_reducer_save_state(self._h, None, 0, ctypes.byref(size)))
+        mine = (ctypes.c_uint8 * max(size.value, 1))()
+        check(lib.collie_reducer_save_state(self._h, mine, size.value, ctypes.byref(size)))
+        n = self._comm.size
+        sizes = torch.zeros(n, dtype=torch.int64)
+        sizes[self._comm.rank] = size.value
+        self._comm.allreduce(sizes, op="sum")
+        width = max(int(sizes.max()), 1)
+        blob = torch.zeros(width, dtype=torch.uint8)
+        blob[:size.value] = torch.tensor(bytearray(bytes(mine)[:size.value]), dtype=torch.uint8)
+        everyone = torch.zeros(n * width, dtype=torch.uint8)
+        self._comm.allgather(blob, everyone)
+        raw = everyone.numpy().tobytes() if hasattr(everyone, "numpy") else bytes(everyone.tolist())
+        return {"collie_reducer": [raw[r * width:r * width + int(sizes[r])] for r in range(n)]}
+
+    def set_extra_state(self, state):
+        """Loads this rank's part of a state from get_extra_state (every
+        rank must load one saved at the same step). Collective."""
+        states = state["collie_reducer"]
+        if len(states) != self._comm.size:
+            raise Error("mismatch", f"the checkpoint holds {len(states)} ranks' reducer states; "
+                                    f"this job has {self._comm.size} ranks")
+        mine = bytes(states[self._comm.rank])
+        buf = (ctypes.c_uint8 * max(len(mine), 1)).from_buffer_copy(mine or b"\0")
+        check(lib.collie_reducer_load_state(self._h, buf, len(mine)))
+        if self._bucket_view:
+            self._bind_views()
+        self._expected = None
+
+    # ---- lifetime -----------------------------------------------------------------
+
+    def close(self):
+        """Waits for what is in flight and frees the reducer (and the
+        communicator, when this DDP connected it)."""
+        if getattr(self, "_h", None):
+            for h in self._handles:
+                h.remove()
+            check(lib.collie_reducer_destroy(self._h))
+            self._h = None
+            if self._owns_comm:
+                self._comm.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - a destructor must not raise
+            pass
+
+
+class PeriodicModelAverager:
+    """PyTorch's PeriodicModelAverager over collie: after warmup_steps,
+    every `period` steps the parameters are averaged over every rank (or,
+    with group_sizes, hierarchically: periods[i] within groups of
+    group_sizes[i] consecutive ranks). Call average_parameters after each
+    optimizer step, as post-local SGD does."""
+
+    def __init__(self, period=1, warmup_steps=0, comm=None, *, periods=None, group_sizes=None):
+        self._comm = comm if comm is not None else default_communicator()
+        h = ctypes.c_void_p()
+        if periods is None:
+            check(lib.collie_averager_create_periodic(self._comm.handle, int(period),
+                                                      int(warmup_steps), ctypes.byref(h)))
+        else:
+            if group_sizes is None or len(group_sizes) != len(periods):
+                raise Error("invalid_argument", "periods and group_sizes need one entry per level")
+            ps = (ctypes.c_uint64 * len(periods))(*periods)
+            gs = (ctypes.c_int32 * len(periods))(*group_sizes)
+            check(lib.collie_averager_create_hierarchical(self._comm.handle, ps, gs, len(periods),
+                                                          int(warmup_steps), ctypes.byref(h)))
+        self._h = h
+
+    def average_parameters(self, params):
+        params = [p for p in params if isinstance(p, torch.Tensor)] if not isinstance(
+            params, torch.Tensor) else [params]
+        flat = [p.data if p.is_contiguous() else p.data.contiguous() for p in params]
+        ts = (_lib.Tensor * max(len(flat), 1))(*[as_tensor(t) for t in flat])
+        check(lib.collie_averager_average(self._h, ts, len(flat)))
+        with torch.no_grad():
+            for p, t in zip(params, flat):
+                if t.data_ptr() != p.data_ptr():
+                    p.copy_(t)
+
+    def state_dict(self):
+        size = ctypes.c_size_t()
+        check(lib.collie_averager_save_state(self._h, None, 0, ctypes.byref(size)))
+        buf = (ctypes.c_uint8 * max(size.value, 1))()
+        check(lib.collie_averager_save_state(self._h, buf, size.value, ctypes.byref(size)))
+        return {"collie_averager": bytes(buf)[:size.value]}
+
+    def load_state_dict(self, state):
+        raw = bytes(state["collie_averager"])
+        buf = (ctypes.c_uint8 * max(len(raw), 1)).from_buffer_copy(raw or b"\0")
+        check(lib.collie_averager_load_state(self._h, buf, len(raw)))
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            lib.collie_averager_destroy(self._h)
+            self._h = None
+
+
+class PostLocalSGDOptimizer(torch.optim.Optimizer):
+    """PyTorch's PostLocalSGDOptimizer: step() runs the wrapped optimizer,
+    then the averager."""
+
+    def __init__(self, optim, averager):
+        self.optim = optim
+        self.averager = averager
+        self.param_groups = optim.param_groups
+        self.defaults = optim.defaults
+        self.state = optim.state
+
+    def step(self, closure=None):
+        loss = self.optim.step(closure)
+        for group in self.param_groups:
+            self.averager.average_parameters(group["params"])
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        sd = self.optim.state_dict()
+        sd["collie_averager"] = self.averager.state_dict()["collie_averager"]
+        return sd
+
+    def load_state_dict(self, state_dict):
+        sd = dict(state_dict)
+        if "collie_averager" in sd:
+            self.averager.load_state_dict({"collie_averager": sd.pop("collie_averager")})
+        self.optim.load_state_dict(sd)
