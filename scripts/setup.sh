@@ -12,7 +12,7 @@ packages=(
   libgtest-dev libbenchmark-dev                                      # tests, kernel benchmarks
   libhwloc-dev libopenblas-dev libopenmpi-dev openmpi-bin            # topology, PowerSGD, MPI
   gnuplot-nox                                                        # collie-bench --plot
-  python3-torch                                                      # torchrun, PyTorch's DDP to compare
+  python3-torch libtorch-dev                                         # collie.torch, torchrun, PyTorch's DDP; the libtorch example
   slurmctld slurmd slurm-client munge                                # the srun test's one-node SLURM
 )
 
