@@ -1,0 +1,132 @@
+"""collie.torch.DistributedDataParallel against PyTorch's DDP over Gloo, side
+by side in one run: step time, the all-reduce alone, exposed communication.
+
+    collie-run -n 2 /usr/bin/python3 bench/torch_ddp_bench.py [--batch 2 16]
+        [--layers 3] [--width 4096] [--iters 5] [--rounds 3] [--no-fp16]
+
+The model is `layers` x Linear(width, width) with ReLU between (3 x 4096:
+50 M parameters, 201 MB of f32 gradients). A step is forward, backward and
+SGD's update. Each configuration runs `iters` timed steps per round after a
+warm-up, the configurations interleaved round by round so that drift in the
+machine's speed falls on all of them alike; the figure is the median over
+every timed step (rank 0's clock, the ranks synchronised by a barrier before
+each step). "local" is the same step with no communication at all;
+"exposed" is a configuration's step minus local's: the communication that
+backward did not hide. "all-reduce alone" is one blocking all-reduce of the
+whole gradient (f32, sum), Gloo's and collie's, timed the same way.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+import collie.torch as ct
+
+
+def make_model(layers, width):
+    torch.manual_seed(0)
+    mods = []
+    for i in range(layers):
+        mods.append(torch.nn.Linear(width, width))
+        if i + 1 < layers:
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[2, 16])
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--width", type=int, default=4096)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-fp16", action="store_true", help="leave out the fp16 hook runs")
+    ap.add_argument("--noop", action="store_true",
+                    help="also collie with the noop hook: the reducer's own cost, no communication")
+    args = ap.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    hooks = [False] if args.no_fp16 else [False, True]
+
+    def build(kind, fp16):
+        m = make_model(args.layers, args.width)
+        if kind == "torch":
+            m = TorchDDP(m, gradient_as_bucket_view=True)
+            if fp16:
+                m.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif kind == "collie":
+            m = ct.DistributedDataParallel(m, gradient_as_bucket_view=True,
+                                           comm_hook="fp16" if fp16 else None)
+        elif kind == "noop":
+            m = ct.DistributedDataParallel(m, gradient_as_bucket_view=True, comm_hook="noop")
+        return m, torch.optim.SGD(m.parameters(), lr=1e-6)
+
+    configs = [("local", False)] + [(k, h) for h in hooks for k in ("torch", "collie")]
+    if args.noop:
+        configs.append(("noop", False))
+    models = {c: build(*c) for c in configs}
+    n_params = sum(p.numel() for p in models[configs[0]][0].parameters())
+    grad = torch.ones(n_params)
+    samples = {}  # (batch, config) -> step seconds
+
+    def step(model, opt, x):
+        opt.zero_grad(set_to_none=False)
+        model(x).square().mean().backward()
+        opt.step()
+
+    def timed(fn):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    comm = models[("collie", False)][0].comm
+    for rnd in range(args.rounds):
+        for batch in args.batch:
+            x = torch.randn(batch, args.width, generator=torch.Generator().manual_seed(rank))
+            for c in configs:
+                model, opt = models[c]
+                for i in range(args.iters + (2 if rnd == 0 else 0)):
+                    t = timed(lambda: step(model, opt, x))
+                    if rnd > 0 or i >= 2:
+                        samples.setdefault((batch, c), []).append(t)
+        for name, fn in (("gloo", lambda: dist.all_reduce(grad)),
+                         ("collie", lambda: comm.allreduce(grad))):
+            for i in range(args.iters + (1 if rnd == 0 else 0)):
+                t = timed(fn)
+                if rnd > 0 or i >= 1:
+                    samples.setdefault(("allreduce", name), []).append(t)
+
+    if rank == 0:
+        ms = {k: 1e3 * statistics.median(v) for k, v in samples.items()}
+        print(f"# {world} ranks, {args.layers} x Linear({args.width}, {args.width}): "
+              f"{n_params / 1e6:.1f} M parameters, {4 * n_params / 1e6:.0f} MB of f32 gradients; "
+              f"medians of {args.rounds * args.iters} steps; gradient_as_bucket_view on both")
+        g, c = ms[("allreduce", "gloo")], ms[("allreduce", "collie")]
+        print(f"all-reduce alone ({4 * n_params / 1e6:.0f} MB f32): Gloo {g:.1f} ms, "
+              f"collie {c:.1f} ms ({g / c:.2f} x)")
+        print(f"{'batch':>5}  {'hook':<5} {'local ms':>9} {'torch ms':>9} {'collie ms':>10} "
+              f"{'speed-up':>8}  {'torch exposed':>13} {'collie exposed':>14}")
+        for batch in args.batch:
+            local = ms[(batch, ("local", False))]
+            for h in hooks:
+                t, c = ms[(batch, ("torch", h))], ms[(batch, ("collie", h))]
+                print(f"{batch:>5}  {'fp16' if h else '-':<5} {local:>9.1f} {t:>9.1f} {c:>10.1f} "
+                      f"{t / c:>7.2f}x  {t - local:>11.1f}ms {c - local:>12.1f}ms")
+            if args.noop:
+                n = ms[(batch, ("noop", False))]
+                print(f"{batch:>5}  noop: collie with no communication {n:.1f} ms "
+                      f"({n - local:+.1f} ms over local)")
+    for c in configs:
+        if c[0] in ("collie", "noop"):
+            models[c][0].close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
