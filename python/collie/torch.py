@@ -317,6 +317,17 @@ class DistributedDataParallel(torch.nn.Module):
             check(lib.collie_reducer_mark_ready_grad(self._h, i, as_tensor(p.grad)))
         self._marked[i] = True
 
+    def _mark_zero(self, i, zeros):
+        """Marks parameter i ready with a zero gradient (unused this step, or
+        a shadow step of join). In copy mode the zeros go in `zeros`, which
+        the caller keeps until finalize has read them."""
+        if self._bucket_view:
+            self._views[i].zero_()
+            check(lib.collie_reducer_mark_ready(self._h, i))
+        else:
+            zeros[i] = torch.zeros_like(self._params[i])
+            check(lib.collie_reducer_mark_ready_grad(self._h, i, as_tensor(zeros[i])))
+
     def _end_backward(self):
         try:
             if not self.require_backward_grad_sync:
@@ -332,19 +343,14 @@ class DistributedDataParallel(torch.nn.Module):
                             f"rank {self._comm.rank}: parameters {names}{more} received no "
                             "gradient in this backward pass; if the model does not use every "
                             "parameter in every step, pass find_unused_parameters=True")
-            for i, p in enumerate(self._params):
+            for i in range(len(self._params)):
                 if self._marked[i]:
                     continue
                 if self._fires[i] or self._accumulated[i]:
                     self._mark(i)  # its gradient, this step's or the no_sync steps'
                     continue
                 # Unused here: it contributes zeros, and gets the others' average if they used it.
-                if self._bucket_view:
-                    self._views[i].zero_()
-                    check(lib.collie_reducer_mark_ready(self._h, i))
-                else:
-                    zeros[i] = torch.zeros_like(p)
-                    check(lib.collie_reducer_mark_ready_grad(self._h, i, as_tensor(zeros[i])))
+                self._mark_zero(i, zeros)
                 self._marked[i] = True
             check(lib.collie_reducer_finalize(self._h))
             if self._bucket_view:
@@ -559,13 +565,8 @@ class DistributedDataParallel(torch.nn.Module):
             self._sync_buffers()
         check(lib.collie_reducer_prepare(self._h, None, 0))
         zeros = {}
-        for i, p in enumerate(self._params):
-            if self._bucket_view:
-                self._views[i].zero_()
-                check(lib.collie_reducer_mark_ready(self._h, i))
-            else:
-                zeros[i] = torch.zeros_like(p)
-                check(lib.collie_reducer_mark_ready_grad(self._h, i, as_tensor(zeros[i])))
+        for i in range(len(self._params)):
+            self._mark_zero(i, zeros)
         check(lib.collie_reducer_finalize(self._h))
         if self._bucket_view:
             self._bind_views()
