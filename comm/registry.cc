@@ -3,6 +3,7 @@
 // folder: a backend is added with a line here (see docs/architecture.md).
 #include "collie_build_config.h"
 #include "comm/backend.h"
+#include "comm/shm/shm_backend.h"
 #include "comm/tcp/tcp_backend.h"
 
 namespace collie {
@@ -11,8 +12,7 @@ const std::vector<BackendEntry>& backend_registry() {
   static const std::vector<BackendEntry> registry = {
       {"nccl", false, "the NCCL backend is not part of this version of collie yet", nullptr,
        nullptr},
-      {"shm", false, "the shared-memory transport is not part of this version of collie yet",
-       nullptr, nullptr},
+      shm::backend_entry(),
       {"mpi", false,
        COLLIE_HAVE_MPI ? "the MPI backend is not part of this version of collie yet"
                        : "this build has no MPI: install libopenmpi-dev and configure with "

@@ -231,6 +231,24 @@ TcpTuning tcp_tuning(const Env& env) {
   return t;
 }
 
+ShmTuning shm_tuning(const Env& env) {
+  ShmTuning t;
+  if (auto v = parse_int("COLLIE_SHM_CHUNK", env("COLLIE_SHM_CHUNK"))) {
+    if (*v < 4096 || *v > (64 << 20))
+      throw bad("COLLIE_SHM_CHUNK must be between 4096 and 67108864 bytes");
+    t.chunk_bytes = static_cast<size_t>(*v) & ~size_t{63};
+  }
+  if (auto v = parse_int("COLLIE_SHM_SMALL", env("COLLIE_SHM_SMALL"))) {
+    if (*v < 0 || *v > (1 << 20)) throw bad("COLLIE_SHM_SMALL must be between 0 and 1048576 bytes");
+    t.small_bytes = static_cast<size_t>(*v);
+  }
+  if (auto v = parse_int("COLLIE_SPIN_US", env("COLLIE_SPIN_US"))) {
+    if (*v < 0) throw bad("COLLIE_SPIN_US must be 0 or more");
+    t.spin_us = static_cast<int>(*v);
+  }
+  return t;
+}
+
 std::string backend(const Options& o, const Env& env) {
   if (o.backend != "auto" && !o.backend.empty()) return o.backend;
   if (const char* v = env("COLLIE_BACKEND"); v && *v) return v;

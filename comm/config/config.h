@@ -51,6 +51,15 @@ struct TcpTuning {
 
 TcpTuning tcp_tuning(const Env& env);
 
+// Settings of the shared-memory backend.
+struct ShmTuning {
+  size_t chunk_bytes = 256 * 1024;  // COLLIE_SHM_CHUNK: bytes per rank per round
+  size_t small_bytes = 16 * 1024;   // COLLIE_SHM_SMALL: one-step all-reduce up to here
+  int spin_us = -1;                 // COLLIE_SPIN_US: spin before sleeping; -1: auto
+};
+
+ShmTuning shm_tuning(const Env& env);
+
 // COLLIE_BACKEND, when Options::backend is "auto".
 std::string backend(const Options& options, const Env& env);
 

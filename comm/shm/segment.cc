@@ -1,0 +1,437 @@
+// comm/shm/segment.cc: creating and sharing the segment; waiting in it.
+#include "comm/shm/segment.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace collie::shm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t kMagic = 0x434c5348;  // "CLSH"
+constexpr uint32_t kVersion = 1;
+// How often a sleeping waiter looks at the peer's process and its deadline.
+constexpr auto kSlice = std::chrono::milliseconds(5);
+
+struct alignas(kLine) Header {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t n;
+  uint32_t pad;
+  uint64_t total;
+  std::atomic<uint32_t> abort_word;  // 0, or 1 + the rank that aborted first
+};
+
+size_t round_up(size_t v, size_t a) {
+  return (v + a - 1) / a * a;
+}
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+bool reached(uint32_t v, uint32_t target) {
+  return static_cast<int32_t>(v - target) >= 0;
+}
+
+std::string boot_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+std::string rank_str(int r) {
+  return "rank " + std::to_string(r);
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::string seconds(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", ms.count() / 1000.0);
+  return buf;
+}
+
+// Waits for `keys` (one per rank of `ranks`) in the store. The wait goes in
+// slices, noting who has arrived after each, so that a timeout names the
+// missing ranks without asking the store again: by then rank 0, timing out
+// too, may have taken the store down with it.
+void store_wait(Store& store, const std::vector<std::string>& keys, const std::vector<int>& ranks,
+                int n, std::chrono::milliseconds timeout, const std::string& who) {
+  auto deadline = Clock::now() + timeout;
+  std::vector<bool> seen(keys.size(), false);
+  for (;;) {
+    std::vector<std::string> missing_keys;
+    std::vector<int> missing;
+    for (size_t q = 0; q < keys.size(); ++q)
+      if (!seen[q]) {
+        missing_keys.push_back(keys[q]);
+        missing.push_back(ranks[q]);
+      }
+    if (missing_keys.empty()) return;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0)
+      throw Error(ErrorCode::timeout,
+                  who + ": shared-memory rendezvous timed out after " + seconds(timeout) +
+                      ": rank" + (missing.size() > 1 ? "s " : " ") + join(missing) + " of " +
+                      std::to_string(n) +
+                      " never joined (not started, crashed before connecting, or pointed at "
+                      "another MASTER_ADDR/MASTER_PORT)");
+    try {
+      store.wait(missing_keys, std::min(left, std::chrono::milliseconds(500)));
+      return;
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::peer_lost)
+        throw Error(ErrorCode::peer_lost,
+                    who +
+                        ": shared-memory rendezvous lost the store that rank 0 serves while "
+                        "rank" +
+                        (missing.size() > 1 ? "s " : " ") + join(missing) + " of " +
+                        std::to_string(n) + " never joined: " + e.what());
+      if (e.code() != ErrorCode::timeout) throw;
+      try {
+        for (size_t q = 0; q < keys.size(); ++q)
+          if (!seen[q]) seen[q] = store.check({keys[q]});
+      } catch (const Error&) {
+        // The store went away: the next round reports it.
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Layout Layout::make(int n, size_t chunk, size_t small) {
+  Layout l;
+  l.n = n;
+  l.chunk = round_up(std::max<size_t>(chunk, 4096), kLine);
+  l.small = round_up(std::max<size_t>(small, 64), kLine);
+  l.p2p_slot = 64 * 1024;
+  l.p2p_slots = 4;
+  size_t off = round_up(sizeof(Header), kLine);
+  l.off_counters = off;
+  off += n * sizeof(Counter);
+  l.off_desc = off;
+  off += 2 * n * sizeof(DescSlot);
+  l.off_info = off;
+  off += n * sizeof(RankInfo);
+  l.off_bell = off;
+  off += n * sizeof(Counter);
+  l.off_mail = off;
+  off += static_cast<size_t>(n) * n * (2 * kLine + l.p2p_slots * (kLine + l.p2p_slot));
+  off = round_up(off, 4096);
+  l.off_small = off;
+  off += 2 * n * l.small;
+  off = round_up(off, 4096);
+  l.off_big = off;
+  off += 2 * n * l.chunk;
+  l.total = round_up(off, 4096);
+  return l;
+}
+
+Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
+    : me_(ctx.launch.rank),
+      n_(ctx.launch.world_size),
+      lay_(layout),
+      spin_us_(spin_us),
+      timeout_(ctx.launch.timeout),
+      failure_(ctx.failure) {
+  const std::string who = rank_str(me_);
+  const std::string key = ctx.key + "/shm";
+  int fd = -1;
+  if (me_ == 0) {
+    fd = static_cast<int>(syscall(SYS_memfd_create, "collie-shm", MFD_CLOEXEC));
+    if (fd < 0) throw system_error(ErrorCode::unavailable, who + ": memfd_create", errno);
+    if (ftruncate(fd, static_cast<off_t>(lay_.total)) != 0) {
+      int err = errno;
+      ::close(fd);
+      throw system_error(
+          ErrorCode::unavailable,
+          who + ": sizing the shared segment to " + std::to_string(lay_.total) + " bytes", err);
+    }
+    std::string where = std::to_string(getpid()) + " " + std::to_string(fd) + " " +
+                        std::to_string(lay_.total) + " " + boot_id();
+    ctx.store->set(key, to_bytes(where));
+  } else {
+    store_wait(*ctx.store, {key}, {0}, n_, timeout_, who);
+    std::istringstream in(collie::to_string(ctx.store->get(key)));
+    long pid = 0, rfd = 0;
+    size_t total = 0;
+    std::string boot;
+    in >> pid >> rfd >> total >> boot;
+    if (total != lay_.total)
+      throw Error(ErrorCode::mismatch,
+                  who + ": rank 0 made a shared segment of " + std::to_string(total) +
+                      " bytes, this rank expects " + std::to_string(lay_.total) +
+                      " (different COLLIE_SHM_CHUNK or COLLIE_SHM_SMALL on different ranks?)");
+    if (!boot.empty() && boot != boot_id())
+      throw Error(ErrorCode::unavailable,
+                  who +
+                      " is not on rank 0's host (another kernel): the shm backend needs every "
+                      "rank on one host; use tcp, or auto");
+    std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(rfd);
+    fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+      throw system_error(ErrorCode::unavailable,
+                         who + ": opening rank 0's shared segment at " + path +
+                             " (ranks in different PID namespaces or containers cannot share "
+                             "memory this way; use tcp)",
+                         errno);
+  }
+  void* p = mmap(nullptr, lay_.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    ::close(fd);
+    throw system_error(ErrorCode::unavailable, who + ": mapping the shared segment", err);
+  }
+  base_ = static_cast<uint8_t*>(p);
+  auto& h = at<Header>(0);
+  abort_word_ = &h.abort_word;
+  if (me_ == 0) {
+    h.magic = kMagic;
+    h.version = kVersion;
+    h.n = static_cast<uint32_t>(n_);
+    h.total = lay_.total;
+  }
+  info(me_).pid = static_cast<int32_t>(getpid());
+  // Everyone has mapped it (and rank 0's header is written) before anyone uses it.
+  ctx.store->set(key + "/up/" + std::to_string(me_), to_bytes("1"));
+  std::vector<std::string> up;
+  std::vector<int> all;
+  for (int q = 0; q < n_; ++q) {
+    up.push_back(key + "/up/" + std::to_string(q));
+    all.push_back(q);
+  }
+  try {
+    store_wait(*ctx.store, up, all, n_, timeout_, who);
+  } catch (...) {
+    ::close(fd);
+    munmap(base_, lay_.total);
+    base_ = nullptr;
+    throw;
+  }
+  ::close(fd);  // the mappings keep the memory; nothing has a name
+  if (h.magic != kMagic || h.version != kVersion || h.n != static_cast<uint32_t>(n_)) {
+    munmap(base_, lay_.total);
+    base_ = nullptr;
+    throw Error(ErrorCode::mismatch, who +
+                                         ": the shared segment is not collie's or has another "
+                                         "world size");
+  }
+  pidfds_.assign(n_, -1);
+  pids_.assign(n_, 0);
+  for (int q = 0; q < n_; ++q) {
+    pids_[q] = info(q).pid;
+    if (q != me_) pidfds_[q] = static_cast<int>(syscall(SYS_pidfd_open, pids_[q], 0));
+  }
+}
+
+Segment::~Segment() {
+  for (int fd : pidfds_)
+    if (fd >= 0) ::close(fd);
+  if (base_) munmap(base_, lay_.total);
+}
+
+void Segment::publish(Counter& c, uint32_t v) {
+  c.value.store(v, std::memory_order_seq_cst);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0)
+    futex(&c.value, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void Segment::advance() {
+  publish(progress(me_), ++phase_);
+}
+
+void Segment::ring(int r) {
+  Counter& b = bell(r);
+  b.value.fetch_add(1, std::memory_order_seq_cst);
+  if (b.sleepers.load(std::memory_order_seq_cst) != 0)
+    futex(&b.value, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+bool Segment::dead(int r) {
+  if (r < 0 || r == me_) return false;
+  if (pidfds_[r] >= 0) {
+    pollfd p{pidfds_[r], POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
+  }
+  return ::kill(pids_[r], 0) != 0 && errno == ESRCH;
+}
+
+void Segment::check() {
+  uint32_t a = abort_word_->load(std::memory_order_acquire);
+  if (a != 0 && static_cast<int>(a) - 1 != me_) {
+    int r = static_cast<int>(a) - 1;
+    RankInfo& i = info(r);
+    int code = i.err_code.load(std::memory_order_acquire);
+    std::string msg(i.err_msg, strnlen(i.err_msg, sizeof i.err_msg));
+    throw Error(code > 0 ? static_cast<ErrorCode>(code) : ErrorCode::aborted,
+                rank_str(r) + " aborted the communicator: " + msg);
+  }
+  if (failure_->failed()) throw *failure_->get();
+}
+
+std::string Segment::gone(int peer, const std::string& what) {
+  if (peer < 0 || peer == me_) return "";
+  if (info(peer).closed.load(std::memory_order_acquire))
+    return rank_str(me_) + ": " + rank_str(peer) +
+           " shut its communicator down while this rank waits for it in " + what;
+  if (dead(peer))
+    return rank_str(me_) + ": " + rank_str(peer) + " (pid " + std::to_string(pids_[peer]) +
+           ") died while this rank waits for it in " + what;
+  return "";
+}
+
+void Segment::timed_out(const std::vector<int>& late, const std::string& what) {
+  throw Error(ErrorCode::timeout,
+              what + " timed out on " + rank_str(me_) + " after " + seconds(timeout_) +
+                  " waiting for rank" + (late.size() > 1 ? "s " : " ") + join(late) +
+                  " (alive, but stalled or not calling the same operation; COLLIE_TIMEOUT sets "
+                  "the deadline)");
+}
+
+template <class Pred>
+void Segment::wait_on(Counter& c, int peer, Pred pred, const std::string& what, Deadline deadline) {
+  if (pred()) return;
+  auto start = Clock::now();
+  if (spin_us_ > 0) {
+    auto spin_end = start + std::chrono::microseconds(spin_us_);
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        if (pred()) return;
+        cpu_relax();
+      }
+      if (abort_word_->load(std::memory_order_relaxed) != 0 || failure_->failed()) check();
+      if (Clock::now() >= spin_end) break;
+    }
+  }
+  for (;;) {
+    check();
+    // A peer that made its last move and then left is not lost: look again.
+    if (std::string why = gone(peer, what); !why.empty()) {
+      if (pred()) return;
+      throw Error(ErrorCode::peer_lost, why);
+    }
+    auto now = Clock::now();
+    if (now >= deadline) return;  // the caller names the late ranks
+    auto nap = std::min<Clock::duration>(kSlice, deadline - now);
+    timespec ts{static_cast<time_t>(nap.count() / 1000000000),
+                static_cast<long>(nap.count() % 1000000000)};
+    c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t v = c.value.load(std::memory_order_seq_cst);
+    if (!pred()) futex(&c.value, FUTEX_WAIT, v, &ts);
+    c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (pred()) return;
+  }
+}
+
+void Segment::wait_rank(int r, uint32_t target, const std::string& what, Deadline deadline) {
+  Counter& c = progress(r);
+  auto ok = [&] { return reached(c.value.load(std::memory_order_acquire), target); };
+  wait_on(c, r, ok, what, deadline);
+  if (!ok()) timed_out({r}, what);
+}
+
+void Segment::wait_all_at(uint32_t target, const std::string& what, Deadline deadline) {
+  for (int r = 0; r < n_; ++r) {
+    if (r == me_) continue;
+    Counter& c = progress(r);
+    auto ok = [&] { return reached(c.value.load(std::memory_order_acquire), target); };
+    wait_on(c, r, ok, what, deadline);
+    if (!ok()) {
+      std::vector<int> late;
+      for (int q = 0; q < n_; ++q)
+        if (q != me_ && !reached(progress(q).value.load(), target)) late.push_back(q);
+      timed_out(late, what);
+    }
+  }
+}
+
+void Segment::wait_bell(uint32_t seen, const std::vector<int>& peers, const std::string& what,
+                        Deadline deadline) {
+  Counter& b = bell(me_);
+  auto moved = [&] { return b.value.load(std::memory_order_acquire) != seen; };
+  for (int p : peers) {
+    check();
+    if (std::string why = gone(p, what); !why.empty() && !moved())
+      throw Error(ErrorCode::peer_lost, why);
+  }
+  if (moved()) return;
+  auto start = Clock::now();
+  if (spin_us_ > 0) {
+    auto spin_end = start + std::chrono::microseconds(spin_us_);
+    while (Clock::now() < spin_end) {
+      for (int i = 0; i < 64; ++i) {
+        if (moved()) return;
+        cpu_relax();
+      }
+    }
+  }
+  auto now = Clock::now();
+  if (now >= deadline) timed_out(peers, what);
+  auto nap = std::min<Clock::duration>(kSlice, deadline - now);
+  timespec ts{static_cast<time_t>(nap.count() / 1000000000),
+              static_cast<long>(nap.count() % 1000000000)};
+  b.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (b.value.load(std::memory_order_seq_cst) == seen) futex(&b.value, FUTEX_WAIT, seen, &ts);
+  b.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void Segment::abort(const Error& e) noexcept {
+  if (!base_) return;
+  // The message and code go first, then the word (seq_cst): a rank that sees
+  // the word sees the message. A rank that loses the race has written its
+  // own slot, which no one reads.
+  if (abort_word_->load(std::memory_order_acquire) == 0) {
+    RankInfo& i = info(me_);
+    std::string msg = e.what();
+    std::memset(i.err_msg, 0, sizeof i.err_msg);
+    std::memcpy(i.err_msg, msg.data(), std::min(msg.size(), sizeof i.err_msg - 1));
+    i.err_code.store(static_cast<int32_t>(e.code()), std::memory_order_seq_cst);
+    uint32_t expected = 0;
+    abort_word_->compare_exchange_strong(expected, static_cast<uint32_t>(me_ + 1));
+  }
+  wake_all();
+}
+
+void Segment::close() noexcept {
+  if (!base_) return;
+  info(me_).closed.store(1, std::memory_order_release);
+  wake_all();
+}
+
+void Segment::wake_all() noexcept {
+  if (!base_) return;
+  for (int r = 0; r < n_; ++r) {
+    futex(&progress(r).value, FUTEX_WAKE, INT_MAX, nullptr);
+    futex(&bell(r).value, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+}
+
+}  // namespace collie::shm

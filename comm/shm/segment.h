@@ -1,0 +1,166 @@
+// comm/shm/segment.h: the memory the ranks of one host share, and how they
+// wait for each other in it.
+//
+// One segment per communicator: an anonymous memfd that rank 0 creates and
+// the others open through /proc/<pid>/fd/<fd>, so it never has a name in
+// /dev/shm and nothing is left behind however the job ends (the memory goes
+// when the last rank unmaps it, crash or not).
+//
+// Each rank owns a line (two cache lines, so the adjacent-line prefetcher
+// does not couple neighbours) with its phase counter: every rank counts the
+// phases of the collectives it runs in the same way, so "rank k has finished
+// phase p" is "k's counter has reached p". A waiter spins a few
+// microseconds, then sleeps on the counter with a futex; a rank that moves
+// its counter wakes only when someone sleeps on it (one shared load
+// otherwise). While it sleeps a waiter wakes every few milliseconds to see
+// whether the rank it waits for has died (a pidfd), shut down, or aborted the
+// communicator, and whether its own deadline has passed.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/backend.h"
+#include "comm/transport.h"
+
+namespace collie::shm {
+
+constexpr size_t kLine = 128;
+
+// A counter others wait on, alone in its line.
+struct alignas(kLine) Counter {
+  std::atomic<uint32_t> value;     // the futex word
+  std::atomic<uint32_t> sleepers;  // ranks asleep on value
+};
+
+// What a rank says about the collective it is in (checked by every rank
+// before any data moves, so that different calls are a mismatch error).
+struct alignas(kLine) DescSlot {
+  uint32_t seq;
+  uint8_t op, dtype, redop, pad;
+  int32_t tag;
+  uint64_t count;
+};
+
+struct alignas(kLine) RankInfo {
+  int32_t pid;
+  std::atomic<uint32_t> closed;  // 1: shut down cleanly
+  std::atomic<int32_t> err_code;
+  char err_msg[400];
+};
+
+// One direction of a point-to-point channel: a ring of slots.
+struct SlotHeader {
+  uint32_t seq;  // the message's per-pair number
+  int32_t tag;
+  uint64_t total;   // bytes of the whole message
+  uint64_t offset;  // where this piece goes
+  uint32_t len;
+  uint32_t pad;
+};
+
+struct Layout {
+  int n = 1;
+  size_t chunk = 0;  // bytes per rank per round (large collectives)
+  size_t small = 0;  // bytes per rank per small slot
+  size_t p2p_slot = 0, p2p_slots = 0;
+  size_t off_counters = 0, off_desc = 0, off_info = 0, off_bell = 0, off_mail = 0, off_small = 0,
+         off_big = 0, total = 0;
+  static Layout make(int n, size_t chunk, size_t small);
+};
+
+class Segment {
+ public:
+  // Collective over the ranks of ctx: rank 0 creates, the others open.
+  Segment(const BackendContext& ctx, const Layout& layout, int spin_us);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  int rank() const { return me_; }
+  int size() const { return n_; }
+  const Layout& layout() const { return lay_; }
+
+  Counter& progress(int r) { return at<Counter>(lay_.off_counters + r * sizeof(Counter)); }
+  DescSlot& desc(int r, uint32_t seq) {
+    return at<DescSlot>(lay_.off_desc + (r * 2 + (seq & 1)) * sizeof(DescSlot));
+  }
+  RankInfo& info(int r) { return at<RankInfo>(lay_.off_info + r * sizeof(RankInfo)); }
+  // Rank r's doorbell: rung when a point-to-point channel into or out of r moves.
+  Counter& bell(int r) { return at<Counter>(lay_.off_bell + r * sizeof(Counter)); }
+  uint8_t* small_slot(int r, uint32_t seq) {
+    return base_ + lay_.off_small + (r * 2 + (seq & 1)) * lay_.small;
+  }
+  uint8_t* big(int r, int b) { return base_ + lay_.off_big + (r * 2 + b) * lay_.chunk; }
+  // The channel from `from` to `to`: head (pieces written), tail (pieces read), slots.
+  Counter& mail_head(int from, int to) { return at<Counter>(mail_base(from, to)); }
+  Counter& mail_tail(int from, int to) { return at<Counter>(mail_base(from, to) + kLine); }
+  SlotHeader& mail_header(int from, int to, uint32_t i) {
+    return at<SlotHeader>(mail_base(from, to) + 2 * kLine + (i % lay_.p2p_slots) * slot_stride());
+  }
+  uint8_t* mail_data(int from, int to, uint32_t i) {
+    return base_ + mail_base(from, to) + 2 * kLine + (i % lay_.p2p_slots) * slot_stride() + kLine;
+  }
+
+  // This rank's own counter: advance it one phase and wake its sleepers.
+  uint32_t phase() const { return phase_; }
+  void advance();
+  // Rings r's doorbell (point-to-point progress that r may wait for).
+  void ring(int r);
+  static void publish(Counter& c, uint32_t v);
+
+  // Waits until every other rank's counter has reached this rank's phase.
+  // `what` names the operation for errors.
+  void wait_all(const std::string& what, Deadline deadline) { wait_all_at(phase_, what, deadline); }
+  void wait_all_at(uint32_t target, const std::string& what, Deadline deadline);
+  // Waits until rank r's counter reaches `target`.
+  void wait_rank(int r, uint32_t target, const std::string& what, Deadline deadline);
+  // Sleeps on this rank's doorbell until it moves from `seen` (or a short
+  // slice passes), after the same checks as the waits above; `peers` are the
+  // ranks whose death or shutdown would end the wait.
+  void wait_bell(uint32_t seen, const std::vector<int>& peers, const std::string& what,
+                 Deadline deadline);
+
+  // Throws what a wait would: another rank's abort, or this communicator's
+  // failure (another thread aborted it).
+  void check();
+  // Why `peer` will never move again (died, or shut down), or "".
+  std::string gone(int peer, const std::string& what);
+  void abort(const Error& e) noexcept;  // tell every rank
+  void close() noexcept;                // goodbye
+  void wake_all() noexcept;             // interrupt every sleeper (on this host)
+
+ private:
+  template <class T>
+  T& at(size_t off) {
+    return *reinterpret_cast<T*>(base_ + off);
+  }
+  size_t slot_stride() const { return kLine + lay_.p2p_slot; }
+  size_t mail_base(int from, int to) const {
+    return lay_.off_mail +
+           (static_cast<size_t>(from) * n_ + to) * (2 * kLine + lay_.p2p_slots * slot_stride());
+  }
+  bool dead(int r);
+  [[noreturn]] void timed_out(const std::vector<int>& late, const std::string& what);
+  // Spins, then sleeps on `c` while `pred()` is false.
+  template <class Pred>
+  void wait_on(Counter& c, int peer, Pred pred, const std::string& what, Deadline deadline);
+
+  const int me_, n_;
+  const Layout lay_;
+  const int spin_us_;
+  const std::chrono::milliseconds timeout_;
+  std::shared_ptr<FailureLatch> failure_;
+  uint8_t* base_ = nullptr;
+  std::vector<int> pidfds_;
+  std::vector<int32_t> pids_;
+  uint32_t phase_ = 0;
+  std::atomic<uint32_t>* abort_word_ = nullptr;
+};
+
+}  // namespace collie::shm

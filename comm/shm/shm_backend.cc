@@ -1,0 +1,388 @@
+// comm/shm/shm_backend.cc: collectives and messages inside the segment.
+//
+// Phases. Every rank advances its counter the same number of times for a
+// given operation, so a phase number means the same step on every rank.
+// Each collective starts with an arrival: the rank writes what it is calling
+// into its descriptor slot, advances, waits for everyone, and compares (a
+// different call on any rank is a mismatch, before any data moves). An
+// arrival at operation s also proves every rank has finished s - 1, so the
+// data areas are free again without a separate "done reading" phase.
+#include "comm/shm/shm_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+#include "comm/core/reduce.h"
+#include "comm/core/topology.h"
+#include "comm/host_executor.h"
+#include "comm/shm/segment.h"
+
+namespace collie::shm {
+
+namespace {
+
+std::string rank_str(int r) {
+  return "rank " + std::to_string(r);
+}
+
+std::string describe(const DescSlot& s) {
+  OpDesc d;
+  d.op = static_cast<OpKind>(s.op);
+  d.dtype = static_cast<DType>(s.dtype);
+  d.redop = static_cast<ReduceOp>(s.redop);
+  d.seq = s.seq;
+  d.tag = s.tag;
+  d.count = s.count;
+  return d.describe();
+}
+
+class ShmBackend final : public Backend, private HostRunner {
+ public:
+  ShmBackend(const BackendContext& ctx, const config::ShmTuning& t, int spin_us)
+      : ctx_(ctx),
+        tuning_(t),
+        seg_(ctx, Layout::make(ctx.launch.world_size, t.chunk_bytes, t.small_bytes), spin_us),
+        me_(ctx.launch.rank),
+        n_(ctx.launch.world_size) {
+    exec_ = HostExecutor::start(*this, ctx.failure, me_, ctx.launch.timeout);
+  }
+  ~ShmBackend() override { exec_->shutdown(); }
+
+  std::string name() const override { return "shm"; }
+  bool accepts(const Device& d) const override { return d.is_cpu(); }
+  Work start(Op op) override { return exec_->submit(std::move(op)); }
+  std::unique_ptr<Backend> split(const SplitPlan& plan) override {
+    if (plan.color < 0) return nullptr;
+    return create(plan.context);
+  }
+  void abort(const Error& e) override { exec_->abort(e); }
+  void shutdown() override { exec_->shutdown(); }
+
+  static std::unique_ptr<Backend> create(const BackendContext& ctx) {
+    auto t = config::shm_tuning(ctx.env);
+    int spin = t.spin_us;
+    if (spin < 0) spin = ctx.launch.local_world_size <= topology::usable_cpus() ? 50 : 0;
+    return std::make_unique<ShmBackend>(ctx, t, spin);
+  }
+
+ private:
+  // ---- collectives -------------------------------------------------------
+
+  void run_collective(const Op& op, Deadline dl) override {
+    const OpDesc& d = op.desc;
+    const std::string what = d.describe();
+    switch (d.op) {
+      case OpKind::allreduce:
+        return allreduce(op, what, dl);
+      case OpKind::broadcast:
+        return broadcast(op, what, dl);
+      case OpKind::allgather:
+        return allgather(op, what, dl);
+      case OpKind::reduce_scatter:
+        return reduce_scatter(op, what, dl);
+      case OpKind::barrier:
+        return arrive(d, what, dl);
+      case OpKind::p2p:
+      case OpKind::split:
+        break;
+    }
+    throw Error(ErrorCode::internal, what + " is not a collective the shm backend runs");
+  }
+
+  void announce(const OpDesc& d) {
+    DescSlot& s = seg_.desc(me_, d.seq);
+    s.seq = d.seq;
+    s.op = static_cast<uint8_t>(d.op);
+    s.dtype = static_cast<uint8_t>(d.dtype);
+    s.redop = static_cast<uint8_t>(d.redop);
+    s.tag = d.tag;
+    s.count = d.count;
+  }
+
+  void verify(const OpDesc& d, const std::string& what) {
+    for (int r = 0; r < n_; ++r) {
+      if (r == me_) continue;
+      const DescSlot& s = seg_.desc(r, d.seq);
+      bool same = s.seq == d.seq && s.op == static_cast<uint8_t>(d.op) &&
+                  s.dtype == static_cast<uint8_t>(d.dtype) && s.count == d.count &&
+                  s.redop == static_cast<uint8_t>(d.redop) && s.tag == d.tag;
+      if (!same)
+        throw Error(ErrorCode::mismatch, rank_str(me_) + " called " + what + " but " + rank_str(r) +
+                                             " called " + describe(s));
+    }
+  }
+
+  void arrive(const OpDesc& d, const std::string& what, Deadline dl) {
+    announce(d);
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    verify(d, what);
+  }
+
+  // dst = srcs[0] op srcs[1] op ... in that order (avg divides at the last step).
+  void reduce_into(void* dst, const std::vector<const void*>& srcs, size_t count, DType t,
+                   ReduceOp op) {
+    const int k = static_cast<int>(srcs.size());
+    if (k == 1) {
+      if (op == ReduceOp::avg)
+        kernels::divide(t, dst, srcs[0], count, 1);
+      else if (dst != srcs[0])
+        std::memmove(dst, srcs[0], count * dtype_size(t));
+      return;
+    }
+    for (int i = 1; i < k; ++i) {
+      int divisor = (op == ReduceOp::avg && i == k - 1) ? n_ : 0;
+      kernels::reduce(t, op, dst, i == 1 ? srcs[0] : dst, srcs[i], count, divisor);
+    }
+  }
+
+  void allreduce(const Op& op, const std::string& what, Deadline dl) {
+    const OpDesc& d = op.desc;
+    const DType t = op.in.dtype;
+    const size_t es = dtype_size(t), count = op.in.numel, bytes = count * es;
+    if (n_ == 1 || count == 0) {
+      arrive(d, what, dl);
+      std::vector<const void*> one{op.in.data};
+      if (count) reduce_into(op.out.data, one, count, t, d.redop);
+      return;
+    }
+    if (bytes <= std::min(tuning_.small_bytes, seg_.layout().small)) {
+      // One step: everyone's input in its slot, then every rank reduces
+      // every slot into its own output, in rank order (the same bits on
+      // every rank).
+      std::memcpy(seg_.small_slot(me_, d.seq), op.in.data, bytes);
+      arrive(d, what, dl);
+      std::vector<const void*> srcs(n_);
+      for (int r = 0; r < n_; ++r) srcs[r] = seg_.small_slot(r, d.seq);
+      reduce_into(op.out.data, srcs, count, t, d.redop);
+      return;
+    }
+    arrive(d, what, dl);
+    // Rounds of `per_round` elements: copy in, reduce own slice of
+    // everyone's round in place, copy every slice out.
+    const size_t per_round = std::max<size_t>(seg_.layout().chunk / es, 1);
+    const size_t align = std::max<size_t>(64 / es, 1);
+    const auto* in = static_cast<const uint8_t*>(op.in.data);
+    auto* out = static_cast<uint8_t*>(op.out.data);
+    std::vector<const void*> srcs(n_);
+    for (size_t off = 0, r = 0; off < count; off += per_round, ++r) {
+      const int b = static_cast<int>(r & 1);
+      const size_t m = std::min(per_round, count - off);
+      size_t per = (m + n_ - 1) / n_;
+      per = (per + align - 1) / align * align;
+      auto lo = [&](int k) { return std::min(m, per * k); };
+      std::memcpy(seg_.big(me_, b), in + off * es, m * es);
+      seg_.advance();
+      seg_.wait_all(what, dl);
+      const size_t my_lo = lo(me_), my_len = lo(me_ + 1) - my_lo;
+      if (my_len) {
+        for (int i = 0; i < n_; ++i) srcs[i] = seg_.big((me_ + i) % n_, b) + my_lo * es;
+        reduce_into(seg_.big(me_, b) + my_lo * es, srcs, my_len, t, d.redop);
+      }
+      seg_.advance();
+      seg_.wait_all(what, dl);
+      for (int k = 0; k < n_; ++k) {
+        const size_t klo = lo(k), klen = lo(k + 1) - klo;
+        if (klen) std::memcpy(out + (off + klo) * es, seg_.big(k, b) + klo * es, klen * es);
+      }
+      seg_.advance();
+    }
+  }
+
+  void broadcast(const Op& op, const std::string& what, Deadline dl) {
+    const OpDesc& d = op.desc;
+    const int root = d.tag;
+    arrive(d, what, dl);
+    const size_t bytes = op.in.nbytes(), chunk = seg_.layout().chunk;
+    auto* buf = static_cast<uint8_t*>(op.in.data);
+    const uint32_t base = seg_.phase();
+    for (size_t off = 0, r = 0; off < bytes; off += chunk, ++r) {
+      const int b = static_cast<int>(r & 1);
+      const size_t m = std::min(chunk, bytes - off);
+      // Phases per round: ready = base + 2r + 1, done = base + 2r + 2.
+      if (me_ == root) {
+        if (r >= 2) seg_.wait_all_at(base + 2 * static_cast<uint32_t>(r - 2) + 2, what, dl);
+        std::memcpy(seg_.big(root, b), buf + off, m);
+        seg_.advance();
+      } else {
+        seg_.advance();
+        seg_.wait_rank(root, seg_.phase(), what, dl);
+        std::memcpy(buf + off, seg_.big(root, b), m);
+      }
+      seg_.advance();
+    }
+  }
+
+  void allgather(const Op& op, const std::string& what, Deadline dl) {
+    arrive(op.desc, what, dl);
+    const size_t block = op.in.nbytes(), chunk = seg_.layout().chunk;
+    const auto* in = static_cast<const uint8_t*>(op.in.data);
+    auto* out = static_cast<uint8_t*>(op.out.data);
+    for (size_t off = 0, r = 0; off < block; off += chunk, ++r) {
+      const int b = static_cast<int>(r & 1);
+      const size_t m = std::min(chunk, block - off);
+      std::memcpy(seg_.big(me_, b), in + off, m);
+      seg_.advance();
+      seg_.wait_all(what, dl);
+      for (int k = 0; k < n_; ++k) std::memmove(out + k * block + off, seg_.big(k, b), m);
+      seg_.advance();
+    }
+  }
+
+  void reduce_scatter(const Op& op, const std::string& what, Deadline dl) {
+    const OpDesc& d = op.desc;
+    arrive(d, what, dl);
+    const DType t = op.in.dtype;
+    const size_t es = dtype_size(t), cnt = op.out.numel;
+    const size_t per_round = std::max<size_t>(seg_.layout().chunk / (es * n_), 1);
+    const auto* in = static_cast<const uint8_t*>(op.in.data);
+    auto* out = static_cast<uint8_t*>(op.out.data);
+    std::vector<const void*> srcs(n_);
+    for (size_t off = 0, r = 0; off < cnt; off += per_round, ++r) {
+      const int b = static_cast<int>(r & 1);
+      const size_t m = std::min(per_round, cnt - off);
+      for (int k = 0; k < n_; ++k)
+        std::memcpy(seg_.big(me_, b) + k * m * es, in + (k * cnt + off) * es, m * es);
+      seg_.advance();
+      seg_.wait_all(what, dl);
+      for (int k = 0; k < n_; ++k) srcs[k] = seg_.big(k, b) + me_ * m * es;
+      reduce_into(out + off * es, srcs, m, t, d.redop);
+      seg_.advance();
+    }
+  }
+
+  // ---- point to point ----------------------------------------------------
+
+  struct Pending {
+    size_t index;     // in the batch
+    size_t done = 0;  // bytes moved
+  };
+
+  void run_p2p(P2pBatch& batch, Deadline dl) override {
+    std::vector<std::deque<Pending>> sends(n_), recvs(n_);
+    size_t taken = 0, left = 0;
+    auto take_new = [&] {
+      for (; taken < batch.ops.size(); ++taken, ++left) {
+        const Op& op = batch.ops[taken];
+        (op.is_send ? sends : recvs)[op.peer].push_back({taken});
+      }
+    };
+    take_new();
+    const size_t slot = seg_.layout().p2p_slot, slots = seg_.layout().p2p_slots;
+    for (;;) {
+      const uint32_t seen = seg_.bell(me_).value.load(std::memory_order_acquire);
+      bool moved = false;
+      for (int p = 0; p < n_; ++p) {
+        // Sends to p: fill free slots in order.
+        while (!sends[p].empty()) {
+          Pending& s = sends[p].front();
+          const Op& op = batch.ops[s.index];
+          const size_t total = op.in.nbytes();
+          Counter& head = seg_.mail_head(me_, p);
+          Counter& tail = seg_.mail_tail(me_, p);
+          bool finished = false;
+          for (;;) {
+            uint32_t h = head.value.load(std::memory_order_relaxed);
+            if (h - tail.value.load(std::memory_order_acquire) >= slots) break;
+            const size_t len = std::min(slot, total - s.done);
+            SlotHeader& hdr = seg_.mail_header(me_, p, h);
+            hdr = {op.desc.seq, op.desc.tag, total, s.done, static_cast<uint32_t>(len), 0};
+            std::memcpy(seg_.mail_data(me_, p, h), static_cast<const uint8_t*>(op.in.data) + s.done,
+                        len);
+            s.done += len;
+            Segment::publish(head, h + 1);
+            seg_.ring(p);
+            moved = true;
+            if (s.done == total) {
+              finished = true;
+              break;
+            }
+          }
+          if (!finished) break;
+          batch.finished(s.index);
+          sends[p].pop_front();
+          --left;
+        }
+        // Receives from p: take what has arrived, in order.
+        while (!recvs[p].empty()) {
+          Pending& rv = recvs[p].front();
+          const Op& op = batch.ops[rv.index];
+          const size_t total = op.in.nbytes();
+          Counter& head = seg_.mail_head(p, me_);
+          Counter& tail = seg_.mail_tail(p, me_);
+          bool finished = false;
+          for (;;) {
+            uint32_t tl = tail.value.load(std::memory_order_relaxed);
+            if (head.value.load(std::memory_order_acquire) == tl) break;
+            const SlotHeader& hdr = seg_.mail_header(p, me_, tl);
+            if (hdr.seq != op.desc.seq || hdr.tag != op.desc.tag || hdr.total != total ||
+                hdr.offset != rv.done || hdr.len > total - rv.done)
+              throw Error(ErrorCode::mismatch,
+                          rank_str(me_) + " expects message #" + std::to_string(op.desc.seq) +
+                              " from " + rank_str(p) + " (tag " + std::to_string(op.desc.tag) +
+                              ", " + std::to_string(total) + " bytes) but " + rank_str(p) +
+                              " sent message #" + std::to_string(hdr.seq) + " (tag " +
+                              std::to_string(hdr.tag) + ", " + std::to_string(hdr.total) +
+                              " bytes)");
+            std::memcpy(static_cast<uint8_t*>(op.in.data) + rv.done, seg_.mail_data(p, me_, tl),
+                        hdr.len);
+            rv.done += hdr.len;
+            Segment::publish(tail, tl + 1);
+            seg_.ring(p);
+            moved = true;
+            if (rv.done == total) {
+              finished = true;
+              break;
+            }
+          }
+          if (!finished) break;
+          batch.finished(rv.index);
+          recvs[p].pop_front();
+          --left;
+        }
+      }
+      if (moved) continue;
+      if (batch.refill()) {
+        take_new();
+        continue;
+      }
+      if (left == 0) return;
+      std::vector<int> peers;
+      std::string what;
+      for (int p = 0; p < n_; ++p) {
+        if (!sends[p].empty() || !recvs[p].empty()) peers.push_back(p);
+        if (what.empty() && !sends[p].empty())
+          what = batch.ops[sends[p].front().index].desc.describe() + " to " + rank_str(p);
+        if (what.empty() && !recvs[p].empty())
+          what = batch.ops[recvs[p].front().index].desc.describe() + " from " + rank_str(p);
+      }
+      seg_.wait_bell(seen, peers, what, dl);
+    }
+  }
+
+  void abort_peers(const Error& e) noexcept override { seg_.abort(e); }
+  void close() noexcept override { seg_.close(); }
+  void wake() noexcept override { seg_.wake_all(); }
+
+  const BackendContext ctx_;
+  const config::ShmTuning tuning_;
+  Segment seg_;
+  const int me_, n_;
+  std::shared_ptr<HostExecutor> exec_;
+};
+
+std::string unusable(const config::Launch& l) {
+  if (l.local_world_size == l.world_size) return "";
+  return "it needs every rank on one host, and these " + std::to_string(l.world_size) +
+         " ranks have " + std::to_string(l.local_world_size) + " per host (use tcp across hosts)";
+}
+
+}  // namespace
+
+BackendEntry backend_entry() {
+  return {"shm", true, "", &unusable,
+          [](const BackendContext& ctx) { return ShmBackend::create(ctx); }};
+}
+
+}  // namespace collie::shm
