@@ -9,10 +9,12 @@
 // reports it as hung, so a regression fails instead of blocking the suite.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -254,6 +256,47 @@ TEST(Faults, StalledRankTimesOutItsPartnerNamingIt) {
   EXPECT_EQ(out[0].code(), "timeout") << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "rank 1")) << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "COLLIE_TIMEOUT")) << describe(out);
+}
+
+// A rank that finishes early (its communicator destroyed cleanly) while the
+// others call one more all-reduce: they are told it left, not left waiting.
+TEST(Faults, ARankThatLeavesEarlyIsNamedByTheOthers) {
+  auto out = run_ranks(
+      3,
+      [](int rank, Options opt) {
+        auto c = connect(opt);
+        std::vector<float> x(1000, 1.0f);
+        c->allreduce(view_of(x.data(), x.size()), ReduceOp::sum).wait();
+        if (rank == 1) return std::string("left");
+        c->allreduce(view_of(x.data(), x.size()), ReduceOp::sum).wait();
+        return std::string("finished without noticing");
+      },
+      20s);
+  EXPECT_TRUE(out[1].ok()) << describe(out);
+  for (int r : {0, 2}) {
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "peer_lost") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "rank 1")) << describe(out);
+  }
+}
+
+std::vector<std::string> dev_shm_entries() {
+  std::vector<std::string> v;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) v.push_back(e->d_name);
+    closedir(d);
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// Whatever happens to a job (a rank killed mid-operation, the others failing
+// with it), nothing it made is left in /dev/shm.
+TEST(Faults, NothingIsLeftInDevShmAfterAKilledJob) {
+  auto before = dev_shm_entries();
+  kill_mid_allreduce(3, 1 << 18);
+  kill_mid_allreduce(3, 8);
+  EXPECT_EQ(dev_shm_entries(), before);
 }
 
 TEST(Faults, AfterAFailureLaterOpsFailAtOnceWithTheCause) {

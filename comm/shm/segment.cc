@@ -177,7 +177,7 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
     }
     std::string where = std::to_string(getpid()) + " " + std::to_string(fd) + " " +
                         std::to_string(lay_.total) + " " + boot_id();
-    ctx.store->set(key, to_bytes(where));
+    if (n_ > 1) ctx.store->set(key, to_bytes(where));
   } else {
     store_wait(*ctx.store, {key}, {0}, n_, timeout_, who);
     std::istringstream in(collie::to_string(ctx.store->get(key)));
@@ -220,11 +220,12 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
     h.total = lay_.total;
   }
   info(me_).pid = static_cast<int32_t>(getpid());
-  // Everyone has mapped it (and rank 0's header is written) before anyone uses it.
-  ctx.store->set(key + "/up/" + std::to_string(me_), to_bytes("1"));
+  // Everyone has mapped it (and rank 0's header is written) before anyone
+  // uses it. A communicator of one rank has no store and nobody to wait for.
+  if (n_ > 1) ctx.store->set(key + "/up/" + std::to_string(me_), to_bytes("1"));
   std::vector<std::string> up;
   std::vector<int> all;
-  for (int q = 0; q < n_; ++q) {
+  for (int q = 0; q < n_ && n_ > 1; ++q) {
     up.push_back(key + "/up/" + std::to_string(q));
     all.push_back(q);
   }
