@@ -179,12 +179,17 @@ void HostExecutor::loop() {
 
 void HostExecutor::execute_and_release(std::vector<Task>& batch) {
   std::optional<Error> err = execute(batch);
+  bool more;
   {
     std::lock_guard lk(mu_);
     busy_ = false;
     running_p2p_ = false;
+    more = !queue_.empty() || stop_;
   }
-  cv_.notify_all();
+  // Only the progress thread waits on cv_ (waiters block on their own
+  // completion), and it has nothing to do unless ops are queued: waking it
+  // for nothing cost every op a futex call and a context switch.
+  if (more) cv_.notify_all();
   // Ended only now, with the executor free: a woken waiter can run its next
   // op at once, and continuations go to their own thread. Point-to-point ops
   // that finished inside the batch have ended already (first finish wins).
