@@ -81,6 +81,7 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
     Op op;
     std::shared_ptr<Queued> done;
     uint64_t ticket = 0;
+    std::chrono::steady_clock::time_point issued{};
   };
 
   void loop();

@@ -7,9 +7,9 @@
 // come back with an error whose code and text name the problem and the rank.
 // The harness kills any rank still running after a generous limit and
 // reports it as hung, so a regression fails instead of blocking the suite.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>

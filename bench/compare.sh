@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs collie (shm and tcp) and Open MPI (shared memory and TCP) with the
+# same sweep, schedule and statistic (per size: 5 warm-up ops, a barrier,
+# -n timed ops; time = slowest rank's mean), interleaved REPS times, and
+# prints per-size medians over the repetitions as a markdown table.
+#   bench/compare.sh [REPS] [NP] [-- sweep args (-b, -e, -f, -n)]
+# Without sweep args: 8 B to 32 KiB with 2000 timed ops per size (a few
+# microseconds each: fewer and one scheduler hiccup is the mean), then
+# 128 KiB to 256 MiB with 20. Needs a build with Open MPI
+# (build/bench/mpi_allreduce).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPS=${1:-3}; NP=${2:-2}; shift 2 || true
+[ "${1:-}" = "--" ] && shift
+BUILD=${BUILD:-build}
+MPI_BENCH="$BUILD/bench/mpi_allreduce"
+[ -x "$MPI_BENCH" ] || { echo "compare.sh: $MPI_BENCH is missing (configure with Open MPI installed)" >&2; exit 1; }
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NP" --mca pml ob1)
+if [ $# -gt 0 ]; then SWEEPS=("$*"); else SWEEPS=("-b 8 -e 32K -f 4 -n 2000" "-b 128K -e 256M -f 4 -n 20"); fi
+tmp=$(mktemp -d)
+for r in $(seq 1 "$REPS"); do
+  for i in "${!SWEEPS[@]}"; do
+    read -r -a sweep <<< "${SWEEPS[$i]}"
+    "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B shm "${sweep[@]}" > "$tmp/collie_shm.$r.$i"
+    "${MPIRUN[@]}" --mca btl self,vader "$MPI_BENCH" "${sweep[@]}" > "$tmp/mpi_sm.$r.$i"
+    "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B tcp "${sweep[@]}" > "$tmp/collie_tcp.$r.$i"
+    "${MPIRUN[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo "$MPI_BENCH" "${sweep[@]}" > "$tmp/mpi_tcp.$r.$i"
+  done
+done
+python3 - "$NP" "$tmp" "$REPS" <<'PY'
+import glob, statistics, sys
+n, tmp, reps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+def load(cfg):
+    rows = {}
+    for path in glob.glob(f"{tmp}/{cfg}.*.*"):
+        for line in open(path):
+            f = line.split()
+            if f and f[0] == "[0]": f = f[1:]
+            if len(f) >= 8 and f[0].isdigit():
+                rows.setdefault(int(f[0]), []).append((float(f[4]), int(f[7])))
+    return {s: (statistics.median(t for t, _ in v), sum(w for _, w in v)) for s, v in rows.items()}
+cfgs = {c: load(c) for c in ["collie_shm", "mpi_sm", "collie_tcp", "mpi_tcp"]}
+bw = lambda s, t: s / t / 1e3 * 2 * (n - 1) / n
+def size(s):
+    for u, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if s >= k: return f"{s // k} {u}"
+    return f"{s} B"
+print(f"{n} ranks, f32 sum, out of place; per-size median over {reps} interleaved runs; time in us, busbw in GB/s")
+print()
+print("| size | collie shm us | busbw | Open MPI sm us | busbw | shm / MPI sm | collie tcp us | busbw | Open MPI tcp us | busbw | tcp / MPI tcp | wrong |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for s in sorted(cfgs["collie_shm"]):
+    c = [cfgs[k].get(s, (float("nan"), 0)) for k in cfgs]
+    wrong = sum(x[1] for x in c)
+    print(f"| {size(s)} | {c[0][0]:.1f} | {bw(s, c[0][0]):.3f} | {c[1][0]:.1f} | {bw(s, c[1][0]):.3f} | "
+          f"{c[1][0] / c[0][0]:.2f}x | {c[2][0]:.1f} | {bw(s, c[2][0]):.3f} | {c[3][0]:.1f} | {bw(s, c[3][0]):.3f} | "
+          f"{c[3][0] / c[2][0]:.2f}x | {wrong} |")
+PY
+rm -rf "$tmp"

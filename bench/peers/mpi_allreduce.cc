@@ -1,0 +1,90 @@
+// bench/peers/mpi_allreduce.cc: Open MPI's MPI_Allreduce with collie-bench's
+// schedule and statistic, so the two can be compared in one run
+// (bench/compare.sh): per size, 5 warm-up operations, a barrier, `iters`
+// timed back-to-back operations; the time of one op is the slowest rank's
+// mean; f32 sum, out of place; rank r contributes (r + 1) + (i mod 1021) and
+// every result is checked against the known answer.
+//   mpirun -n 2 mpi_allreduce [-b 8] [-e 256M] [-f 4] [-n 20]
+// The C API only: Open MPI's deprecated C++ bindings do not build with -Werror.
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+size_t parse_size(const char* s) {
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  size_t mult = 1;
+  if (end && (*end == 'K' || *end == 'k')) mult = 1024;
+  if (end && (*end == 'M' || *end == 'm')) mult = 1024 * 1024;
+  if (end && (*end == 'G' || *end == 'g')) mult = size_t{1} << 30;
+  return static_cast<size_t>(v * mult);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  size_t min_bytes = 8, max_bytes = size_t{256} << 20, factor = 4;
+  int iters = 20, warmup = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string f = argv[i];
+    if (f == "-b") min_bytes = parse_size(argv[i + 1]);
+    if (f == "-e") max_bytes = parse_size(argv[i + 1]);
+    if (f == "-f") factor = std::strtoul(argv[i + 1], nullptr, 10);
+    if (f == "-n") iters = std::atoi(argv[i + 1]);
+  }
+  std::vector<size_t> sizes;
+  for (size_t b = min_bytes; b <= max_bytes; b *= factor) {
+    sizes.push_back(b);
+    if (b > max_bytes / factor) break;
+  }
+  if (sizes.empty() || sizes.back() != max_bytes) sizes.push_back(max_bytes);
+  std::vector<float> in(max_bytes / 4 + 1), out(in.size());
+  if (rank == 0) {
+    std::printf("# mpi_allreduce: %d ranks, f32, sum, out of place\n", n);
+    std::printf("# %d warm-up and %d timed iterations per size; time = slowest rank's mean\n",
+                warmup, iters);
+    std::printf(
+        "#         size        count   type  redop        time    algbw    busbw  #wrong\n");
+  }
+  for (size_t bytes : sizes) {
+    size_t count = std::max<size_t>(1, bytes / 4);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) + (i % 1021));
+    for (int w = 0; w < warmup; ++w)
+      MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int it = 0; it < iters; ++it)
+      MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+    double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        iters;
+    double slowest = 0;
+    MPI_Allreduce(&us, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    long wrong = 0, all_wrong = 0;
+    for (size_t i = 0; i < count; ++i)
+      wrong += out[i] != static_cast<float>(n * (n + 1) / 2 + n * (i % 1021));
+    MPI_Allreduce(&wrong, &all_wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    double algbw = count * 4.0 / slowest / 1e3, busbw = algbw * 2.0 * (n - 1) / n;
+    if (rank == 0)
+      std::printf("  %12zu %12zu %6s %6s %11.1f %8.3f %8.3f %7ld\n", count * 4, count, "f32", "sum",
+                  slowest, algbw, busbw, all_wrong);
+    std::fflush(stdout);
+  }
+  MPI_Finalize();
+  return 0;
+}
