@@ -230,7 +230,7 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
     all.push_back(q);
   }
   try {
-    store_wait(*ctx.store, up, all, n_, timeout_, who);
+    if (n_ > 1) store_wait(*ctx.store, up, all, n_, timeout_, who);
   } catch (...) {
     ::close(fd);
     munmap(base_, lay_.total);
