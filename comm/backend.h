@@ -22,6 +22,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -92,6 +93,14 @@ class Backend {
   // peers are told goodbye, threads are joined.
   virtual void shutdown() = 0;
 };
+
+// Waits until the store holds keys[q] for every rank q whose key is not
+// empty (each rank publishes its own). A timeout or the loss of the store is
+// an error naming the ranks that never joined ("ranks 3, 5 of 6 never
+// joined"); `timeout` is the setting `deadline` came from, for the message.
+void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
+                    std::chrono::steady_clock::time_point deadline,
+                    std::chrono::milliseconds timeout, const std::string& who);
 
 // One line of the registry.
 struct BackendEntry {

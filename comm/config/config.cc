@@ -201,6 +201,14 @@ Launch resolve_launch(const Options& o, const Env& env) {
   return l;
 }
 
+// COLLIE_SPIN_US, which both host backends read; -1 when unset (auto).
+static int spin_us(const Env& env) {
+  auto v = parse_int("COLLIE_SPIN_US", env("COLLIE_SPIN_US"));
+  if (!v) return -1;
+  if (*v < 0) throw bad("COLLIE_SPIN_US must be 0 or more");
+  return static_cast<int>(*v);
+}
+
 TcpTuning tcp_tuning(const Env& env) {
   TcpTuning t;
   if (const char* v = env("COLLIE_ALLREDUCE_ALGO"); v && *v) {
@@ -222,10 +230,7 @@ TcpTuning tcp_tuning(const Env& env) {
     if (*v < 4096) throw bad("COLLIE_TCP_CHUNK_BYTES must be at least 4096");
     t.chunk_bytes = static_cast<size_t>(*v);
   }
-  if (auto v = parse_int("COLLIE_SPIN_US", env("COLLIE_SPIN_US"))) {
-    if (*v < 0) throw bad("COLLIE_SPIN_US must be 0 or more");
-    t.spin_us = static_cast<int>(*v);
-  }
+  t.spin_us = spin_us(env);
   if (auto v = parse_int("COLLIE_SOCKET_BUFFER", env("COLLIE_SOCKET_BUFFER")))
     t.socket_buffer_bytes = static_cast<int>(*v);
   return t;
@@ -242,10 +247,7 @@ ShmTuning shm_tuning(const Env& env) {
     if (*v < 0 || *v > (1 << 20)) throw bad("COLLIE_SHM_SMALL must be between 0 and 1048576 bytes");
     t.small_bytes = static_cast<size_t>(*v);
   }
-  if (auto v = parse_int("COLLIE_SPIN_US", env("COLLIE_SPIN_US"))) {
-    if (*v < 0) throw bad("COLLIE_SPIN_US must be 0 or more");
-    t.spin_us = static_cast<int>(*v);
-  }
+  t.spin_us = spin_us(env);
   return t;
 }
 

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <span>
 #include <sstream>
 
 namespace collie::shm {
@@ -78,53 +79,6 @@ std::string seconds(std::chrono::milliseconds ms) {
   return buf;
 }
 
-// Waits for `keys` (one per rank of `ranks`) in the store. The wait goes in
-// slices, noting who has arrived after each, so that a timeout names the
-// missing ranks without asking the store again: by then rank 0, timing out
-// too, may have taken the store down with it.
-void store_wait(Store& store, const std::vector<std::string>& keys, const std::vector<int>& ranks,
-                int n, std::chrono::milliseconds timeout, const std::string& who) {
-  auto deadline = Clock::now() + timeout;
-  std::vector<bool> seen(keys.size(), false);
-  for (;;) {
-    std::vector<std::string> missing_keys;
-    std::vector<int> missing;
-    for (size_t q = 0; q < keys.size(); ++q)
-      if (!seen[q]) {
-        missing_keys.push_back(keys[q]);
-        missing.push_back(ranks[q]);
-      }
-    if (missing_keys.empty()) return;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0)
-      throw Error(ErrorCode::timeout,
-                  who + ": shared-memory rendezvous timed out after " + seconds(timeout) +
-                      ": rank" + (missing.size() > 1 ? "s " : " ") + join(missing) + " of " +
-                      std::to_string(n) +
-                      " never joined (not started, crashed before connecting, or pointed at "
-                      "another MASTER_ADDR/MASTER_PORT)");
-    try {
-      store.wait(missing_keys, std::min(left, std::chrono::milliseconds(500)));
-      return;
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::peer_lost)
-        throw Error(ErrorCode::peer_lost,
-                    who +
-                        ": shared-memory rendezvous lost the store that rank 0 serves while "
-                        "rank" +
-                        (missing.size() > 1 ? "s " : " ") + join(missing) + " of " +
-                        std::to_string(n) + " never joined: " + e.what());
-      if (e.code() != ErrorCode::timeout) throw;
-      try {
-        for (size_t q = 0; q < keys.size(); ++q)
-          if (!seen[q]) seen[q] = store.check({keys[q]});
-      } catch (const Error&) {
-        // The store went away: the next round reports it.
-      }
-    }
-  }
-}
-
 }  // namespace
 
 Layout Layout::make(int n, size_t chunk, size_t small) {
@@ -179,7 +133,9 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
                         std::to_string(lay_.total) + " " + boot_id();
     if (n_ > 1) ctx.store->set(key, to_bytes(where));
   } else {
-    store_wait(*ctx.store, {key}, {0}, n_, timeout_, who);
+    std::vector<std::string> from_rank0(n_);
+    from_rank0[0] = key;
+    wait_for_ranks(*ctx.store, from_rank0, Clock::now() + timeout_, timeout_, who);
     std::istringstream in(collie::to_string(ctx.store->get(key)));
     long pid = 0, rfd = 0;
     size_t total = 0;
@@ -224,13 +180,9 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
   // uses it. A communicator of one rank has no store and nobody to wait for.
   if (n_ > 1) ctx.store->set(key + "/up/" + std::to_string(me_), to_bytes("1"));
   std::vector<std::string> up;
-  std::vector<int> all;
-  for (int q = 0; q < n_ && n_ > 1; ++q) {
-    up.push_back(key + "/up/" + std::to_string(q));
-    all.push_back(q);
-  }
+  for (int q = 0; q < n_; ++q) up.push_back(key + "/up/" + std::to_string(q));
   try {
-    if (n_ > 1) store_wait(*ctx.store, up, all, n_, timeout_, who);
+    if (n_ > 1) wait_for_ranks(*ctx.store, up, Clock::now() + timeout_, timeout_, who);
   } catch (...) {
     ::close(fd);
     munmap(base_, lay_.total);
@@ -318,7 +270,8 @@ void Segment::timed_out(const std::vector<int>& late, const std::string& what) {
 }
 
 template <class Pred>
-void Segment::wait_on(Counter& c, int peer, Pred pred, const std::string& what, Deadline deadline) {
+void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const std::string& what,
+                      Deadline deadline) {
   if (pred()) return;
   auto start = Clock::now();
   if (spin_us_ > 0) {
@@ -335,9 +288,11 @@ void Segment::wait_on(Counter& c, int peer, Pred pred, const std::string& what, 
   for (;;) {
     check();
     // A peer that made its last move and then left is not lost: look again.
-    if (std::string why = gone(peer, what); !why.empty()) {
-      if (pred()) return;
-      throw Error(ErrorCode::peer_lost, why);
+    for (int p : peers) {
+      if (std::string why = gone(p, what); !why.empty()) {
+        if (pred()) return;
+        throw Error(ErrorCode::peer_lost, why);
+      }
     }
     auto now = Clock::now();
     if (now >= deadline) return;  // the caller names the late ranks
@@ -355,7 +310,7 @@ void Segment::wait_on(Counter& c, int peer, Pred pred, const std::string& what, 
 void Segment::wait_rank(int r, uint32_t target, const std::string& what, Deadline deadline) {
   Counter& c = progress(r);
   auto ok = [&] { return reached(c.value.load(std::memory_order_acquire), target); };
-  wait_on(c, r, ok, what, deadline);
+  wait_on(c, {&r, 1}, ok, what, deadline);
   if (!ok()) timed_out({r}, what);
 }
 
@@ -364,7 +319,7 @@ void Segment::wait_all_at(uint32_t target, const std::string& what, Deadline dea
     if (r == me_) continue;
     Counter& c = progress(r);
     auto ok = [&] { return reached(c.value.load(std::memory_order_acquire), target); };
-    wait_on(c, r, ok, what, deadline);
+    wait_on(c, {&r, 1}, ok, what, deadline);
     if (!ok()) {
       std::vector<int> late;
       for (int q = 0; q < n_; ++q)
@@ -378,30 +333,8 @@ void Segment::wait_bell(uint32_t seen, const std::vector<int>& peers, const std:
                         Deadline deadline) {
   Counter& b = bell(me_);
   auto moved = [&] { return b.value.load(std::memory_order_acquire) != seen; };
-  for (int p : peers) {
-    check();
-    if (std::string why = gone(p, what); !why.empty() && !moved())
-      throw Error(ErrorCode::peer_lost, why);
-  }
-  if (moved()) return;
-  auto start = Clock::now();
-  if (spin_us_ > 0) {
-    auto spin_end = start + std::chrono::microseconds(spin_us_);
-    while (Clock::now() < spin_end) {
-      for (int i = 0; i < 64; ++i) {
-        if (moved()) return;
-        cpu_relax();
-      }
-    }
-  }
-  auto now = Clock::now();
-  if (now >= deadline) timed_out(peers, what);
-  auto nap = std::min<Clock::duration>(kSlice, deadline - now);
-  timespec ts{static_cast<time_t>(nap.count() / 1000000000),
-              static_cast<long>(nap.count() % 1000000000)};
-  b.sleepers.fetch_add(1, std::memory_order_seq_cst);
-  if (b.value.load(std::memory_order_seq_cst) == seen) futex(&b.value, FUTEX_WAIT, seen, &ts);
-  b.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  wait_on(b, peers, moved, what, deadline);
+  if (!moved()) timed_out(peers, what);
 }
 
 void Segment::abort(const Error& e) noexcept {

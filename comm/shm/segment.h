@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -120,9 +121,9 @@ class Segment {
   void wait_all_at(uint32_t target, const std::string& what, Deadline deadline);
   // Waits until rank r's counter reaches `target`.
   void wait_rank(int r, uint32_t target, const std::string& what, Deadline deadline);
-  // Sleeps on this rank's doorbell until it moves from `seen` (or a short
-  // slice passes), after the same checks as the waits above; `peers` are the
-  // ranks whose death or shutdown would end the wait.
+  // Waits until this rank's doorbell moves from `seen`, with the same checks
+  // as the waits above; `peers` are the ranks whose death or shutdown would
+  // end the wait.
   void wait_bell(uint32_t seen, const std::vector<int>& peers, const std::string& what,
                  Deadline deadline);
 
@@ -147,9 +148,11 @@ class Segment {
   }
   bool dead(int r);
   [[noreturn]] void timed_out(const std::vector<int>& late, const std::string& what);
-  // Spins, then sleeps on `c` while `pred()` is false.
+  // Spins, then sleeps on `c` while `pred()` is false, until `deadline`;
+  // throws when a rank aborts or one of `peers` is gone.
   template <class Pred>
-  void wait_on(Counter& c, int peer, Pred pred, const std::string& what, Deadline deadline);
+  void wait_on(Counter& c, std::span<const int> peers, Pred pred, const std::string& what,
+               Deadline deadline);
 
   const int me_, n_;
   const Layout lay_;

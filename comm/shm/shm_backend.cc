@@ -40,8 +40,7 @@ std::string describe(const DescSlot& s) {
 class ShmBackend final : public Backend, private HostRunner {
  public:
   ShmBackend(const BackendContext& ctx, const config::ShmTuning& t, int spin_us)
-      : ctx_(ctx),
-        tuning_(t),
+      : tuning_(t),
         seg_(ctx, Layout::make(ctx.launch.world_size, t.chunk_bytes, t.small_bytes), spin_us),
         me_(ctx.launch.rank),
         n_(ctx.launch.world_size) {
@@ -365,7 +364,6 @@ class ShmBackend final : public Backend, private HostRunner {
   void close() noexcept override { seg_.close(); }
   void wake() noexcept override { seg_.wake_all(); }
 
-  const BackendContext ctx_;
   const config::ShmTuning tuning_;
   Segment seg_;
   const int me_, n_;

@@ -53,12 +53,6 @@ std::string rank_str(int r) {
   return "rank " + std::to_string(r);
 }
 
-std::string seconds(milliseconds ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g s", ms.count() / 1000.0);
-  return buf;
-}
-
 std::string join_ranks(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -78,50 +72,13 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
                          .str();
   s.store->set(s.key + "/addr/" + std::to_string(rank), to_bytes(addr));
 
-  // Wait until every rank has published its address. The wait goes in
-  // slices, noting who has arrived after each, so that a timeout can name the
-  // missing ranks without asking the store again: by then rank 0, timing out
-  // too, may have taken the store down with it.
+  // Wait until every rank has published its address.
   std::vector<std::string> keys;
   for (int q = 0; q < n; ++q) keys.push_back(s.key + "/addr/" + std::to_string(q));
-  std::vector<bool> seen(n, false);
-  seen[rank] = true;
-  auto missing_ranks = [&] {
-    std::vector<int> missing;
-    for (int q = 0; q < n; ++q)
-      if (!seen[q]) missing.push_back(q);
-    return (missing.size() > 1 ? "ranks " : "rank ") + join_ranks(missing) + " of " +
-           std::to_string(n) + " never joined";
-  };
-  for (;;) {
-    std::vector<std::string> missing_keys;
-    for (int q = 0; q < n; ++q)
-      if (!seen[q]) missing_keys.push_back(keys[q]);
-    if (missing_keys.empty()) break;
-    auto left = std::chrono::duration_cast<milliseconds>(deadline - net::Clock::now());
-    if (left.count() <= 0)
-      throw Error(ErrorCode::timeout,
-                  "rendezvous timed out on " + who + " after " + seconds(s.launch.timeout) + ": " +
-                      missing_ranks() +
-                      " (not started, crashed before connecting, or pointed at another "
-                      "MASTER_ADDR/MASTER_PORT)");
-    try {
-      s.store->wait(missing_keys, std::min(left, milliseconds(1000)));
-      for (int q = 0; q < n; ++q) seen[q] = true;
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::peer_lost)
-        throw Error(ErrorCode::peer_lost, "rendezvous on " + who +
-                                              " lost the store that rank 0 serves (rank 0 exited, "
-                                              "perhaps at its own deadline) while " +
-                                              missing_ranks() + ": " + e.what());
-      if (e.code() != ErrorCode::timeout) throw;
-      try {
-        for (int q = 0; q < n; ++q)
-          if (!seen[q]) seen[q] = s.store->check({keys[q]});
-      } catch (const Error&) {
-        // The store went away: the next round reports the timeout or the loss.
-      }
-    }
+  {
+    auto others = keys;
+    others[rank].clear();
+    wait_for_ranks(*s.store, others, deadline, s.launch.timeout, who);
   }
 
   for (int q = 0; q < rank; ++q) {
@@ -223,8 +180,7 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
 class TcpBackend final : public Backend, private HostRunner {
  public:
   TcpBackend(const BackendContext& ctx, std::vector<net::Fd> peers)
-      : ctx_(ctx),
-        tuning_(config::tcp_tuning(ctx.env)),
+      : tuning_(config::tcp_tuning(ctx.env)),
         mesh_(ctx.launch.rank, ctx.launch.world_size, std::move(peers), tuning_,
               ranks_fit_cores(ctx.launch), ctx.failure) {
     exec_ = HostExecutor::start(*this, ctx.failure, ctx.launch.rank, ctx.launch.timeout);
@@ -289,7 +245,6 @@ class TcpBackend final : public Backend, private HostRunner {
   void close() noexcept override { mesh_.close(); }
   void wake() noexcept override { mesh_.wake(); }
 
-  const BackendContext ctx_;
   const config::TcpTuning tuning_;
   Mesh mesh_;
   algo::Scratch scratch_;

@@ -1,0 +1,62 @@
+// comm/rendezvous.cc: waiting for every rank's key in the store, for the
+// backends' own rendezvous (tcp's addresses, shm's segment).
+#include <algorithm>
+#include <cstdio>
+
+#include "comm/backend.h"
+
+namespace collie {
+
+void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
+                    std::chrono::steady_clock::time_point deadline,
+                    std::chrono::milliseconds timeout, const std::string& who) {
+  using std::chrono::milliseconds;
+  const int n = static_cast<int>(keys.size());
+  std::vector<bool> seen(n);
+  for (int q = 0; q < n; ++q) seen[q] = keys[q].empty();
+  auto missing_ranks = [&] {
+    std::string list;
+    int missing = 0;
+    for (int q = 0; q < n; ++q)
+      if (!seen[q]) list += (missing++ ? ", " : "") + std::to_string(q);
+    return (missing > 1 ? "ranks " : "rank ") + list + " of " + std::to_string(n) + " never joined";
+  };
+  // The wait goes in slices, noting who has arrived after each, so that a
+  // timeout can name the missing ranks without asking the store again: by
+  // then rank 0, timing out too, may have taken the store down with it.
+  for (;;) {
+    std::vector<std::string> missing_keys;
+    for (int q = 0; q < n; ++q)
+      if (!seen[q]) missing_keys.push_back(keys[q]);
+    if (missing_keys.empty()) return;
+    auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g s", timeout.count() / 1000.0);
+      throw Error(ErrorCode::timeout,
+                  "rendezvous timed out on " + who + " after " + secs + ": " + missing_ranks() +
+                      " (not started, crashed before connecting, or pointed at another "
+                      "MASTER_ADDR/MASTER_PORT)");
+    }
+    try {
+      store.wait(missing_keys, std::min(left, milliseconds(1000)));
+      return;
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::peer_lost)
+        throw Error(ErrorCode::peer_lost, "rendezvous on " + who +
+                                              " lost the store that rank 0 serves (rank 0 exited, "
+                                              "perhaps at its own deadline) while " +
+                                              missing_ranks() + ": " + e.what());
+      if (e.code() != ErrorCode::timeout) throw;
+      try {
+        for (int q = 0; q < n; ++q)
+          if (!seen[q]) seen[q] = store.check({keys[q]});
+      } catch (const Error&) {
+        // The store went away: the next round reports the timeout or the loss.
+      }
+    }
+  }
+}
+
+}  // namespace collie
