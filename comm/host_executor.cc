@@ -308,3 +308,42 @@ void HostExecutor::shutdown() {
 }
 
 }  // namespace collie
+
+namespace collie {
+
+namespace {
+
+class HostBackend final : public Backend {
+ public:
+  HostBackend(std::string name, RunnerFactory make, const BackendContext& ctx)
+      : name_(std::move(name)), make_(make), runner_(make(ctx)) {
+    exec_ = HostExecutor::start(*runner_, ctx.failure, ctx.launch.rank, ctx.launch.timeout);
+  }
+  // The executor stops before the runner it drives goes.
+  ~HostBackend() override { exec_->shutdown(); }
+
+  std::string name() const override { return name_; }
+  bool accepts(const Device& d) const override { return d.is_cpu(); }
+  Work start(Op op) override { return exec_->submit(std::move(op)); }
+  std::unique_ptr<Backend> split(const SplitPlan& plan) override {
+    if (plan.color < 0) return nullptr;
+    return std::make_unique<HostBackend>(name_, make_, plan.context);
+  }
+  void abort(const Error& e) override { exec_->abort(e); }
+  void shutdown() override { exec_->shutdown(); }
+
+ private:
+  const std::string name_;
+  const RunnerFactory make_;
+  std::unique_ptr<HostRunner> runner_;
+  std::shared_ptr<HostExecutor> exec_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_host_backend(std::string name, RunnerFactory make,
+                                           const BackendContext& ctx) {
+  return std::make_unique<HostBackend>(std::move(name), make, ctx);
+}
+
+}  // namespace collie

@@ -111,4 +111,13 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   std::thread thread_;
 };
 
+// Makes a host-progress backend's runner for the communicator `ctx`
+// describes (collective over its ranks).
+using RunnerFactory = std::unique_ptr<HostRunner> (*)(const BackendContext& ctx);
+
+// A Backend whose operations run on a HostExecutor over `make(ctx)`: what
+// tcp, shm and hier share (their split makes a runner the same way).
+std::unique_ptr<Backend> make_host_backend(std::string name, RunnerFactory make,
+                                           const BackendContext& ctx);
+
 }  // namespace collie

@@ -37,33 +37,13 @@ std::string describe(const DescSlot& s) {
   return d.describe();
 }
 
-class ShmBackend final : public Backend, private HostRunner {
+class ShmRunner final : public HostRunner {
  public:
-  ShmBackend(const BackendContext& ctx, const config::ShmTuning& t, int spin_us)
+  ShmRunner(const BackendContext& ctx, const config::ShmTuning& t, int spin_us)
       : tuning_(t),
         seg_(ctx, Layout::make(ctx.launch.world_size, t.chunk_bytes, t.small_bytes), spin_us),
         me_(ctx.launch.rank),
-        n_(ctx.launch.world_size) {
-    exec_ = HostExecutor::start(*this, ctx.failure, me_, ctx.launch.timeout);
-  }
-  ~ShmBackend() override { exec_->shutdown(); }
-
-  std::string name() const override { return "shm"; }
-  bool accepts(const Device& d) const override { return d.is_cpu(); }
-  Work start(Op op) override { return exec_->submit(std::move(op)); }
-  std::unique_ptr<Backend> split(const SplitPlan& plan) override {
-    if (plan.color < 0) return nullptr;
-    return create(plan.context);
-  }
-  void abort(const Error& e) override { exec_->abort(e); }
-  void shutdown() override { exec_->shutdown(); }
-
-  static std::unique_ptr<Backend> create(const BackendContext& ctx) {
-    auto t = config::shm_tuning(ctx.env);
-    int spin = t.spin_us;
-    if (spin < 0) spin = ctx.launch.local_world_size <= topology::usable_cpus() ? 50 : 0;
-    return std::make_unique<ShmBackend>(ctx, t, spin);
-  }
+        n_(ctx.launch.world_size) {}
 
  private:
   // ---- collectives -------------------------------------------------------
@@ -367,7 +347,6 @@ class ShmBackend final : public Backend, private HostRunner {
   const config::ShmTuning tuning_;
   Segment seg_;
   const int me_, n_;
-  std::shared_ptr<HostExecutor> exec_;
 };
 
 std::string unusable(const config::Launch& l) {
@@ -378,9 +357,16 @@ std::string unusable(const config::Launch& l) {
 
 }  // namespace
 
+std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
+  auto t = config::shm_tuning(ctx.env);
+  int spin = t.spin_us;
+  if (spin < 0) spin = ctx.launch.local_world_size <= topology::usable_cpus() ? 50 : 0;
+  return std::make_unique<ShmRunner>(ctx, t, spin);
+}
+
 BackendEntry backend_entry() {
   return {"shm", true, "", &unusable,
-          [](const BackendContext& ctx) { return ShmBackend::create(ctx); }};
+          [](const BackendContext& ctx) { return make_host_backend("shm", &make_runner, ctx); }};
 }
 
 }  // namespace collie::shm

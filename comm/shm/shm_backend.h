@@ -11,11 +11,15 @@
 // executor, like tcp's.
 #pragma once
 
-#include "comm/backend.h"
+#include "comm/host_executor.h"
 
 namespace collie::shm {
 
 // The registry's line for this backend.
 BackendEntry backend_entry();
+
+// The runner behind the backend, for backends built of others (comm/hier/):
+// collective over the ranks of `ctx`.
+std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx);
 
 }  // namespace collie::shm

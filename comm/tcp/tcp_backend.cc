@@ -177,36 +177,12 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
   return peers;
 }
 
-class TcpBackend final : public Backend, private HostRunner {
+class TcpRunner final : public HostRunner {
  public:
-  TcpBackend(const BackendContext& ctx, std::vector<net::Fd> peers)
+  TcpRunner(const BackendContext& ctx, std::vector<net::Fd> peers)
       : tuning_(config::tcp_tuning(ctx.env)),
         mesh_(ctx.launch.rank, ctx.launch.world_size, std::move(peers), tuning_,
-              ranks_fit_cores(ctx.launch), ctx.failure) {
-    exec_ = HostExecutor::start(*this, ctx.failure, ctx.launch.rank, ctx.launch.timeout);
-  }
-  ~TcpBackend() override { exec_->shutdown(); }
-
-  std::string name() const override { return "tcp"; }
-  bool accepts(const Device& d) const override { return d.is_cpu(); }
-  Work start(Op op) override { return exec_->submit(std::move(op)); }
-
-  std::unique_ptr<Backend> split(const SplitPlan& plan) override {
-    if (plan.color < 0) return nullptr;
-    return create(plan.context);
-  }
-
-  void abort(const Error& e) override { exec_->abort(e); }
-  void shutdown() override { exec_->shutdown(); }
-
-  static std::unique_ptr<Backend> create(const BackendContext& ctx) {
-    std::vector<net::Fd> peers;
-    if (ctx.launch.world_size > 1)
-      peers = build_mesh(ctx);
-    else
-      peers.resize(1);
-    return std::make_unique<TcpBackend>(ctx, std::move(peers));
-  }
+              ranks_fit_cores(ctx.launch), ctx.failure) {}
 
  private:
   static bool ranks_fit_cores(const config::Launch& l) {
@@ -248,14 +224,22 @@ class TcpBackend final : public Backend, private HostRunner {
   const config::TcpTuning tuning_;
   Mesh mesh_;
   algo::Scratch scratch_;
-  std::shared_ptr<HostExecutor> exec_;
 };
 
 }  // namespace
 
+std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
+  std::vector<net::Fd> peers;
+  if (ctx.launch.world_size > 1)
+    peers = build_mesh(ctx);
+  else
+    peers.resize(1);
+  return std::make_unique<TcpRunner>(ctx, std::move(peers));
+}
+
 BackendEntry backend_entry() {
   return {"tcp", true, "", nullptr,
-          [](const BackendContext& ctx) { return TcpBackend::create(ctx); }};
+          [](const BackendContext& ctx) { return make_host_backend("tcp", &make_runner, ctx); }};
 }
 
 }  // namespace collie::tcp
