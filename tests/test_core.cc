@@ -451,5 +451,33 @@ TEST(WorkHandle, ThenChainsAndPropagatesErrors) {
   EXPECT_EQ(d.error()->code(), ErrorCode::invalid_argument);
 }
 
+// What a continuation captures is released before its Work completes: the
+// reducer's continuations hold bucket memory whose allocator may be the
+// engine's (Python's), and a release that came after the waiter went on ran
+// on collie's thread while Python was shutting down (a std::terminate).
+TEST(WorkHandle, ThenReleasesWhatItCapturedBeforeTheWaiterGoesOn) {
+  std::atomic<bool> released{false};
+  struct SlowRelease {
+    explicit SlowRelease(std::atomic<bool>* f) : flag(f) {}
+    std::atomic<bool>* flag;
+    ~SlowRelease() {
+      std::this_thread::sleep_for(50ms);
+      flag->store(true);
+    }
+  };
+  for (bool chained_work : {false, true}) {
+    released = false;
+    Work a = Work::pending("a", 5s);
+    auto keep = std::make_shared<SlowRelease>(&released);
+    Work b = chained_work ? a.then_work([keep](const Work&) { return Work(); })
+                          : a.then([keep](const Work&) {});
+    keep.reset();
+    std::thread completer([&] { a.complete(); });
+    b.wait();
+    EXPECT_TRUE(released.load()) << (chained_work ? "then_work" : "then");
+    completer.join();
+  }
+}
+
 }  // namespace
 }  // namespace collie

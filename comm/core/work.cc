@@ -1,5 +1,8 @@
 #include "collie/work.h"
 
+#include <optional>
+#include <utility>
+
 namespace collie {
 
 Completion::Completion(std::string description, std::chrono::milliseconds default_timeout)
@@ -79,14 +82,18 @@ std::shared_ptr<Completion> done_completion(std::optional<Error> e) {
   return c;
 }
 
-void run_guarded(const Work& result, const std::function<void()>& body) {
+// Runs a then() callback; returns what it threw. `body` (with the callback
+// it owns) is gone when this returns.
+std::optional<Error> run_guarded(std::function<void()> body) {
+  std::optional<Error> err;
   try {
-    body();
+    std::exchange(body, nullptr)();
   } catch (const Error& e) {
-    result.fail(e);
+    err = e;
   } catch (const std::exception& e) {
-    result.fail(Error(ErrorCode::internal, std::string("callback in then() threw: ") + e.what()));
+    err = Error(ErrorCode::internal, std::string("callback in then() threw: ") + e.what());
   }
+  return err;
 }
 
 }  // namespace
@@ -133,14 +140,20 @@ void Work::fail(const Error& e) const {
   c_->finish(e);
 }
 
+// The function (and all it captured) is destroyed before `result`
+// completes: a waiter may free what the captures point to, or end the
+// program, as soon as it sees the result, and a release that ran later on
+// the completing thread would race it (bucket memory from an engine's
+// allocator, released on collie's thread while Python shut down).
 Work Work::then(std::function<void(const Work&)> fn) const {
   Work result = pending(description() + " -> then", c_->default_timeout());
   Work self = *this;
-  c_->on_complete([self, result, fn = std::move(fn)] {
-    run_guarded(result, [&] {
-      fn(self);
+  c_->on_complete([self, result, fn = std::move(fn)]() mutable {
+    std::optional<Error> err = run_guarded([&, f = std::exchange(fn, nullptr)] { f(self); });
+    if (err)
+      result.fail(*err);
+    else
       result.complete();
-    });
   });
   return result;
 }
@@ -148,15 +161,16 @@ Work Work::then(std::function<void(const Work&)> fn) const {
 Work Work::then_work(std::function<Work(const Work&)> fn) const {
   Work result = pending(description() + " -> then", c_->default_timeout());
   Work self = *this;
-  c_->on_complete([self, result, fn = std::move(fn)] {
-    run_guarded(result, [&] {
-      Work inner = fn(self);
-      inner.c_->on_complete([inner, result] {
-        if (auto e = inner.error())
-          result.fail(*e);
-        else
-          result.complete();
-      });
+  c_->on_complete([self, result, fn = std::move(fn)]() mutable {
+    Work inner;
+    std::optional<Error> err =
+        run_guarded([&, f = std::exchange(fn, nullptr)] { inner = f(self); });
+    if (err) return result.fail(*err);
+    inner.c_->on_complete([inner, result] {
+      if (auto e = inner.error())
+        result.fail(*e);
+      else
+        result.complete();
     });
   });
   return result;
