@@ -53,6 +53,24 @@ class FailureLatch {
   std::optional<Error> first_;
 };
 
+// How a backend names ranks in its messages. A runner inside a composite
+// backend (hier) numbers the ranks it runs over from 0; its messages name
+// them as the communicator numbers them.
+class RankNames {
+ public:
+  RankNames() = default;
+  // The communicator's number of this one's rank r.
+  int operator[](int r) const { return ranks_.empty() ? r : ranks_[static_cast<size_t>(r)]; }
+  std::string operator()(int r) const { return "rank " + std::to_string((*this)[r]); }
+  // "1, 3" for {1, 3}.
+  std::string list(const std::vector<int>& ranks) const;
+  // The names of a runner over `members` (ranks of this one), in order.
+  RankNames of(const std::vector<int>& members) const;
+
+ private:
+  std::vector<int> ranks_;  // empty: the ranks' own numbers
+};
+
 // What a backend is created from.
 struct BackendContext {
   config::Launch launch;             // rank, world size, deadline, secret, ...
@@ -62,6 +80,7 @@ struct BackendContext {
   std::string listen_host;           // the address this rank's peers reach it on
   std::shared_ptr<FailureLatch> failure;
   config::Env env;  // for the backend's own settings, read through comm/config
+  RankNames names;  // for messages
 };
 
 // Which ranks a split makes, as the front worked it out (every rank of the
@@ -100,7 +119,8 @@ class Backend {
 // joined"); `timeout` is the setting `deadline` came from, for the message.
 void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
                     std::chrono::steady_clock::time_point deadline,
-                    std::chrono::milliseconds timeout, const std::string& who);
+                    std::chrono::milliseconds timeout, const std::string& who,
+                    const RankNames& names = RankNames());
 
 // One line of the registry.
 struct BackendEntry {

@@ -172,6 +172,7 @@ class Front final : public Communicator {
       plan.context.key =
           core_->ctx.key + "/s" + std::to_string(split_no) + "c" + std::to_string(color);
       plan.context.failure = std::make_shared<FailureLatch>();
+      plan.context.names = RankNames();  // a new communicator: its own numbers
     }
     auto b = core_->backend->split(plan);
     if (color < 0) return nullptr;

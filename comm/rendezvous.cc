@@ -7,9 +7,23 @@
 
 namespace collie {
 
+std::string RankNames::list(const std::vector<int>& ranks) const {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    s += (i ? ", " : "") + std::to_string((*this)[ranks[i]]);
+  return s;
+}
+
+RankNames RankNames::of(const std::vector<int>& members) const {
+  RankNames n;
+  for (int m : members) n.ranks_.push_back((*this)[m]);
+  return n;
+}
+
 void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
                     std::chrono::steady_clock::time_point deadline,
-                    std::chrono::milliseconds timeout, const std::string& who) {
+                    std::chrono::milliseconds timeout, const std::string& who,
+                    const RankNames& names) {
   using std::chrono::milliseconds;
   const int n = static_cast<int>(keys.size());
   std::vector<bool> seen(n);
@@ -18,7 +32,7 @@ void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
     std::string list;
     int missing = 0;
     for (int q = 0; q < n; ++q)
-      if (!seen[q]) list += (missing++ ? ", " : "") + std::to_string(q);
+      if (!seen[q]) list += (missing++ ? ", " : "") + std::to_string(names[q]);
     return (missing > 1 ? "ranks " : "rank ") + list + " of " + std::to_string(n) + " never joined";
   };
   // The wait goes in slices, noting who has arrived after each, so that a

@@ -11,6 +11,7 @@
 #include "comm/config/config.h"
 #include "comm/core/fingerprint.h"
 #include "comm/core/state_bytes.h"
+#include "comm/core/topology.h"
 
 namespace collie {
 
@@ -103,14 +104,7 @@ void average_parameters(Communicator& comm, const std::vector<TensorView>& param
 }
 
 std::vector<int> host_colors(Communicator& comm) {
-  std::string host = config::hostname_override(config::process_env());
-  if (host.empty()) {
-    char buf[256] = {0};
-    if (gethostname(buf, sizeof buf - 1) != 0)
-      throw system_error(ErrorCode::internal, "host_color on " + rank_of(comm) + ": gethostname",
-                         errno);
-    host = buf;
-  }
+  std::string host = topology::host_identity(config::hostname_override(config::process_env()));
   auto all = allgather_one(comm, fnv1a(kFnvBasis, host.data(), host.size()));
   std::vector<int> colors(all.size());
   for (size_t r = 0; r < all.size(); ++r) {

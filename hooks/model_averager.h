@@ -33,9 +33,10 @@ namespace collie {
 void average_parameters(Communicator& comm, const std::vector<TensorView>& params,
                         std::vector<std::vector<uint8_t>>& scratch);
 
-// Groups ranks by host: each rank's color is the lowest rank whose host name
-// (COLLIE_HOSTNAME, else gethostname()) hashes like its own. host_colors
-// returns every rank's color, host_color this rank's. Collective.
+// Groups ranks by host: each rank's color is the lowest rank whose host
+// (topology::host_identity: COLLIE_HOSTNAME, else host name, boot id and
+// network namespace) hashes like its own. host_colors returns every rank's
+// color, host_color this rank's. Collective.
 std::vector<int> host_colors(Communicator& comm);
 int host_color(Communicator& comm);
 

@@ -1,5 +1,9 @@
 #include "comm/core/topology.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <thread>
 
 #include "collie_build_config.h"
@@ -30,6 +34,23 @@ int usable_cpus() {
     return count;
   }();
   return n;
+}
+
+std::string boot_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+std::string host_identity(const std::string& override_name) {
+  if (!override_name.empty()) return override_name;
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) != 0) name[0] = 0;
+  std::string id = std::string(name) + " boot " + boot_id();
+  struct stat st {};
+  if (stat("/proc/self/ns/net", &st) == 0) id += " netns " + std::to_string(st.st_ino);
+  return id;
 }
 
 }  // namespace collie::topology

@@ -17,6 +17,8 @@
 #include <span>
 #include <sstream>
 
+#include "comm/core/topology.h"
+
 namespace collie::shm {
 
 namespace {
@@ -54,23 +56,6 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
 
 bool reached(uint32_t v, uint32_t target) {
   return static_cast<int32_t>(v - target) >= 0;
-}
-
-std::string boot_id() {
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::string s;
-  std::getline(f, s);
-  return s;
-}
-
-std::string rank_str(int r) {
-  return "rank " + std::to_string(r);
-}
-
-std::string join(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s;
 }
 
 std::string seconds(std::chrono::milliseconds ms) {
@@ -112,11 +97,12 @@ Layout Layout::make(int n, size_t chunk, size_t small) {
 Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
     : me_(ctx.launch.rank),
       n_(ctx.launch.world_size),
+      names_(ctx.names),
       lay_(layout),
       spin_us_(spin_us),
       timeout_(ctx.launch.timeout),
       failure_(ctx.failure) {
-  const std::string who = rank_str(me_);
+  const std::string who = names_(me_);
   const std::string key = ctx.key + "/shm";
   int fd = -1;
   if (me_ == 0) {
@@ -130,12 +116,12 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
           who + ": sizing the shared segment to " + std::to_string(lay_.total) + " bytes", err);
     }
     std::string where = std::to_string(getpid()) + " " + std::to_string(fd) + " " +
-                        std::to_string(lay_.total) + " " + boot_id();
+                        std::to_string(lay_.total) + " " + topology::boot_id();
     if (n_ > 1) ctx.store->set(key, to_bytes(where));
   } else {
     std::vector<std::string> from_rank0(n_);
     from_rank0[0] = key;
-    wait_for_ranks(*ctx.store, from_rank0, Clock::now() + timeout_, timeout_, who);
+    wait_for_ranks(*ctx.store, from_rank0, Clock::now() + timeout_, timeout_, who, names_);
     std::istringstream in(collie::to_string(ctx.store->get(key)));
     long pid = 0, rfd = 0;
     size_t total = 0;
@@ -146,7 +132,7 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
                   who + ": rank 0 made a shared segment of " + std::to_string(total) +
                       " bytes, this rank expects " + std::to_string(lay_.total) +
                       " (different COLLIE_SHM_CHUNK or COLLIE_SHM_SMALL on different ranks?)");
-    if (!boot.empty() && boot != boot_id())
+    if (!boot.empty() && boot != topology::boot_id())
       throw Error(ErrorCode::unavailable,
                   who +
                       " is not on rank 0's host (another kernel): the shm backend needs every "
@@ -182,7 +168,7 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
   std::vector<std::string> up;
   for (int q = 0; q < n_; ++q) up.push_back(key + "/up/" + std::to_string(q));
   try {
-    if (n_ > 1) wait_for_ranks(*ctx.store, up, Clock::now() + timeout_, timeout_, who);
+    if (n_ > 1) wait_for_ranks(*ctx.store, up, Clock::now() + timeout_, timeout_, who, names_);
   } catch (...) {
     ::close(fd);
     munmap(base_, lay_.total);
@@ -245,7 +231,7 @@ void Segment::check() {
     int code = i.err_code.load(std::memory_order_acquire);
     std::string msg(i.err_msg, strnlen(i.err_msg, sizeof i.err_msg));
     throw Error(code > 0 ? static_cast<ErrorCode>(code) : ErrorCode::aborted,
-                rank_str(r) + " aborted the communicator: " + msg);
+                names_(r) + " aborted the communicator: " + msg);
   }
   if (failure_->failed()) throw *failure_->get();
 }
@@ -253,18 +239,18 @@ void Segment::check() {
 std::string Segment::gone(int peer, const std::string& what) {
   if (peer < 0 || peer == me_) return "";
   if (info(peer).closed.load(std::memory_order_acquire))
-    return rank_str(me_) + ": " + rank_str(peer) +
+    return names_(me_) + ": " + names_(peer) +
            " shut its communicator down while this rank waits for it in " + what;
   if (dead(peer))
-    return rank_str(me_) + ": " + rank_str(peer) + " (pid " + std::to_string(pids_[peer]) +
+    return names_(me_) + ": " + names_(peer) + " (pid " + std::to_string(pids_[peer]) +
            ") died while this rank waits for it in " + what;
   return "";
 }
 
 void Segment::timed_out(const std::vector<int>& late, const std::string& what) {
   throw Error(ErrorCode::timeout,
-              what + " timed out on " + rank_str(me_) + " after " + seconds(timeout_) +
-                  " waiting for rank" + (late.size() > 1 ? "s " : " ") + join(late) +
+              what + " timed out on " + names_(me_) + " after " + seconds(timeout_) +
+                  " waiting for rank" + (late.size() > 1 ? "s " : " ") + names_.list(late) +
                   " (alive, but stalled or not calling the same operation; COLLIE_TIMEOUT sets "
                   "the deadline)");
 }

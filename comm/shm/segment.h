@@ -155,6 +155,7 @@ class Segment {
                Deadline deadline);
 
   const int me_, n_;
+  const RankNames names_;  // for messages
   const Layout lay_;
   const int spin_us_;
   const std::chrono::milliseconds timeout_;

@@ -22,10 +22,6 @@ namespace collie::shm {
 
 namespace {
 
-std::string rank_str(int r) {
-  return "rank " + std::to_string(r);
-}
-
 std::string describe(const DescSlot& s) {
   OpDesc d;
   d.op = static_cast<OpKind>(s.op);
@@ -43,7 +39,8 @@ class ShmRunner final : public HostRunner {
       : tuning_(t),
         seg_(ctx, Layout::make(ctx.launch.world_size, t.chunk_bytes, t.small_bytes), spin_us),
         me_(ctx.launch.rank),
-        n_(ctx.launch.world_size) {}
+        n_(ctx.launch.world_size),
+        names_(ctx.names) {}
 
  private:
   // ---- collectives -------------------------------------------------------
@@ -87,7 +84,7 @@ class ShmRunner final : public HostRunner {
                   s.dtype == static_cast<uint8_t>(d.dtype) && s.count == d.count &&
                   s.redop == static_cast<uint8_t>(d.redop) && s.tag == d.tag;
       if (!same)
-        throw Error(ErrorCode::mismatch, rank_str(me_) + " called " + what + " but " + rank_str(r) +
+        throw Error(ErrorCode::mismatch, names_(me_) + " called " + what + " but " + names_(r) +
                                              " called " + describe(s));
     }
   }
@@ -298,9 +295,9 @@ class ShmRunner final : public HostRunner {
             if (hdr.seq != op.desc.seq || hdr.tag != op.desc.tag || hdr.total != total ||
                 hdr.offset != rv.done || hdr.len > total - rv.done)
               throw Error(ErrorCode::mismatch,
-                          rank_str(me_) + " expects message #" + std::to_string(op.desc.seq) +
-                              " from " + rank_str(p) + " (tag " + std::to_string(op.desc.tag) +
-                              ", " + std::to_string(total) + " bytes) but " + rank_str(p) +
+                          names_(me_) + " expects message #" + std::to_string(op.desc.seq) +
+                              " from " + names_(p) + " (tag " + std::to_string(op.desc.tag) + ", " +
+                              std::to_string(total) + " bytes) but " + names_(p) +
                               " sent message #" + std::to_string(hdr.seq) + " (tag " +
                               std::to_string(hdr.tag) + ", " + std::to_string(hdr.total) +
                               " bytes)");
@@ -332,9 +329,9 @@ class ShmRunner final : public HostRunner {
       for (int p = 0; p < n_; ++p) {
         if (!sends[p].empty() || !recvs[p].empty()) peers.push_back(p);
         if (what.empty() && !sends[p].empty())
-          what = batch.ops[sends[p].front().index].desc.describe() + " to " + rank_str(p);
+          what = batch.ops[sends[p].front().index].desc.describe() + " to " + names_(p);
         if (what.empty() && !recvs[p].empty())
-          what = batch.ops[recvs[p].front().index].desc.describe() + " from " + rank_str(p);
+          what = batch.ops[recvs[p].front().index].desc.describe() + " from " + names_(p);
       }
       seg_.wait_bell(seen, peers, what, dl);
     }
@@ -347,6 +344,7 @@ class ShmRunner final : public HostRunner {
   const config::ShmTuning tuning_;
   Segment seg_;
   const int me_, n_;
+  const RankNames names_;  // for messages
 };
 
 std::string unusable(const config::Launch& l) {

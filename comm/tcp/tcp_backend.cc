@@ -49,21 +49,12 @@ Hello make_hello(int from, int to, const std::string& key, const std::string& se
   return h;
 }
 
-std::string rank_str(int r) {
-  return "rank " + std::to_string(r);
-}
-
-std::string join_ranks(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s;
-}
-
 // Builds the full mesh: connect to lower ranks, accept higher ones.
 std::vector<net::Fd> build_mesh(const BackendContext& s) {
   const int rank = s.launch.rank, n = s.launch.world_size;
+  const RankNames& names = s.names;
   auto deadline = net::deadline_after(s.launch.timeout);
-  std::string who = rank_str(rank);
+  std::string who = names(rank);
   std::vector<net::Fd> peers(n);
 
   net::Fd listener = net::listen_tcp(s.listen_host, 0, who + ": mesh listener");
@@ -78,13 +69,13 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
   {
     auto others = keys;
     others[rank].clear();
-    wait_for_ranks(*s.store, others, deadline, s.launch.timeout, who);
+    wait_for_ranks(*s.store, others, deadline, s.launch.timeout, who, s.names);
   }
 
   for (int q = 0; q < rank; ++q) {
     auto ep =
-        net::parse_endpoint(collie::to_string(s.store->get(keys[q])), "address of " + rank_str(q));
-    std::string what = who + ": connecting to " + rank_str(q) + " at " + ep.str();
+        net::parse_endpoint(collie::to_string(s.store->get(keys[q])), "address of " + names(q));
+    std::string what = who + ": connecting to " + names(q) + " at " + ep.str();
     net::Fd fd = net::connect_tcp(ep, deadline, what);
     Hello h = make_hello(rank, q, s.key, s.launch.secret);
     net::write_full(fd.get(), &h, sizeof h, deadline, what);
@@ -128,7 +119,7 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
       for (int q = rank + 1; q < n; ++q)
         if (!peers[q].valid()) missing.push_back(q);
       throw Error(ErrorCode::timeout, who + ": rendezvous timed out waiting for rank" +
-                                          (missing.size() > 1 ? "s " : " ") + join_ranks(missing) +
+                                          (missing.size() > 1 ? "s " : " ") + names.list(missing) +
                                           " to connect");
     }
     if (pfds[0].revents & POLLIN) {
@@ -156,7 +147,7 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
                                     s.launch.secret.substr(0, sizeof h.secret - 1));
         if (ok) {
           net::set_nonblocking(p.fd.get(), false);
-          net::write_full(p.fd.get(), kAck, 4, deadline, who + ": answering " + rank_str(h.from));
+          net::write_full(p.fd.get(), kAck, 4, deadline, who + ": answering " + names(h.from));
           net::set_nodelay(p.fd.get());
           peers[h.from] = std::move(p.fd);
           --waiting_for;
@@ -182,7 +173,7 @@ class TcpRunner final : public HostRunner {
   TcpRunner(const BackendContext& ctx, std::vector<net::Fd> peers)
       : tuning_(config::tcp_tuning(ctx.env)),
         mesh_(ctx.launch.rank, ctx.launch.world_size, std::move(peers), tuning_,
-              ranks_fit_cores(ctx.launch), ctx.failure) {}
+              ranks_fit_cores(ctx.launch), ctx.failure, ctx.names) {}
 
  private:
   static bool ranks_fit_cores(const config::Launch& l) {

@@ -53,8 +53,9 @@ struct Mesh::Peer {
 };
 
 Mesh::Mesh(int rank, int size, std::vector<net::Fd> peers, const config::TcpTuning& tuning,
-           bool spin_allowed, std::shared_ptr<FailureLatch> failure)
+           bool spin_allowed, std::shared_ptr<FailureLatch> failure, RankNames names)
     : rank_(rank),
+      names_(std::move(names)),
       size_(size),
       peers_(static_cast<size_t>(size)),
       tuning_(tuning),
@@ -104,10 +105,6 @@ OpDesc desc_of(const FrameHeader& h) {
   return d;
 }
 
-std::string rank_str(int r) {
-  return "rank " + std::to_string(r);
-}
-
 // Reads the text of an abort frame whose header is already consumed.
 std::string read_abort_text(int fd, uint64_t bytes) {
   size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, kMaxAbortText));
@@ -128,22 +125,22 @@ ErrorCode code_of(uint8_t v) {
 }  // namespace
 
 void Mesh::fail_from_frame(int peer, const FrameHeader& h, const OpDesc& expected) {
-  std::string me = rank_str(rank_);
+  std::string me = names_(rank_);
   if (h.magic != kMagic)
     throw Error(ErrorCode::mismatch, expected.describe() + " on " + me + ": the connection from " +
-                                         rank_str(peer) +
+                                         names_(peer) +
                                          " carried bytes that are not a collie frame "
                                          "(different collie versions, or a corrupted stream)");
   if (h.kind == static_cast<uint8_t>(FrameKind::abort)) {
     std::string text = read_abort_text(peers_[peer].fd.get(), h.bytes);
-    throw Error(code_of(h.redop), rank_str(peer) + " aborted the communicator: " + text);
+    throw Error(code_of(h.redop), names_(peer) + " aborted the communicator: " + text);
   }
   if (h.kind == static_cast<uint8_t>(FrameKind::bye))
-    throw Error(ErrorCode::peer_lost, expected.describe() + " on " + me + ": " + rank_str(peer) +
+    throw Error(ErrorCode::peer_lost, expected.describe() + " on " + me + ": " + names_(peer) +
                                           " has already destroyed its communicator (or exited)");
   OpDesc theirs = desc_of(h);
   throw Error(ErrorCode::mismatch, expected.describe() + " on " + me + " does not match " +
-                                       rank_str(peer) + ", which called " + theirs.describe() +
+                                       names_(peer) + ", which called " + theirs.describe() +
                                        ": every rank must issue the same collectives in the same "
                                        "order with the same counts, dtypes and ops");
 }
@@ -166,7 +163,7 @@ void Mesh::lost(int q, const OpDesc& desc, const std::string& how, bool can_read
       if (h.magic != kMagic) break;
       if (h.kind == static_cast<uint8_t>(FrameKind::abort))
         throw Error(code_of(h.redop),
-                    rank_str(q) + " aborted the communicator: " + read_abort_text(fd, h.bytes));
+                    names_(q) + " aborted the communicator: " + read_abort_text(fd, h.bytes));
       if (h.kind != static_cast<uint8_t>(FrameKind::data)) break;
       try {
         for (uint64_t left = h.bytes; left > 0;) {
@@ -193,7 +190,7 @@ void Mesh::lost(int q, const OpDesc& desc, const std::string& how, bool can_read
     }
   }
   throw Error(ErrorCode::peer_lost,
-              desc.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) + " " + how +
+              desc.describe() + " on " + names_(rank_) + ": lost " + names_(q) + " " + how +
                   (also.empty() ? ""
                                 : (n_also > 1 ? "; ranks " : "; rank ") + also +
                                       (n_also > 1 ? " are gone too" : " is gone too")));
@@ -210,7 +207,7 @@ void Mesh::check_hangup(int q) {
       h.kind == static_cast<uint8_t>(FrameKind::abort)) {
     ::recv(p.fd.get(), &h, sizeof h, MSG_DONTWAIT);
     std::string text = read_abort_text(p.fd.get(), h.bytes);
-    throw Error(code_of(h.redop), rank_str(q) + " aborted the communicator: " + text);
+    throw Error(code_of(h.redop), names_(q) + " aborted the communicator: " + text);
   }
   if (static_cast<size_t>(n) == sizeof h && h.magic == kMagic &&
       h.kind == static_cast<uint8_t>(FrameKind::bye))
@@ -222,7 +219,7 @@ void Mesh::check_hangup(int q) {
 
 void Mesh::activate(int q, const OpDesc& d) {
   if (closed_)
-    throw Error(ErrorCode::internal, "the communicator on " + rank_str(rank_) + " is closed");
+    throw Error(ErrorCode::internal, "the communicator on " + names_(rank_) + " is closed");
   if (pending_ == 0) current_ = d;
   ++pending_;
   if (!is_active_[q]) {
@@ -303,7 +300,7 @@ bool Mesh::pump_recv(int q) {
         if (h.magic == kMagic && h.kind == expect.kind &&
             desc_of(h).describe() == it.desc.describe())
           throw Error(ErrorCode::mismatch,
-                      it.desc.describe() + " on " + rank_str(rank_) + ": " + rank_str(q) +
+                      it.desc.describe() + " on " + names_(rank_) + ": " + names_(q) +
                           " sent a step of " + std::to_string(h.bytes) + " bytes where " +
                           std::to_string(it.bytes) +
                           " were expected: the ranks use different COLLIE_* algorithm settings");
@@ -333,12 +330,12 @@ void Mesh::timed_out() {
   for (int q : active_) {
     Peer& p = peers_[q];
     if (!p.recvs.empty()) {
-      who = "waiting for " + rank_str(q) + " to send";
+      who = "waiting for " + names_(q) + " to send";
       break;
     }
-    if (!p.sends.empty()) who = "waiting for " + rank_str(q) + " to receive";
+    if (!p.sends.empty()) who = "waiting for " + names_(q) + " to receive";
   }
-  throw Error(ErrorCode::timeout, current_.describe() + " on " + rank_str(rank_) + " timed out " +
+  throw Error(ErrorCode::timeout, current_.describe() + " on " + names_(rank_) + " timed out " +
                                       who +
                                       " (that rank is stalled, or is not calling the same "
                                       "collective; COLLIE_TIMEOUT sets the deadline)");
@@ -346,7 +343,7 @@ void Mesh::timed_out() {
 
 void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
   if (closed_)
-    throw Error(ErrorCode::internal, "the communicator on " + rank_str(rank_) + " is closed");
+    throw Error(ErrorCode::internal, "the communicator on " + names_(rank_) + " is closed");
   for (Peer& p : peers_)
     if (!p.departed) p.watch = true;
   std::vector<pollfd> pfds;
@@ -389,7 +386,7 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
     pfd_peer.push_back(-1);
     int n = ::poll(pfds.data(), pfds.size(), net::poll_timeout_ms(deadline));
     if (n < 0 && errno != EINTR)
-      throw system_error(ErrorCode::internal, "poll on " + rank_str(rank_), errno);
+      throw system_error(ErrorCode::internal, "poll on " + names_(rank_), errno);
     if (n == 0 && net::Clock::now() >= deadline) timed_out();
     for (size_t i = 0; i < pfds.size(); ++i) {
       int q = pfd_peer[i];

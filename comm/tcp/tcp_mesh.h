@@ -35,7 +35,7 @@ struct FrameHeader;  // the wire header, in tcp_mesh.cc
 class Mesh final : public Transport {
  public:
   Mesh(int rank, int size, std::vector<net::Fd> peers, const config::TcpTuning& tuning,
-       bool spin_allowed, std::shared_ptr<FailureLatch> failure);
+       bool spin_allowed, std::shared_ptr<FailureLatch> failure, RankNames names = {});
   ~Mesh() override;
 
   int rank() const override { return rank_; }
@@ -72,6 +72,7 @@ class Mesh final : public Transport {
   [[noreturn]] void fail_from_frame(int peer, const FrameHeader& h, const OpDesc& expected);
 
   const int rank_;
+  const RankNames names_;  // for messages
   const int size_;
   std::vector<Peer> peers_;
   config::TcpTuning tuning_;
