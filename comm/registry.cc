@@ -3,6 +3,7 @@
 // folder: a backend is added with a line here (see docs/architecture.md).
 #include "collie_build_config.h"
 #include "comm/backend.h"
+#include "comm/hier/hier_backend.h"
 #include "comm/shm/shm_backend.h"
 #include "comm/tcp/tcp_backend.h"
 
@@ -13,6 +14,7 @@ const std::vector<BackendEntry>& backend_registry() {
       {"nccl", false, "the NCCL backend is not part of this version of collie yet", nullptr,
        nullptr},
       shm::backend_entry(),
+      hier::backend_entry(),
       {"mpi", false,
        COLLIE_HAVE_MPI ? "the MPI backend is not part of this version of collie yet"
                        : "this build has no MPI: install libopenmpi-dev and configure with "

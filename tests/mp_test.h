@@ -3,6 +3,8 @@
 // variables) and the message of the collie::Error a call throws.
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -12,8 +14,20 @@
 
 namespace collie::testing {
 
+// The job's communicator. With COLLIE_EXPECT_BACKEND set (the multi-host
+// tests set it), a communicator on any other backend ends the test program:
+// the test is about what `auto` picks, not only about the results.
 inline Communicator& world() {
-  static std::unique_ptr<Communicator> c = connect();
+  static std::unique_ptr<Communicator> c = [] {
+    auto made = connect();
+    const char* want = std::getenv("COLLIE_EXPECT_BACKEND");
+    if (want && *want && made->backend() != want) {
+      std::fprintf(stderr, "rank %d: the communicator runs on '%s', the test expects '%s'\n",
+                   made->rank(), made->backend().c_str(), want);
+      std::exit(3);
+    }
+    return made;
+  }();
   return *c;
 }
 

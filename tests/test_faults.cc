@@ -175,6 +175,46 @@ TEST(Faults, RankKilledDuringSmallAllreduceIsReportedByEverySurvivor4) {
   kill_mid_allreduce(4, 3);
 }
 
+// Two hosts of two ranks (told apart by COLLIE_HOSTNAME) on hier, rank 1
+// killed in the middle of pipelined all-reduces: its host's partner loses it
+// in shared memory, its partner across hosts over TCP, and the fourth rank
+// hears of it from them. Each survivor names rank 1 by its number in the
+// communicator, not by its number inside a stage.
+TEST(Faults, RankKilledDuringHierarchicalAllreduceIsNamedByEverySurvivor) {
+  const int n = 4, victim = 1;
+  auto out = run_ranks(
+      n,
+      [&](int rank, Options opt) {
+        setenv("COLLIE_HOSTNAME", rank < 2 ? "host-a" : "host-b", 1);
+        setenv("COLLIE_HIER_PIECE", "65536", 1);
+        opt.backend = "hier";
+        opt.local_rank = rank % 2;
+        opt.local_world_size = 2;
+        auto c = connect(opt);
+        std::vector<float> buf(1 << 20, 1.0f);
+        if (rank == victim) {
+          std::thread([] {
+            std::this_thread::sleep_for(300ms);
+            raise(SIGKILL);
+          }).detach();
+        }
+        for (int it = 0; it < 1000000; ++it)
+          c->allreduce(view_of(buf.data(), buf.size()), ReduceOp::sum).wait();
+        return std::string("finished without noticing");
+      },
+      30s);
+  EXPECT_FALSE(out[victim].exited) << describe(out);
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "peer_lost") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "rank 1 ") || contains(out[r].message(), "rank 1:") ||
+                contains(out[r].message(), "rank 1 (pid"))
+        << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "allreduce")) << describe(out);
+  }
+}
+
 TEST(Faults, RankThatNeverJoinsIsNamedInARendezvousTimeout) {
   auto out = run_ranks(4,
                        [](int, Options opt) {

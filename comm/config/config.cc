@@ -251,6 +251,14 @@ ShmTuning shm_tuning(const Env& env) {
   return t;
 }
 
+size_t hier_piece_bytes(const Env& env) {
+  auto v = parse_int("COLLIE_HIER_PIECE", env("COLLIE_HIER_PIECE"));
+  if (!v) return size_t{4} << 20;
+  if (*v < 4096 || *v > (1LL << 30))
+    throw bad("COLLIE_HIER_PIECE must be between 4096 and 1073741824 bytes");
+  return static_cast<size_t>(*v);
+}
+
 std::string backend(const Options& o, const Env& env) {
   if (o.backend != "auto" && !o.backend.empty()) return o.backend;
   if (const char* v = env("COLLIE_BACKEND"); v && *v) return v;

@@ -60,6 +60,11 @@ struct ShmTuning {
 
 ShmTuning shm_tuning(const Env& env);
 
+// COLLIE_HIER_PIECE: the hierarchical all-reduce runs in pieces of this many
+// bytes (default 4 MiB), the network stage of one beside the shared-memory
+// stages of the next and the previous.
+size_t hier_piece_bytes(const Env& env);
+
 // COLLIE_BACKEND, when Options::backend is "auto".
 std::string backend(const Options& options, const Env& env);
 

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# collie's hierarchical all-reduce (hier) beside its flat TCP ring (tcp) on
+# 2 hosts x 2 ranks: two network namespaces joined by a veth pair shaped
+# with tc tbf to RATE (tests/launch/hosts.sh; needs root). Same sweep and
+# statistic as compare.sh (time = slowest rank's mean over -n timed ops),
+# interleaved REPS times; prints per-size medians as a markdown table.
+#   bench/hosts_compare.sh [REPS] [RATE|none] [-- sweep args]
+# Defaults: 3 repetitions, 10gbit, 1 MiB to 64 MiB with 20 timed ops.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPS=${1:-3}; RATE=${2:-10gbit}; shift 2 || true
+[ "${1:-}" = "--" ] && shift
+BUILD=${BUILD:-build}
+if [ $# -gt 0 ]; then SWEEP=("$@"); else SWEEP=(-b 1M -e 64M -f 4 -n 20); fi
+MODE=netns:$RATE
+[ "$RATE" = none ] && MODE=netns
+tmp=$(mktemp -d)
+for r in $(seq 1 "$REPS"); do
+  for be in hier tcp; do
+    COLLIE_BACKEND=$be bash tests/launch/hosts.sh "$MODE" "$BUILD" "$BUILD/bench/collie-bench" \
+      "${SWEEP[@]}" > "$tmp/$be.$r"
+  done
+done
+python3 - "$tmp" "$REPS" "$RATE" <<'PY'
+import glob, statistics, sys
+tmp, reps, rate = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def load(cfg):
+    rows = {}
+    for path in glob.glob(f"{tmp}/{cfg}.*"):
+        for line in open(path):
+            f = line.split()
+            if f[:1] != ["[0]"]: continue
+            f = f[1:]
+            if len(f) >= 8 and f[0].isdigit():
+                rows.setdefault(int(f[0]), []).append((float(f[4]), int(f[7])))
+    return {s: (statistics.median(t for t, _ in v), sum(w for _, w in v)) for s, v in rows.items()}
+hier, tcp = load("hier"), load("tcp")
+n = 4
+bw = lambda s, t: s / t / 1e3 * 2 * (n - 1) / n
+size = lambda s: f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB"
+print(f"2 hosts x 2 ranks (network namespaces, veth, tbf {rate}), f32 sum; per-size median over "
+      f"{reps} interleaved runs; time in us, busbw in GB/s")
+print()
+print("| size | hier us | busbw | flat tcp us | busbw | hier speed-up | wrong |")
+print("|---:|---:|---:|---:|---:|---:|---:|")
+for s in sorted(hier):
+    h, t = hier[s], tcp.get(s, (float("nan"), 0))
+    print(f"| {size(s)} | {h[0]:.0f} | {bw(s, h[0]):.3f} | {t[0]:.0f} | {bw(s, t[0]):.3f} | "
+          f"{t[0] / h[0]:.2f}x | {h[1] + t[1]} |")
+PY
+rm -rf "$tmp"

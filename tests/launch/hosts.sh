@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs a program on 2 hosts x 2 ranks: collie-run once per host, --nnodes 2.
+#   hosts.sh MODE BUILD_ROOT PROGRAM [ARGS...]
+# MODE
+#   names    both hosts on this machine's loopback, told apart only by
+#            COLLIE_HOSTNAME (host-a, host-b): what collie's host discovery
+#            sees, without root
+#   netns    two network namespaces joined by a veth pair (10.78.0.1 and
+#            10.78.0.2): the hosts find each other as different hosts by
+#            themselves; needs root (skips with 77 and the reason otherwise)
+#   netns:RATE  the same, the link shaped with tc tbf at RATE (e.g. 10gbit)
+# Both halves must exit 0; their output is printed, host by host. The
+# environment (COLLIE_BACKEND, ...) passes through to the ranks.
+set -uo pipefail
+mode=$1 build=$(cd "$2" && pwd)
+shift 2
+run=$build/comm/launch/collie-run
+export COLLIE_JOB_SECRET=${COLLIE_JOB_SECRET:-hosts-test-$$-$RANDOM}
+work=$(mktemp -d)
+ns=() pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+case $mode in
+  names)
+    port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    addr=127.0.0.1
+    on_host() { COLLIE_HOSTNAME=host-$1 "$run" "${@:2}"; }
+    ;;
+  netns | netns:*)
+    [ "$(id -u)" = 0 ] || { echo "skipped: network namespaces need root"; exit 77; }
+    command -v ip >/dev/null || { echo "skipped: no ip (iproute2)"; exit 77; }
+    rate=${mode#netns}; rate=${rate#:}
+    ns=(collie_ha_$$ collie_hb_$$)
+    va=cha_$$ vb=chb_$$
+    for n in "${ns[@]}"; do
+      ip netns add "$n" 2>"$work/err" ||
+        { echo "skipped: cannot create network namespaces here: $(head -1 "$work/err")"; exit 77; }
+    done
+    ip link add "$va" type veth peer name "$vb" && ip link set "$va" netns "${ns[0]}" &&
+      ip link set "$vb" netns "${ns[1]}" &&
+      ip -n "${ns[0]}" addr add 10.78.0.1/24 dev "$va" && ip -n "${ns[1]}" addr add 10.78.0.2/24 dev "$vb" &&
+      ip -n "${ns[0]}" link set "$va" up && ip -n "${ns[1]}" link set "$vb" up &&
+      ip -n "${ns[0]}" link set lo up && ip -n "${ns[1]}" link set lo up ||
+      { echo "FAILED: setting up the veth pair"; exit 1; }
+    if [ -n "$rate" ]; then
+      # Both directions, a token bucket at RATE: burst of 1 ms at that rate
+      # (at least 64 KiB), a queue of 5 ms.
+      for pair in "${ns[0]} $va" "${ns[1]} $vb"; do
+        read -r n dev <<<"$pair"
+        tc -n "$n" qdisc add dev "$dev" root tbf rate "$rate" burst "${TBF_BURST:-4mb}" latency 10ms 2>"$work/err" ||
+          { echo "skipped: tc tbf is not available here: $(head -1 "$work/err")"; exit 77; }
+      done
+    fi
+    port=29611 addr=10.78.0.1
+    on_host() {
+      local n=${ns[0]}
+      [ "$1" = b ] && n=${ns[1]}
+      ip netns exec "$n" "$run" "${@:2}"
+    }
+    ;;
+  *)
+    echo "usage: hosts.sh names|netns|netns:RATE BUILD_ROOT PROGRAM [ARGS...]"; exit 2 ;;
+esac
+
+on_host a -n 2 --nnodes 2 --node-rank 0 --master-addr "$addr" --master-port "$port" "$@" \
+  >"$work/a.txt" 2>&1 & pids+=($!)
+on_host b -n 2 --nnodes 2 --node-rank 1 --master-addr "$addr" --master-port "$port" "$@" \
+  >"$work/b.txt" 2>&1 & pids+=($!)
+wait "${pids[0]}"; rc_a=$?
+wait "${pids[1]}"; rc_b=$?
+pids=()
+echo "== host a (ranks 0, 1), exit $rc_a"; cat "$work/a.txt"
+echo "== host b (ranks 2, 3), exit $rc_b"; cat "$work/b.txt"
+[ $rc_a = 0 ] && [ $rc_b = 0 ] || { echo FAILED; exit 1; }
