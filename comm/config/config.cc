@@ -253,7 +253,7 @@ ShmTuning shm_tuning(const Env& env) {
 
 size_t hier_piece_bytes(const Env& env) {
   auto v = parse_int("COLLIE_HIER_PIECE", env("COLLIE_HIER_PIECE"));
-  if (!v) return size_t{4} << 20;
+  if (!v) return size_t{1} << 20;
   if (*v < 4096 || *v > (1LL << 30))
     throw bad("COLLIE_HIER_PIECE must be between 4096 and 1073741824 bytes");
   return static_cast<size_t>(*v);

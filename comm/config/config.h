@@ -61,7 +61,7 @@ struct ShmTuning {
 ShmTuning shm_tuning(const Env& env);
 
 // COLLIE_HIER_PIECE: the hierarchical all-reduce runs in pieces of this many
-// bytes (default 4 MiB), the network stage of one beside the shared-memory
+// bytes (default 1 MiB), the network stage of one beside the shared-memory
 // stages of the next and the previous.
 size_t hier_piece_bytes(const Env& env);
 

@@ -77,6 +77,10 @@ BackendContext part(const BackendContext& ctx, const std::string& name, int rank
   c.launch.world_size = static_cast<int>(members.size());
   c.key = ctx.key + "/" + name;
   c.names = ctx.names.of(members);
+  // Spinning pays only while every busy thread has a core: while the
+  // pipeline runs, each rank of the host has two (the shm stage and the
+  // cross-host one beside it).
+  c.launch.local_world_size = 2 * ctx.launch.local_world_size;
   return c;
 }
 

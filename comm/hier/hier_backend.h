@@ -15,6 +15,8 @@
 //    L connections at once. Every other operation runs on the tcp mesh of
 //    all ranks.
 //
+// The all-reduce runs in pieces (COLLIE_HIER_PIECE), the cross-host stage of
+// one on a second thread beside the shm stages of the next and the previous.
 // Every runner shares the communicator's failure latch and the operation's
 // deadline; an error of a stage names the stage and the ranks it ran on.
 #pragma once
