@@ -7,14 +7,17 @@ namespace collie {
 namespace {
 // How long the progress thread leaves a fresh op to a waiter.
 constexpr auto kGrace = std::chrono::microseconds(100);
+// After this long with no op issued, the progress thread sleeps until a
+// submit wakes it; before, it looks at the queue every kGrace by itself.
+constexpr auto kIdle = std::chrono::milliseconds(5);
 }  // namespace
 
 // A completion the executor ends; a waiter runs the queue up to it.
 class HostExecutor::Queued final : public Completion {
  public:
-  Queued(std::string description, std::chrono::milliseconds timeout, std::weak_ptr<HostExecutor> ex,
-         uint64_t ticket)
-      : Completion(std::move(description), timeout), ex_(std::move(ex)), ticket_(ticket) {}
+  Queued(const OpDesc& desc, int rank, std::chrono::milliseconds timeout,
+         std::weak_ptr<HostExecutor> ex, uint64_t ticket)
+      : Completion("", timeout), desc_(desc), rank_(rank), ex_(std::move(ex)), ticket_(ticket) {}
 
   bool wait_until(Clock::time_point deadline) override {
     if (!ended())
@@ -22,7 +25,15 @@ class HostExecutor::Queued final : public Completion {
     return block_until(deadline);
   }
 
+ protected:
+  // Formatted only for a message: every op paid for the string before.
+  std::string describe() const override {
+    return desc_.describe() + " on rank " + std::to_string(rank_);
+  }
+
  private:
+  const OpDesc desc_;
+  const int rank_;
   std::weak_ptr<HostExecutor> ex_;
   const uint64_t ticket_;
 };
@@ -119,24 +130,32 @@ std::string HostExecutor::rank_str() const {
 
 Work HostExecutor::submit(Op op) {
   std::shared_ptr<Queued> done;
+  bool wake = false;
   {
     std::lock_guard lk(mu_);
     // A waiter gives up only after the op's own deadline (and that of one op
     // ahead of it) has passed, so the op's error, which says what it was
     // waiting for, arrives first.
-    std::string what = op.desc.describe() + " on " + rank_str();
     if (stop_)
       return Work::failed(Error(ErrorCode::unavailable,
-                                what + " was issued while its communicator was being destroyed"));
+                                op.desc.describe() + " on " + rank_str() +
+                                    " was issued while its communicator was being destroyed"));
     uint64_t ticket = next_ticket_++;
-    done = std::make_shared<Queued>(what, 2 * timeout_ + std::chrono::seconds(1), weak_from_this(),
-                                    ticket);
+    done = std::make_shared<Queued>(op.desc, rank_, 2 * timeout_ + std::chrono::seconds(1),
+                                    weak_from_this(), ticket);
     const bool p2p = op.p2p();
-    queue_.push_back({std::move(op), done, ticket, std::chrono::steady_clock::now()});
+    last_issued_ = std::chrono::steady_clock::now();
+    queue_.push_back({std::move(op), done, ticket, last_issued_});
     // A running point-to-point batch takes in later sends and receives.
     if (busy_ && running_p2p_ && p2p) runner_.wake();
+    // Only a progress thread in its long sleep needs the futex call: one
+    // that polls sees the op within kGrace, by when its waiter has usually
+    // run it. (Waking it for every op cost a wake-up, a context switch and
+    // a preempted spinner per op: most of a small op's time.)
+    wake = sleeping_;
+    sleeping_ = false;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
   return Work(done);
 }
 
@@ -173,8 +192,20 @@ void HostExecutor::loop() {
     std::vector<Task> batch;
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || (!busy_ && !queue_.empty()); });
       if (stop_) return;
+      if (busy_ || queue_.empty()) {
+        // Whoever runs an op notifies when it leaves ops queued; a submit
+        // notifies only while sleeping_ is set.
+        auto now = std::chrono::steady_clock::now();
+        if (now - last_issued_ >= kIdle) {
+          sleeping_ = true;
+          cv_.wait(lk, [&] { return stop_ || !sleeping_ || (!busy_ && !queue_.empty()); });
+          sleeping_ = false;
+        } else {
+          cv_.wait_until(lk, now + kGrace);
+        }
+        continue;
+      }
       // A fresh op is usually waited for at once, and its waiter runs it
       // (run_until). Leave it to the waiter for a moment: when both threads
       // raced for it, the op ran here half the time and its waiter then had

@@ -108,6 +108,8 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   bool busy_ = false;
   bool running_p2p_ = false;
   bool stop_ = false;
+  bool sleeping_ = false;  // the progress thread waits for a notify (no op for kIdle)
+  std::chrono::steady_clock::time_point last_issued_{};
   std::thread thread_;
 };
 

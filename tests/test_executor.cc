@@ -129,6 +129,27 @@ TEST(Executor, OpsRunOneAtATimeInIssueOrder) {
   EXPECT_EQ(f.runner.ran, (std::vector<uint32_t>{1, 2, 3, 4}));
 }
 
+// Ops nobody waits for still run: the progress thread takes them whether a
+// submit found it in its long sleep (nothing issued for a while) or polling
+// (ops issued a moment ago), and whether the queue was idle or busy.
+TEST(Executor, OpsNobodyWaitsForRunAfterIdleAndWhileBusy) {
+  Fixture f;
+  auto ends_on_its_own = [](const Work& w) {
+    for (int i = 0; i < 2000 && !w.done(); ++i) std::this_thread::sleep_for(1ms);
+    return w.done();
+  };
+  for (uint32_t k = 1; k <= 6; ++k) f.runner.open(k);
+  Work first = f.collective(1);  // the progress thread has slept since its start
+  EXPECT_TRUE(ends_on_its_own(first));
+  std::this_thread::sleep_for(30ms);  // long enough for the long sleep again
+  Work after_idle = f.collective(2);
+  EXPECT_TRUE(ends_on_its_own(after_idle));
+  std::vector<Work> burst;  // back to back: the thread polls
+  for (uint32_t k = 3; k <= 6; ++k) burst.push_back(f.collective(k));
+  for (auto& w : burst) EXPECT_TRUE(ends_on_its_own(w));
+  EXPECT_EQ(f.runner.ran, (std::vector<uint32_t>{1, 2, 3, 4, 5, 6}));
+}
+
 // A continuation that blocks does not hold up the op behind it: it runs on
 // the continuation thread, and the executor is free.
 TEST(Executor, ABlockedContinuationDoesNotHoldUpLaterOps) {
