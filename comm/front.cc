@@ -43,14 +43,16 @@ class Core {
 
   Work submit(Op op) {
     std::lock_guard lk(mu);
-    std::string what = op.desc.describe() + " on " + rank_str(rank());
+    // Formatted only for an error: it cost every small op a malloc.
+    auto what = [&] { return op.desc.describe() + " on " + rank_str(rank()); };
     if (destroyed)
       return Work::failed(Error(ErrorCode::unavailable,
-                                what + ": its communicator was destroyed (this call came through "
-                                       "a reference the communicator's owner outlived)"));
+                                what() + ": its communicator was destroyed (this call came through "
+                                         "a reference the communicator's owner outlived)"));
     if (auto first = ctx.failure->get())
-      return Work::failed(Error(
-          first->code(), what + " cannot run: the communicator failed earlier: " + first->what()));
+      return Work::failed(
+          Error(first->code(),
+                what() + " cannot run: the communicator failed earlier: " + first->what()));
     // Numbered here, in issue order; the backend receives them in it too.
     if (op.p2p())
       op.desc.seq = ++(op.is_send ? send_seq : recv_seq)[op.peer];

@@ -22,7 +22,7 @@ void Completion::wait_on(void* /*stream*/) {
   // Nothing runs on a stream for a host operation: the stream may go on once
   // the host has seen the end.
   if (!wait_until(Clock::now() + default_timeout_))
-    throw Error(ErrorCode::timeout, description_ + " did not complete within " +
+    throw Error(ErrorCode::timeout, description() + " did not complete within " +
                                         std::to_string(default_timeout_.count()) + " ms");
 }
 

@@ -236,27 +236,27 @@ void Segment::check() {
   if (failure_->failed()) throw *failure_->get();
 }
 
-std::string Segment::gone(int peer, const std::string& what) {
+std::string Segment::gone(int peer, const What& what) {
   if (peer < 0 || peer == me_) return "";
   if (info(peer).closed.load(std::memory_order_acquire))
     return names_(me_) + ": " + names_(peer) +
-           " shut its communicator down while this rank waits for it in " + what;
+           " shut its communicator down while this rank waits for it in " + what.str();
   if (dead(peer))
     return names_(me_) + ": " + names_(peer) + " (pid " + std::to_string(pids_[peer]) +
-           ") died while this rank waits for it in " + what;
+           ") died while this rank waits for it in " + what.str();
   return "";
 }
 
-void Segment::timed_out(const std::vector<int>& late, const std::string& what) {
+void Segment::timed_out(const std::vector<int>& late, const What& what) {
   throw Error(ErrorCode::timeout,
-              what + " timed out on " + names_(me_) + " after " + seconds(timeout_) +
+              what.str() + " timed out on " + names_(me_) + " after " + seconds(timeout_) +
                   " waiting for rank" + (late.size() > 1 ? "s " : " ") + names_.list(late) +
                   " (alive, but stalled or not calling the same operation; COLLIE_TIMEOUT sets "
                   "the deadline)");
 }
 
 template <class Pred>
-void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const std::string& what,
+void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const What& what,
                       Deadline deadline) {
   if (pred()) return;
   auto start = Clock::now();
@@ -293,14 +293,14 @@ void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const s
   }
 }
 
-void Segment::wait_rank(int r, uint32_t target, const std::string& what, Deadline deadline) {
+void Segment::wait_rank(int r, uint32_t target, const What& what, Deadline deadline) {
   Counter& c = progress(r);
   auto ok = [&] { return reached(c.value.load(std::memory_order_acquire), target); };
   wait_on(c, {&r, 1}, ok, what, deadline);
   if (!ok()) timed_out({r}, what);
 }
 
-void Segment::wait_all_at(uint32_t target, const std::string& what, Deadline deadline) {
+void Segment::wait_all_at(uint32_t target, const What& what, Deadline deadline) {
   for (int r = 0; r < n_; ++r) {
     if (r == me_) continue;
     Counter& c = progress(r);
@@ -315,7 +315,7 @@ void Segment::wait_all_at(uint32_t target, const std::string& what, Deadline dea
   }
 }
 
-void Segment::wait_bell(uint32_t seen, const std::vector<int>& peers, const std::string& what,
+void Segment::wait_bell(uint32_t seen, const std::vector<int>& peers, const What& what,
                         Deadline deadline) {
   Counter& b = bell(me_);
   auto moved = [&] { return b.value.load(std::memory_order_acquire) != seen; };

@@ -75,6 +75,20 @@ struct Layout {
   static Layout make(int n, size_t chunk, size_t small);
 };
 
+// What a wait is part of, for its errors: an operation (formatted only when
+// an error needs it: formatting every op cost a small all-reduce a tenth of
+// its time) or a text.
+class What {
+ public:
+  What(const OpDesc& d) : desc_(&d) {}                // NOLINT: implicit on purpose
+  What(std::string text) : text_(std::move(text)) {}  // NOLINT
+  std::string str() const { return desc_ ? desc_->describe() : text_; }
+
+ private:
+  const OpDesc* desc_ = nullptr;
+  std::string text_;
+};
+
 class Segment {
  public:
   // Collective over the ranks of ctx: rank 0 creates, the others open.
@@ -117,21 +131,20 @@ class Segment {
 
   // Waits until every other rank's counter has reached this rank's phase.
   // `what` names the operation for errors.
-  void wait_all(const std::string& what, Deadline deadline) { wait_all_at(phase_, what, deadline); }
-  void wait_all_at(uint32_t target, const std::string& what, Deadline deadline);
+  void wait_all(const What& what, Deadline deadline) { wait_all_at(phase_, what, deadline); }
+  void wait_all_at(uint32_t target, const What& what, Deadline deadline);
   // Waits until rank r's counter reaches `target`.
-  void wait_rank(int r, uint32_t target, const std::string& what, Deadline deadline);
+  void wait_rank(int r, uint32_t target, const What& what, Deadline deadline);
   // Waits until this rank's doorbell moves from `seen`, with the same checks
   // as the waits above; `peers` are the ranks whose death or shutdown would
   // end the wait.
-  void wait_bell(uint32_t seen, const std::vector<int>& peers, const std::string& what,
-                 Deadline deadline);
+  void wait_bell(uint32_t seen, const std::vector<int>& peers, const What& what, Deadline deadline);
 
   // Throws what a wait would: another rank's abort, or this communicator's
   // failure (another thread aborted it).
   void check();
   // Why `peer` will never move again (died, or shut down), or "".
-  std::string gone(int peer, const std::string& what);
+  std::string gone(int peer, const What& what);
   void abort(const Error& e) noexcept;  // tell every rank
   void close() noexcept;                // goodbye
   void wake_all() noexcept;             // interrupt every sleeper (on this host)
@@ -147,11 +160,11 @@ class Segment {
            (static_cast<size_t>(from) * n_ + to) * (2 * kLine + lay_.p2p_slots * slot_stride());
   }
   bool dead(int r);
-  [[noreturn]] void timed_out(const std::vector<int>& late, const std::string& what);
+  [[noreturn]] void timed_out(const std::vector<int>& late, const What& what);
   // Spins, then sleeps on `c` while `pred()` is false, until `deadline`;
   // throws when a rank aborts or one of `peers` is gone.
   template <class Pred>
-  void wait_on(Counter& c, std::span<const int> peers, Pred pred, const std::string& what,
+  void wait_on(Counter& c, std::span<const int> peers, Pred pred, const What& what,
                Deadline deadline);
 
   const int me_, n_;

@@ -47,7 +47,7 @@ class ShmRunner final : public HostRunner {
 
   void run_collective(const Op& op, Deadline dl) override {
     const OpDesc& d = op.desc;
-    const std::string what = d.describe();
+    const What what(d);
     switch (d.op) {
       case OpKind::allreduce:
         return allreduce(op, what, dl);
@@ -63,7 +63,7 @@ class ShmRunner final : public HostRunner {
       case OpKind::split:
         break;
     }
-    throw Error(ErrorCode::internal, what + " is not a collective the shm backend runs");
+    throw Error(ErrorCode::internal, what.str() + " is not a collective the shm backend runs");
   }
 
   void announce(const OpDesc& d) {
@@ -76,7 +76,7 @@ class ShmRunner final : public HostRunner {
     s.count = d.count;
   }
 
-  void verify(const OpDesc& d, const std::string& what) {
+  void verify(const OpDesc& d, const What& what) {
     for (int r = 0; r < n_; ++r) {
       if (r == me_) continue;
       const DescSlot& s = seg_.desc(r, d.seq);
@@ -84,12 +84,12 @@ class ShmRunner final : public HostRunner {
                   s.dtype == static_cast<uint8_t>(d.dtype) && s.count == d.count &&
                   s.redop == static_cast<uint8_t>(d.redop) && s.tag == d.tag;
       if (!same)
-        throw Error(ErrorCode::mismatch, names_(me_) + " called " + what + " but " + names_(r) +
-                                             " called " + describe(s));
+        throw Error(ErrorCode::mismatch, names_(me_) + " called " + what.str() + " but " +
+                                             names_(r) + " called " + describe(s));
     }
   }
 
-  void arrive(const OpDesc& d, const std::string& what, Deadline dl) {
+  void arrive(const OpDesc& d, const What& what, Deadline dl) {
     announce(d);
     seg_.advance();
     seg_.wait_all(what, dl);
@@ -113,7 +113,7 @@ class ShmRunner final : public HostRunner {
     }
   }
 
-  void allreduce(const Op& op, const std::string& what, Deadline dl) {
+  void allreduce(const Op& op, const What& what, Deadline dl) {
     const OpDesc& d = op.desc;
     const DType t = op.in.dtype;
     const size_t es = dtype_size(t), count = op.in.numel, bytes = count * es;
@@ -166,7 +166,7 @@ class ShmRunner final : public HostRunner {
     }
   }
 
-  void broadcast(const Op& op, const std::string& what, Deadline dl) {
+  void broadcast(const Op& op, const What& what, Deadline dl) {
     const OpDesc& d = op.desc;
     const int root = d.tag;
     arrive(d, what, dl);
@@ -190,7 +190,7 @@ class ShmRunner final : public HostRunner {
     }
   }
 
-  void allgather(const Op& op, const std::string& what, Deadline dl) {
+  void allgather(const Op& op, const What& what, Deadline dl) {
     arrive(op.desc, what, dl);
     const size_t block = op.in.nbytes(), chunk = seg_.layout().chunk;
     const auto* in = static_cast<const uint8_t*>(op.in.data);
@@ -206,7 +206,7 @@ class ShmRunner final : public HostRunner {
     }
   }
 
-  void reduce_scatter(const Op& op, const std::string& what, Deadline dl) {
+  void reduce_scatter(const Op& op, const What& what, Deadline dl) {
     const OpDesc& d = op.desc;
     arrive(d, what, dl);
     const DType t = op.in.dtype;

@@ -69,12 +69,15 @@ class Completion {
   // Whether finish() has been called (no polling).
   bool ended() const;
   std::optional<Error> error() const;
-  const std::string& description() const { return description_; }
+  // What the operation is, for messages: the description given, else
+  // describe() (a subclass may format it only when asked).
+  std::string description() const { return description_.empty() ? describe() : description_; }
   std::chrono::milliseconds default_timeout() const { return default_timeout_; }
   // Runs fn once the operation has ended: now, on this thread, if it has.
   void on_complete(std::function<void()> fn);
 
  protected:
+  virtual std::string describe() const { return "an operation"; }
   // Waits for finish() on a condition variable, at most until `deadline`.
   bool block_until(Clock::time_point deadline);
 
