@@ -1,16 +1,29 @@
-// bench/collie_bench.cc: collie-bench, an all-reduce bandwidth sweep in the
-// form users know from nccl-tests' all_reduce_perf.
+// bench/collie_bench.cc: collie-bench, a bandwidth sweep of one collective
+// in the form users know from nccl-tests (all_reduce_perf, ...).
 //
-//   collie-run -n 2 collie-bench [-b 8] [-e 256M] [-f 4] [-n 20] [-w 5] [-c 1]
-//                                [-d f32] [-o sum] [-i 0|1] [-a auto|ring|rd]
-//                                [-B backend] [--plot out.png]
+//   collie-run -n 2 collie-bench [-C allreduce] [-b 8] [-e 256M] [-f 4] [-n 20]
+//                                [-w 5] [-c 1] [-d f32] [-o sum] [-i 0|1]
+//                                [-a auto|ring|rd] [-B backend] [--plot out.png]
+//                                [--csv | --json]
 //
-// For each size: -w warm-up ops, then -n timed ops back to back; the time of
-// one op is the slowest rank's mean. algbw = size / time; busbw = algbw x
-// 2(n-1)/n, the bytes each rank's link carries, comparable across rank counts.
-// With -c 1 every size is checked after the timed ops against the known
-// answer (rank r contributes (r + 1) + (i mod 13), exact in every dtype).
-// --plot draws busbw and time against size with gnuplot.
+// For each size: -w warm-up ops, then -n timed samples, each a barrier and a
+// batch of back-to-back ops (10 up to 64 KiB, else 1); a sample's time is the
+// slowest rank's, and the table shows the median sample and the best
+// (bench/schedule.h, shared with the peers in bench/peers/). Sizes and bus
+// bandwidth as nccl-tests
+// define them: size is the all-reduce's buffer, the all-gather's output, the
+// reduce-scatter's input, the broadcast's buffer, the bytes each rank sends
+// in sendrecv (to rank + 1, from rank - 1); algbw = size / time; busbw =
+// algbw x 2(n-1)/n (all-reduce), x (n-1)/n (all-gather, reduce-scatter),
+// x 1 (broadcast, sendrecv): what each rank's link carries, comparable across
+// rank counts. cpu is the process's CPU time (every thread) per op over the
+// samples (barriers included), the largest of any rank, and cpu% that over
+// the wall time: what a rank costs its core while it communicates or waits. With -c 1 every size
+// is checked after the timed ops against the known answer (rank r
+// contributes (r + 1) + (i mod 13), exact in every dtype). --plot draws
+// busbw and time against size with gnuplot; --csv and --json print the
+// table in those forms instead.
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -26,10 +39,42 @@
 #include "collie/comm.h"
 #include "comm/config/config.h"
 #include "comm/core/element.h"
+#include "schedule.h"
 
 namespace {
 
+enum class Coll { allreduce, allgather, reduce_scatter, broadcast, sendrecv };
+constexpr const char* kColls[] = {"allreduce", "allgather", "reduce_scatter", "broadcast",
+                                  "sendrecv"};
+
+const char* name(Coll c) {
+  return kColls[static_cast<int>(c)];
+}
+
+bool reduces(Coll c) {
+  return c == Coll::allreduce || c == Coll::reduce_scatter;
+}
+
+// nccl-tests' bus bandwidth factors.
+double bus_factor(Coll c, int n) {
+  switch (c) {
+    case Coll::allreduce:
+      return 2.0 * (n - 1) / n;
+    case Coll::allgather:
+    case Coll::reduce_scatter:
+      return static_cast<double>(n - 1) / n;
+    case Coll::broadcast:
+    case Coll::sendrecv:
+      break;
+  }
+  return 1.0;
+}
+
+enum class Format { text, csv, json };
+
 struct Args {
+  Coll coll = Coll::allreduce;
+  Format format = Format::text;
   size_t min_bytes = 8;
   size_t max_bytes = 256ull << 20;
   size_t factor = 4;
@@ -47,12 +92,15 @@ struct Args {
 
 constexpr const char* kUsage =
     "usage: collie-run -n N collie-bench [options]\n"
+    "  -C, --collective C       allreduce allgather reduce_scatter broadcast sendrecv\n"
+    "                           (default allreduce)\n"
     "  -b, --minbytes SIZE      smallest size (default 8); SIZE is bytes with an optional\n"
     "                           K, M or G suffix: 8, 512K, 256M; rounded down to whole\n"
     "                           elements, at least one\n"
     "  -e, --maxbytes SIZE      largest size (default 256M), at least -b\n"
     "  -f, --stepfactor F       multiply the size by F from one step to the next (>= 2)\n"
-    "  -n, --iters N            timed operations per size (>= 1, default 20)\n"
+    "  -n, --iters N            timed samples per size (>= 1, default 20); a sample is a\n"
+    "                           barrier and 10 back-to-back ops up to 64 KiB, else 1\n"
     "  -w, --warmup_iters N     untimed operations before them (>= 0, default 5)\n"
     "  -c, --check 0|1          check every result against the known answer (default 1)\n"
     "  -d, --datatype T         f32 f64 f16 bf16 i32 i64 u8 (default f32)\n"
@@ -61,6 +109,7 @@ constexpr const char* kUsage =
     "  -a, --algo A             auto ring rd (default auto: the cost model picks)\n"
     "  -B, --backend NAME       auto tcp ... (default auto)\n"
     "      --plot FILE.png      draw busbw and time against size (needs gnuplot)\n"
+    "      --csv, --json        print the table as CSV or as one JSON object\n"
     "  -h, --help               this text\n";
 
 struct UsageError : std::runtime_error {
@@ -120,6 +169,10 @@ Args parse(int argc, char** argv) {
       a.help = true;
       continue;
     }
+    if (f == "--csv" || f == "--json") {
+      a.format = f == "--csv" ? Format::csv : Format::json;
+      continue;
+    }
     auto value = [&]() -> const std::string& {
       if (!inline_value) {
         if (i + 1 >= argc) throw UsageError(f + " needs a value");
@@ -127,7 +180,14 @@ Args parse(int argc, char** argv) {
       }
       return v;
     };
-    if (f == "-b" || f == "--minbytes") {
+    if (f == "-C" || f == "--collective") {
+      const auto* c = std::find(std::begin(kColls), std::end(kColls), value());
+      if (c == std::end(kColls))
+        throw UsageError(f + " '" + v +
+                         "' is not a collective: allreduce allgather reduce_scatter broadcast "
+                         "sendrecv");
+      a.coll = static_cast<Coll>(c - std::begin(kColls));
+    } else if (f == "-b" || f == "--minbytes") {
       a.min_bytes = parse_size(f, value());
       have_min = true;
     } else if (f == "-e" || f == "--maxbytes") {
@@ -137,7 +197,7 @@ Args parse(int argc, char** argv) {
       a.factor =
           static_cast<size_t>(parse_int(f, value(), 2, 1 << 30, "a whole number, at least 2"));
     } else if (f == "-n" || f == "--iters") {
-      a.iters = parse_int(f, value(), 1, 1 << 30, "a whole number of timed operations, at least 1");
+      a.iters = parse_int(f, value(), 1, 1 << 30, "a whole number of timed samples, at least 1");
     } else if (f == "-w" || f == "--warmup_iters") {
       a.warmup =
           parse_int(f, value(), 0, 1 << 30, "a whole number of warm-up operations, 0 or more");
@@ -193,8 +253,9 @@ bool leads() {
 }
 
 struct Row {
-  size_t bytes;
-  double us, busbw;
+  size_t bytes, count;
+  double us, best, algbw, busbw, cpu, cpu_pct;
+  int64_t wrong;  // -1: not checked
 };
 
 // Draws busbw and time against size into `path` (PNG) with gnuplot: two
@@ -293,21 +354,36 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    std::vector<Row> rows;
-    if (rank == 0) {
-      std::printf("# collie-bench: allreduce, %d ranks, backend %s, %s, %s, %s\n", n,
-                  comm->backend().c_str(), std::string(collie::to_string(a.dtype)).c_str(),
-                  std::string(collie::to_string(a.op)).c_str(),
-                  a.in_place ? "in place" : "out of place");
-      std::printf("# %d warm-up and %d timed iterations per size; time = slowest rank's mean\n#\n",
-                  a.warmup, a.iters);
-      std::printf("# %12s %12s %6s %6s %11s %8s %8s %7s\n", "size", "count", "type", "redop",
-                  "time", "algbw", "busbw", "#wrong");
-      std::printf("# %12s %12s %6s %6s %11s %8s %8s %7s\n", "(B)", "(elements)", "", "", "(us)",
-                  "(GB/s)", "(GB/s)", "");
-      std::fflush(stdout);
+    if (a.coll == Coll::sendrecv && n < 2) {
+      if (rank == 0) std::fprintf(stderr, "collie-bench: -C sendrecv needs at least 2 ranks\n");
+      return 2;
     }
-    std::vector<uint8_t> in(a.max_bytes / es * es + es), out(in.size());
+    const std::string dtype = std::string(collie::to_string(a.dtype));
+    const std::string redop = reduces(a.coll) ? std::string(collie::to_string(a.op)) : "none";
+    std::vector<Row> rows;
+    if (rank == 0 && a.format == Format::text) {
+      std::printf("# collie-bench: %s, %d ranks, backend %s, %s, %s, %s\n", name(a.coll), n,
+                  comm->backend().c_str(), dtype.c_str(), redop.c_str(),
+                  a.in_place ? "in place" : "out of place");
+      std::printf(
+          "# %d warm-up ops, then %d samples per size (a barrier and 10 back-to-back ops up to "
+          "64 KiB, else 1); time = median sample of the slowest rank, best = fastest sample; "
+          "cpu = the busiest rank's CPU time per op (all its threads)\n#\n",
+          a.warmup, a.iters);
+      std::printf("# %12s %12s %6s %6s %11s %11s %8s %8s %9s %5s %7s\n", "size", "count", "type",
+                  "redop", "time", "best", "algbw", "busbw", "cpu", "cpu%", "#wrong");
+      std::printf("# %12s %12s %6s %6s %11s %11s %8s %8s %9s %5s %7s\n", "(B)", "(elements)", "",
+                  "", "(us)", "(us)", "(GB/s)", "(GB/s)", "(us)", "", "");
+      std::fflush(stdout);
+    } else if (rank == 0 && a.format == Format::csv) {
+      std::printf(
+          "collective,backend,ranks,size_bytes,count,dtype,redop,in_place,time_us,best_us,"
+          "algbw_gbps,busbw_gbps,cpu_us,cpu_pct,wrong\n");
+    }
+    // Room for the largest size, and for n elements at the smallest.
+    const size_t room = std::max(a.max_bytes / es, static_cast<size_t>(n)) * es + es;
+    std::vector<uint8_t> in(room), out(room);
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
     double bw_sum = 0;
     int bw_count = 0;
     // The x-factor ladder from -b, plus -e itself when the ladder misses it
@@ -318,62 +394,154 @@ int main(int argc, char** argv) {
       if (b > a.max_bytes / a.factor) break;
     }
     if (sizes.empty() || sizes.back() != a.max_bytes) sizes.push_back(a.max_bytes);
+    auto cpu_us_now = [] {
+      rusage u{};
+      getrusage(RUSAGE_SELF, &u);
+      return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6 + u.ru_utime.tv_usec +
+             u.ru_stime.tv_usec;
+    };
     for (size_t bytes : sizes) {
-      size_t count = std::max<size_t>(1, bytes / es);
-      size_t nbytes = count * es;
-      for (size_t i = 0; i < count; ++i)
-        collie::put_element(a.dtype, in.data(), i, contribution(rank, i));
-      collie::TensorView vin{in.data(), a.dtype, count, collie::Device::cpu()};
-      collie::TensorView vout{a.in_place ? in.data() : out.data(), a.dtype, count,
-                              collie::Device::cpu()};
-      for (int w = 0; w < a.warmup; ++w) comm->allreduce(vin, vout, a.op).wait();
-      comm->barrier().wait();
-      auto t0 = std::chrono::steady_clock::now();
-      for (int it = 0; it < a.iters; ++it) comm->allreduce(vin, vout, a.op).wait();
-      double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-          a.iters;
-      comm->allreduce(collie::view_of(&us, 1), collie::ReduceOp::max).wait();
+      // count: the elements of the size; block: each rank's share where the
+      // collective splits the size among the ranks.
+      const bool split = a.coll == Coll::allgather || a.coll == Coll::reduce_scatter;
+      const size_t block = split ? std::max<size_t>(1, bytes / es / n) : 0;
+      const size_t count = split ? block * n : std::max<size_t>(1, bytes / es);
+      const size_t nbytes = count * es;
+      auto view = [&](std::vector<uint8_t>& v, size_t first, size_t len) {
+        return collie::TensorView{v.data() + first * es, a.dtype, len, collie::Device::cpu()};
+      };
+      // The inputs, each rank's contribution(rank, i) at element i of what
+      // it sends (for the all-gather, its block).
+      auto fill = [&] {
+        const size_t len = a.coll == Coll::allgather ? block : count;
+        uint8_t* dst = in.data();
+        if (a.coll == Coll::allgather && a.in_place) dst = out.data() + rank * block * es;
+        for (size_t i = 0; i < len; ++i)
+          collie::put_element(a.dtype, dst, i, contribution(rank, i));
+      };
+      auto run_once = [&]() -> collie::Work {
+        switch (a.coll) {
+          case Coll::allreduce:
+            return comm->allreduce(view(in, 0, count),
+                                   a.in_place ? view(in, 0, count) : view(out, 0, count), a.op);
+          case Coll::allgather:
+            return comm->allgather(a.in_place ? view(out, rank * block, block) : view(in, 0, block),
+                                   view(out, 0, count));
+          case Coll::reduce_scatter:
+            return comm->reduce_scatter(
+                view(in, 0, count),
+                a.in_place ? view(in, rank * block, block) : view(out, 0, block), a.op);
+          case Coll::broadcast:
+            return comm->broadcast(view(in, 0, count), 0);
+          case Coll::sendrecv: {
+            collie::Work s = comm->send(view(in, 0, count), next);
+            collie::Work r = comm->recv(view(out, 0, count), prev);
+            s.wait();
+            return r;
+          }
+        }
+        return collie::Work();
+      };
+      fill();
+      for (int w = 0; w < a.warmup; ++w) run_once().wait();
+      const int batch = bench::batch_for(nbytes);
+      const double cpu0 = cpu_us_now();
+      bench::Timing tm = bench::time_size(
+          a.iters, batch, [&] { comm->barrier().wait(); }, [&] { run_once().wait(); },
+          [&](std::vector<double>& t) {
+            comm->allreduce(collie::view_of(t.data(), t.size()), collie::ReduceOp::max).wait();
+          });
+      const double cpu_total = cpu_us_now() - cpu0;
+      double stats[2] = {cpu_total / (static_cast<double>(a.iters) * batch),
+                         100.0 * cpu_total / std::max(tm.wall_us, 1e-9)};
+      comm->allreduce(collie::view_of(stats, 2), collie::ReduceOp::max).wait();
+      const double us = tm.median_us, cpu = stats[0], cpu_pct = stats[1];
 
       int64_t wrong = 0;
       if (a.check) {
-        for (size_t i = 0; i < count; ++i)
-          collie::put_element(a.dtype, in.data(), i, contribution(rank, i));
-        comm->allreduce(vin, vout, a.op).wait();
-        const void* res = vout.data;
-        for (size_t i = 0; i < count; ++i) {
-          double want = expected(a.op, n, i);
-          double tol = collie::is_floating(a.dtype) && a.op == collie::ReduceOp::avg
-                           ? std::abs(want) * (a.dtype == collie::DType::bf16 ? 8e-3 : 1e-3)
-                           : 0;
+        fill();
+        run_once().wait();
+        // What this rank must hold at element i of its result, and where.
+        const void* res = out.data();
+        size_t len = count;
+        auto want_at = [&](size_t i) -> double {
+          switch (a.coll) {
+            case Coll::allreduce:
+              return expected(a.op, n, i);
+            case Coll::allgather:
+              return contribution(static_cast<int>(i / block), i % block);
+            case Coll::reduce_scatter:
+              return expected(a.op, n, rank * block + i);
+            case Coll::broadcast:
+              return contribution(0, i);
+            case Coll::sendrecv:
+              return contribution(prev, i);
+          }
+          return 0;
+        };
+        if (a.coll == Coll::allreduce && a.in_place) res = in.data();
+        if (a.coll == Coll::reduce_scatter) {
+          len = block;
+          res = a.in_place ? in.data() + rank * block * es : out.data();
+        }
+        if (a.coll == Coll::broadcast) res = in.data();
+        for (size_t i = 0; i < len; ++i) {
+          double want = want_at(i);
+          double tol =
+              reduces(a.coll) && collie::is_floating(a.dtype) && a.op == collie::ReduceOp::avg
+                  ? std::abs(want) * (a.dtype == collie::DType::bf16 ? 8e-3 : 1e-3)
+                  : 0;
           if (std::abs(collie::get_element(a.dtype, res, i) - want) > tol) ++wrong;
         }
         comm->allreduce(collie::view_of(&wrong, 1), collie::ReduceOp::sum).wait();
       }
       double algbw = nbytes / us / 1e3;
-      double busbw = algbw * 2.0 * (n - 1) / n;
+      double busbw = algbw * bus_factor(a.coll, n);
       bw_sum += busbw;
       ++bw_count;
-      rows.push_back({nbytes, us, busbw});
-      if (rank == 0) {
-        std::printf("  %12zu %12zu %6s %6s %11.1f %8.3f %8.3f %7s\n", nbytes, count,
-                    std::string(collie::to_string(a.dtype)).c_str(),
-                    std::string(collie::to_string(a.op)).c_str(), us, algbw, busbw,
+      rows.push_back(
+          {nbytes, count, us, tm.best_us, algbw, busbw, cpu, cpu_pct, a.check ? wrong : -1});
+      if (rank == 0 && a.format == Format::text) {
+        std::printf("  %12zu %12zu %6s %6s %11.1f %11.1f %8.3f %8.3f %9.1f %5.0f %7s\n", nbytes,
+                    count, dtype.c_str(), redop.c_str(), us, tm.best_us, algbw, busbw, cpu, cpu_pct,
                     a.check ? std::to_string(wrong).c_str() : "N/A");
+        std::fflush(stdout);
+      } else if (rank == 0 && a.format == Format::csv) {
+        std::printf("%s,%s,%d,%zu,%zu,%s,%s,%d,%.3f,%.3f,%.4f,%.4f,%.3f,%.1f,%s\n", name(a.coll),
+                    comm->backend().c_str(), n, nbytes, count, dtype.c_str(), redop.c_str(),
+                    a.in_place, us, tm.best_us, algbw, busbw, cpu, cpu_pct,
+                    a.check ? std::to_string(wrong).c_str() : "");
         std::fflush(stdout);
       }
     }
-    if (rank == 0)
+    if (rank == 0 && a.format == Format::text)
       std::printf("# Avg bus bandwidth    : %.3f GB/s\n", bw_sum / std::max(1, bw_count));
+    if (rank == 0 && a.format == Format::json) {
+      std::printf(
+          "{\"collective\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, \"dtype\": \"%s\", "
+          "\"redop\": \"%s\", \"in_place\": %s, \"warmup\": %d, \"samples\": %d, \"rows\": [",
+          name(a.coll), comm->backend().c_str(), n, dtype.c_str(), redop.c_str(),
+          a.in_place ? "true" : "false", a.warmup, a.iters);
+      for (size_t k = 0; k < rows.size(); ++k) {
+        const Row& r = rows[k];
+        std::printf(
+            "%s\n  {\"size_bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, \"best_us\": %.3f, "
+            "\"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, \"cpu_us\": %.3f, \"cpu_pct\": %.1f, "
+            "\"wrong\": %s}",
+            k ? "," : "", r.bytes, r.count, r.us, r.best, r.algbw, r.busbw, r.cpu, r.cpu_pct,
+            r.wrong < 0 ? "null" : std::to_string(r.wrong).c_str());
+      }
+      std::printf("\n]}\n");
+    }
     if (rank == 0 && !a.plot.empty()) {
-      std::string title = "collie-bench: allreduce, " + std::to_string(n) + " ranks, " +
-                          comm->backend() + ", " + std::string(collie::to_string(a.dtype)) + " " +
-                          std::string(collie::to_string(a.op));
+      std::string title = "collie-bench: " + std::string(name(a.coll)) + ", " + std::to_string(n) +
+                          " ranks, " + comm->backend() + ", " + dtype +
+                          (reduces(a.coll) ? " " + redop : "");
       if (std::string err = plot(a.plot, rows, title); !err.empty()) {
         std::fprintf(stderr, "collie-bench: --plot %s: %s\n", a.plot.c_str(), err.c_str());
         return 1;
       }
-      std::printf("# plot: %s\n", a.plot.c_str());
+      if (a.format == Format::text) std::printf("# plot: %s\n", a.plot.c_str());
     }
   } catch (const collie::Error& e) {
     std::fprintf(stderr, "collie-bench: %s error: %s\n",

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs collie (shm and tcp) and Open MPI (shared memory and TCP) with the
-# same sweep, schedule and statistic (per size: 5 warm-up ops, a barrier,
-# -n timed ops; time = slowest rank's mean), interleaved REPS times, and
-# prints per-size medians over the repetitions as a markdown table.
+# same sweep, schedule and statistic (bench/schedule.h: per size, 5 warm-up
+# ops, then -n samples of a barrier and a batch of back-to-back ops, 10 up
+# to 64 KiB; time = the median sample of the slowest rank), interleaved REPS
+# times, and prints per-size medians over the repetitions as a markdown
+# table.
 #   bench/compare.sh [REPS] [NP] [-- sweep args (-b, -e, -f, -n)]
-# Without sweep args: 8 B to 32 KiB with 2000 timed ops per size (a few
-# microseconds each: fewer and one scheduler hiccup is the mean), then
-# 128 KiB to 256 MiB with 20. Needs a build with Open MPI
+# Without sweep args: 8 B to 32 KiB with 500 samples per size, then 128 KiB
+# to 256 MiB with 20. Needs a build with Open MPI
 # (build/bench/mpi_allreduce).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ BUILD=${BUILD:-build}
 MPI_BENCH="$BUILD/bench/mpi_allreduce"
 [ -x "$MPI_BENCH" ] || { echo "compare.sh: $MPI_BENCH is missing (configure with Open MPI installed)" >&2; exit 1; }
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NP" --mca pml ob1)
-if [ $# -gt 0 ]; then SWEEPS=("$*"); else SWEEPS=("-b 8 -e 32K -f 4 -n 2000" "-b 128K -e 256M -f 4 -n 20"); fi
+if [ $# -gt 0 ]; then SWEEPS=("$*"); else SWEEPS=("-b 8 -e 32K -f 4 -n 500" "-b 128K -e 256M -f 4 -n 20"); fi
 tmp=$(mktemp -d)
 for r in $(seq 1 "$REPS"); do
   for i in "${!SWEEPS[@]}"; do
@@ -37,7 +38,7 @@ def load(cfg):
             f = line.split()
             if f and f[0] == "[0]": f = f[1:]
             if len(f) >= 8 and f[0].isdigit():
-                rows.setdefault(int(f[0]), []).append((float(f[4]), int(f[7])))
+                rows.setdefault(int(f[0]), []).append((float(f[4]), int(f[-1])))
     return {s: (statistics.median(t for t, _ in v), sum(w for _, w in v)) for s, v in rows.items()}
 cfgs = {c: load(c) for c in ["collie_shm", "mpi_sm", "collie_tcp", "mpi_tcp"]}
 bw = lambda s, t: s / t / 1e3 * 2 * (n - 1) / n

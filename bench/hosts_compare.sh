@@ -2,7 +2,7 @@
 # collie's hierarchical all-reduce (hier) beside its flat TCP ring (tcp) on
 # 2 hosts x 2 ranks: two network namespaces joined by a veth pair shaped
 # with tc tbf to RATE (tests/launch/hosts.sh; needs root). Same sweep and
-# statistic as compare.sh (time = slowest rank's mean over -n timed ops),
+# statistic as compare.sh (bench/schedule.h: the median of -n samples),
 # interleaved REPS times; prints per-size medians as a markdown table.
 #   bench/hosts_compare.sh [REPS] [RATE|none] [-- sweep args]
 # Defaults: 3 repetitions, 10gbit, 1 MiB to 64 MiB with 20 timed ops.
@@ -32,7 +32,7 @@ def load(cfg):
             if f[:1] != ["[0]"]: continue
             f = f[1:]
             if len(f) >= 8 and f[0].isdigit():
-                rows.setdefault(int(f[0]), []).append((float(f[4]), int(f[7])))
+                rows.setdefault(int(f[0]), []).append((float(f[4]), int(f[-1])))
     return {s: (statistics.median(t for t, _ in v), sum(w for _, w in v)) for s, v in rows.items()}
 hier, tcp = load("hier"), load("tcp")
 n = 4

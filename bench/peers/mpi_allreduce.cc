@@ -1,9 +1,10 @@
 // bench/peers/mpi_allreduce.cc: Open MPI's MPI_Allreduce with collie-bench's
-// schedule and statistic, so the two can be compared in one run
-// (bench/compare.sh): per size, 5 warm-up operations, a barrier, `iters`
-// timed back-to-back operations; the time of one op is the slowest rank's
-// mean; f32 sum, out of place; rank r contributes (r + 1) + (i mod 1021) and
-// every result is checked against the known answer.
+// schedule and statistic (bench/schedule.h), so the two can be compared in
+// one run (bench/compare.sh): per size, 5 warm-up operations, then -n
+// samples of a barrier and a batch of back-to-back operations; the median
+// sample of the slowest rank; f32 sum, out of place; rank r contributes
+// (r + 1) + (i mod 1021) and every result is checked against the known
+// answer.
 //   mpirun -n 2 mpi_allreduce [-b 8] [-e 256M] [-f 4] [-n 20]
 // The C API only: Open MPI's deprecated C++ bindings do not build with -Werror.
 #define OMPI_SKIP_MPICXX 1
@@ -16,6 +17,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "../schedule.h"
 
 namespace {
 
@@ -54,10 +57,13 @@ int main(int argc, char** argv) {
   std::vector<float> in(max_bytes / 4 + 1), out(in.size());
   if (rank == 0) {
     std::printf("# mpi_allreduce: %d ranks, f32, sum, out of place\n", n);
-    std::printf("# %d warm-up and %d timed iterations per size; time = slowest rank's mean\n",
-                warmup, iters);
     std::printf(
-        "#         size        count   type  redop        time    algbw    busbw  #wrong\n");
+        "# %d warm-up ops, then %d samples per size (a barrier and 10 back-to-back ops up to "
+        "64 KiB, else 1); time = median sample of the slowest rank, best = fastest sample\n",
+        warmup, iters);
+    std::printf(
+        "#         size        count   type  redop        time        best    algbw    busbw  "
+        "#wrong\n");
   }
   for (size_t bytes : sizes) {
     size_t count = std::max<size_t>(1, bytes / 4);
@@ -65,24 +71,25 @@ int main(int argc, char** argv) {
     for (int w = 0; w < warmup; ++w)
       MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                     MPI_COMM_WORLD);
-    MPI_Barrier(MPI_COMM_WORLD);
-    auto t0 = std::chrono::steady_clock::now();
-    for (int it = 0; it < iters; ++it)
-      MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                    MPI_COMM_WORLD);
-    double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-        iters;
-    double slowest = 0;
-    MPI_Allreduce(&us, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    bench::Timing tm = bench::time_size(
+        iters, bench::batch_for(count * 4), [] { MPI_Barrier(MPI_COMM_WORLD); },
+        [&] {
+          MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                        MPI_COMM_WORLD);
+        },
+        [](std::vector<double>& t) {
+          MPI_Allreduce(MPI_IN_PLACE, t.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX,
+                        MPI_COMM_WORLD);
+        });
+    const double slowest = tm.median_us;
     long wrong = 0, all_wrong = 0;
     for (size_t i = 0; i < count; ++i)
       wrong += out[i] != static_cast<float>(n * (n + 1) / 2 + n * (i % 1021));
     MPI_Allreduce(&wrong, &all_wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     double algbw = count * 4.0 / slowest / 1e3, busbw = algbw * 2.0 * (n - 1) / n;
     if (rank == 0)
-      std::printf("  %12zu %12zu %6s %6s %11.1f %8.3f %8.3f %7ld\n", count * 4, count, "f32", "sum",
-                  slowest, algbw, busbw, all_wrong);
+      std::printf("  %12zu %12zu %6s %6s %11.1f %11.1f %8.3f %8.3f %7ld\n", count * 4, count, "f32",
+                  "sum", slowest, tm.best_us, algbw, busbw, all_wrong);
     std::fflush(stdout);
   }
   MPI_Finalize();

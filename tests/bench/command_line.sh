@@ -2,7 +2,9 @@
 # collie-bench's command line: every bad value echoed with its option and
 # what is accepted, --help on stdout with status 0, usage printed once under
 # collie-run (not once per rank), -a judged by collie-bench itself, nothing
-# silently changed, and --plot writing a PNG.
+# silently changed, every collective (-C) checked right in place and out of
+# place at 3 ranks, --csv and --json parseable with a row per size, and
+# --plot writing a PNG.
 #   command_line.sh COLLIE_RUN COLLIE_BENCH
 set -uo pipefail
 run=$1; bench=$2
@@ -19,7 +21,8 @@ expect_usage_error() {  # message-substring args...
 expect_usage_error "-b '1X' is not a size: give bytes with an optional K, M or G suffix" -b 1X
 expect_usage_error "-a 'tree' is not an algorithm: auto ring rd" -a tree
 expect_usage_error "-b (2097152 B) is larger than -e (1048576 B)" -b 2M -e 1M
-expect_usage_error "-n '0': a whole number of timed operations, at least 1" -n 0
+expect_usage_error "-n '0': a whole number of timed samples, at least 1" -n 0
+expect_usage_error "-C 'alltoall' is not a collective: allreduce allgather reduce_scatter" -C alltoall
 expect_usage_error "-f '1': a whole number, at least 2" -f 1
 expect_usage_error "-d 'f8' is not a dtype: f32 f64 f16 bf16 i32 i64 u8" -d f8
 expect_usage_error "-o avg is not defined on -d i32" -d i32 -o avg
@@ -35,6 +38,33 @@ rm -f /tmp/collie_bench_help_err.$$
 out=$("$run" -n 3 "$bench" -n 0 2>&1)
 n=$(grep -c "^\[.\] usage: \|^usage: " <<<"$out")
 [ "$n" = 1 ] || fail "under collie-run -n 3 the usage was printed $n times"
+
+# Every collective at 3 ranks (sizes that do not split evenly), each result
+# checked by collie-bench against the known answer: the #wrong column.
+for c in allreduce allgather reduce_scatter broadcast sendrecv; do
+  for ip in 0 1; do
+    out=$("$run" -n 3 "$bench" -C "$c" -i "$ip" -d f64 -o max -b 8 -e 100K -f 7 -n 2 -w 1 2>&1)
+    rows=$(grep -cE '^\[0\] +[0-9]' <<<"$out")
+    bad=$(grep -E '^\[0\] +[0-9]' <<<"$out" | awk '$NF != 0' | wc -l)
+    [ "$rows" = 6 ] && [ "$bad" = 0 ] || fail "-C $c -i $ip: $rows rows, $bad with wrong results: $out"
+  done
+done
+out=$("$run" -n 2 "$bench" -C reduce_scatter -b 1K -e 64K -f 8 -n 2 --csv 2>&1 | sed 's/^\[0\] //')
+/usr/bin/env python3 - "$out" <<'PY' || fail "--csv: $out"
+import csv, io, sys
+rows = list(csv.DictReader(io.StringIO(sys.argv[1])))
+assert [int(r["size_bytes"]) for r in rows] == [1024, 8192, 65536], rows
+assert all(r["collective"] == "reduce_scatter" and r["wrong"] == "0" and float(r["time_us"]) > 0
+           and float(r["cpu_us"]) >= 0 for r in rows), rows
+PY
+out=$("$run" -n 2 "$bench" -C broadcast -b 8 -e 512 -f 8 -n 2 --json 2>&1 | sed 's/^\[0\] //')
+/usr/bin/env python3 - "$out" <<'PY' || fail "--json: $out"
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["collective"] == "broadcast" and d["ranks"] == 2, d
+assert [r["size_bytes"] for r in d["rows"]] == [8, 64, 512], d
+assert all(r["wrong"] == 0 and r["best_us"] <= r["time_us"] for r in d["rows"]), d
+PY
 
 if command -v gnuplot >/dev/null; then
   png=$(mktemp --suffix=.png)

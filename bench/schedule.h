@@ -1,0 +1,56 @@
+// bench/schedule.h: how collie-bench and the peers under bench/peers/ time
+// one size, so that every figure side by side comes from one statistic (the
+// one ../shared/anchors/ uses):
+//
+//   `samples` samples; one sample = a barrier, then `batch` back-to-back
+//   operations timed as one block, time / batch. A sample's time is the
+//   largest over the ranks (the operation is done when the slowest rank
+//   is). Reported: the median sample, and the best.
+//
+// batch is 10 up to 64 KiB, so that small-message latency is measured back
+// to back (as nccl-tests and OSU do) and not as barrier exit skew, and 1
+// above. A mean over one block of back-to-back operations, which collie-bench
+// used before, let a single scheduler stall of a few milliseconds (this VM
+// has them) turn a 1 us all-reduce into 20 us in one run of five.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <vector>
+
+namespace bench {
+
+inline int batch_for(size_t bytes) {
+  return bytes <= (size_t{64} << 10) ? 10 : 1;
+}
+
+struct Timing {
+  double median_us = 0, best_us = 0;
+  double wall_us = 0;  // this rank's time over all samples, barriers included
+};
+
+// barrier(), op() and max_over_ranks(std::vector<double>&) (element-wise,
+// in place) are the library's own.
+template <class Barrier, class Op, class MaxOverRanks>
+Timing time_size(int samples, int batch, Barrier barrier, Op op, MaxOverRanks max_over_ranks) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> t(static_cast<size_t>(samples));
+  const auto start = Clock::now();
+  for (double& x : t) {
+    barrier();
+    const auto t0 = Clock::now();
+    for (int b = 0; b < batch; ++b) op();
+    x = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / batch;
+  }
+  Timing r;
+  r.wall_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  max_over_ranks(t);
+  std::sort(t.begin(), t.end());
+  const size_t m = t.size() / 2;
+  r.median_us = t.size() % 2 ? t[m] : (t[m - 1] + t[m]) / 2;
+  r.best_us = t.front();
+  return r;
+}
+
+}  // namespace bench
