@@ -1,6 +1,7 @@
 // bench/schedule.h: how collie-bench and the peers under bench/peers/ time
 // one size, so that every figure side by side comes from one statistic (the
-// one ../shared/anchors/ uses):
+// one the anchors measured on this machine use, from which the project
+// started):
 //
 //   `samples` samples; one sample = a barrier, then `batch` back-to-back
 //   operations timed as one block, time / batch. A sample's time is the
