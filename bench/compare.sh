@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs collie (shm and tcp) and Open MPI (shared memory and TCP) with the
+# Runs collie (shm and tcp), Open MPI (shared memory and TCP) and Gloo (its
+# ring over TCP, when build/bench/gloo_allreduce is built) with the
 # same sweep, schedule and statistic (bench/schedule.h: per size, 5 warm-up
 # ops, then -n samples of a barrier and a batch of back-to-back ops, 10 up
 # to 64 KiB; time = the median sample of the slowest rank), interleaved REPS
@@ -16,6 +17,7 @@ REPS=${1:-3}; NP=${2:-2}; shift 2 || true
 BUILD=${BUILD:-build}
 MPI_BENCH="$BUILD/bench/mpi_allreduce"
 [ -x "$MPI_BENCH" ] || { echo "compare.sh: $MPI_BENCH is missing (configure with Open MPI installed)" >&2; exit 1; }
+GLOO_BENCH="$BUILD/bench/gloo_allreduce"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NP" --mca pml ob1)
 if [ $# -gt 0 ]; then SWEEPS=("$*"); else SWEEPS=("-b 8 -e 32K -f 4 -n 500" "-b 128K -e 256M -f 4 -n 20"); fi
 tmp=$(mktemp -d)
@@ -26,6 +28,9 @@ for r in $(seq 1 "$REPS"); do
     "${MPIRUN[@]}" --mca btl self,vader "$MPI_BENCH" "${sweep[@]}" > "$tmp/mpi_sm.$r.$i"
     "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B tcp "${sweep[@]}" > "$tmp/collie_tcp.$r.$i"
     "${MPIRUN[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo "$MPI_BENCH" "${sweep[@]}" > "$tmp/mpi_tcp.$r.$i"
+    if [ -x "$GLOO_BENCH" ]; then
+      "$BUILD/comm/launch/collie-run" -n "$NP" "$GLOO_BENCH" "${sweep[@]}" > "$tmp/gloo.$r.$i"
+    fi
   done
 done
 python3 - "$NP" "$tmp" "$REPS" <<'PY'
@@ -40,7 +45,7 @@ def load(cfg):
             if len(f) >= 8 and f[0].isdigit():
                 rows.setdefault(int(f[0]), []).append((float(f[4]), int(f[-1])))
     return {s: (statistics.median(t for t, _ in v), sum(w for _, w in v)) for s, v in rows.items()}
-cfgs = {c: load(c) for c in ["collie_shm", "mpi_sm", "collie_tcp", "mpi_tcp"]}
+cfgs = {c: load(c) for c in ["collie_shm", "mpi_sm", "collie_tcp", "mpi_tcp", "gloo"]}
 bw = lambda s, t: s / t / 1e3 * 2 * (n - 1) / n
 def size(s):
     for u, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -48,13 +53,13 @@ def size(s):
     return f"{s} B"
 print(f"{n} ranks, f32 sum, out of place; per-size median over {reps} interleaved runs; time in us, busbw in GB/s")
 print()
-print("| size | collie shm us | busbw | Open MPI sm us | busbw | shm / MPI sm | collie tcp us | busbw | Open MPI tcp us | busbw | tcp / MPI tcp | wrong |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| size | collie shm us | busbw | Open MPI sm us | busbw | shm / MPI sm | collie tcp us | busbw | Open MPI tcp us | busbw | tcp / MPI tcp | Gloo us | tcp / Gloo | wrong |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for s in sorted(cfgs["collie_shm"]):
     c = [cfgs[k].get(s, (float("nan"), 0)) for k in cfgs]
     wrong = sum(x[1] for x in c)
     print(f"| {size(s)} | {c[0][0]:.1f} | {bw(s, c[0][0]):.3f} | {c[1][0]:.1f} | {bw(s, c[1][0]):.3f} | "
           f"{c[1][0] / c[0][0]:.2f}x | {c[2][0]:.1f} | {bw(s, c[2][0]):.3f} | {c[3][0]:.1f} | {bw(s, c[3][0]):.3f} | "
-          f"{c[3][0] / c[2][0]:.2f}x | {wrong} |")
+          f"{c[3][0] / c[2][0]:.2f}x | {c[4][0]:.1f} | {c[4][0] / c[2][0]:.2f}x | {wrong} |")
 PY
 rm -rf "$tmp"

@@ -1,0 +1,138 @@
+// bench/peers/gloo_allreduce.cc: Gloo's all-reduce (gloo::allreduce, its
+// ring, over its TCP transport) with collie-bench's schedule and statistic
+// (bench/schedule.h), so that bench/compare.sh puts it beside collie and
+// Open MPI: per size, 5 warm-up operations, then -n samples of a barrier
+// and a batch of back-to-back operations; the median sample of the slowest
+// rank; f32 sum, out of place; rank r contributes (r + 1) + (i mod 1021) and
+// every result is checked against the known answer.
+//   collie-run -n 2 gloo_allreduce [-b 8] [-e 256M] [-f 4] [-n 20]
+// Launched by collie-run (RANK, WORLD_SIZE, MASTER_PORT): the ranks meet
+// through a gloo FileStore in a directory named after the launcher's
+// process and port, which rank 0 removes at the end.
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "../schedule.h"
+
+namespace {
+
+size_t parse_size(const char* s) {
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  size_t mult = 1;
+  if (end && (*end == 'K' || *end == 'k')) mult = 1024;
+  if (end && (*end == 'M' || *end == 'm')) mult = 1024 * 1024;
+  if (end && (*end == 'G' || *end == 'g')) mult = size_t{1} << 30;
+  return static_cast<size_t>(v * mult);
+}
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) {
+    std::fprintf(stderr, "gloo_allreduce: %s is not set: launch it with collie-run\n", name);
+    std::exit(2);
+  }
+  return std::atoi(v);
+}
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <class T>
+void allreduce(const std::shared_ptr<gloo::Context>& ctx, const T* in, T* out, size_t count,
+               ReduceFn fn) {
+  gloo::AllreduceOptions o(ctx);
+  o.setInput(const_cast<T*>(in), count);
+  o.setOutput(out, count);
+  o.setReduceFunction(fn);
+  gloo::allreduce(o);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rank = env_int("RANK"), n = env_int("WORLD_SIZE"), port = env_int("MASTER_PORT");
+  size_t min_bytes = 8, max_bytes = size_t{256} << 20, factor = 4;
+  int samples = 20, warmup = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string f = argv[i];
+    if (f == "-b") min_bytes = parse_size(argv[i + 1]);
+    if (f == "-e") max_bytes = parse_size(argv[i + 1]);
+    if (f == "-f") factor = std::strtoul(argv[i + 1], nullptr, 10);
+    if (f == "-n") samples = std::atoi(argv[i + 1]);
+  }
+  const std::string dir =
+      (std::filesystem::temp_directory_path() /
+       ("collie-gloo-peer-" + std::to_string(getppid()) + "-" + std::to_string(port)))
+          .string();
+  mkdir(dir.c_str(), 0700);  // every rank; the first one wins
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, n);
+  {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore store(dir);
+    ctx->setTimeout(std::chrono::seconds(300));
+    ctx->connectFullMesh(store, dev);
+  }
+  std::vector<size_t> sizes;
+  for (size_t b = min_bytes; b <= max_bytes; b *= factor) {
+    sizes.push_back(b);
+    if (b > max_bytes / factor) break;
+  }
+  if (sizes.empty() || sizes.back() != max_bytes) sizes.push_back(max_bytes);
+  std::vector<float> in(max_bytes / 4 + 1), out(in.size());
+  if (rank == 0) {
+    std::printf("# gloo_allreduce: %d ranks, gloo::allreduce (ring, tcp), f32, sum, out of place\n",
+                n);
+    std::printf(
+        "# %d warm-up ops, then %d samples per size (a barrier and 10 back-to-back ops up to "
+        "64 KiB, else 1); time = median sample of the slowest rank, best = fastest sample\n",
+        warmup, samples);
+    std::printf(
+        "#         size        count   type  redop        time        best    algbw    busbw  "
+        "#wrong\n");
+  }
+  auto barrier = [&] {
+    gloo::BarrierOptions o(ctx);
+    gloo::barrier(o);
+  };
+  for (size_t bytes : sizes) {
+    size_t count = std::max<size_t>(1, bytes / 4);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) + (i % 1021));
+    auto op = [&] {
+      allreduce(ctx, in.data(), out.data(), count, static_cast<ReduceFn>(&gloo::sum<float>));
+    };
+    for (int w = 0; w < warmup; ++w) op();
+    bench::Timing tm = bench::time_size(samples, bench::batch_for(count * 4), barrier, op,
+                                        [&](std::vector<double>& t) {
+                                          std::vector<double> mine = t;
+                                          allreduce(ctx, mine.data(), t.data(), t.size(),
+                                                    static_cast<ReduceFn>(&gloo::max<double>));
+                                        });
+    double wrong = 0, all_wrong = 0;
+    for (size_t i = 0; i < count; ++i)
+      wrong += out[i] != static_cast<float>(n * (n + 1) / 2 + n * (i % 1021));
+    allreduce(ctx, &wrong, &all_wrong, 1, static_cast<ReduceFn>(&gloo::sum<double>));
+    double algbw = count * 4.0 / tm.median_us / 1e3, busbw = algbw * 2.0 * (n - 1) / n;
+    if (rank == 0)
+      std::printf("  %12zu %12zu %6s %6s %11.1f %11.1f %8.3f %8.3f %7.0f\n", count * 4, count,
+                  "f32", "sum", tm.median_us, tm.best_us, algbw, busbw, all_wrong);
+    std::fflush(stdout);
+  }
+  barrier();
+  if (rank == 0) std::filesystem::remove_all(dir);
+  return 0;
+}
