@@ -39,6 +39,7 @@
 #include "collie/comm.h"
 #include "comm/config/config.h"
 #include "comm/core/element.h"
+#include "comm/core/topology.h"
 #include "schedule.h"
 
 namespace {
@@ -361,7 +362,20 @@ int main(int argc, char** argv) {
     const std::string dtype = std::string(collie::to_string(a.dtype));
     const std::string redop = reduces(a.coll) ? std::string(collie::to_string(a.op)) : "none";
     std::vector<Row> rows;
+    // Every rank's CPUs (COLLIE_BIND), for the header.
+    char mine[64] = {0};
+    std::snprintf(mine, sizeof mine, "%s", collie::topology::binding().c_str());
+    std::vector<char> cpus(sizeof mine * n);
+    comm->allgather(collie::view_of(reinterpret_cast<uint8_t*>(mine), sizeof mine),
+                    collie::view_of(reinterpret_cast<uint8_t*>(cpus.data()), cpus.size()))
+        .wait();
+    std::string bindings;
+    for (int r = 0; r < n; ++r)
+      bindings += (r ? ", " : "") + std::to_string(r) + ": " + std::string(&cpus[r * sizeof mine]);
     if (rank == 0 && a.format == Format::text) {
+      std::printf("# host: %s; COLLIE_BIND=%s; CPUs per rank: %s\n",
+                  collie::topology::describe_host().c_str(),
+                  collie::config::bind(collie::config::process_env()).c_str(), bindings.c_str());
       std::printf("# collie-bench: %s, %d ranks, backend %s, %s, %s, %s\n", name(a.coll), n,
                   comm->backend().c_str(), dtype.c_str(), redop.c_str(),
                   a.in_place ? "in place" : "out of place");

@@ -11,6 +11,7 @@
 #include "comm/backend.h"
 #include "comm/config/config.h"
 #include "comm/core/log.h"
+#include "comm/core/topology.h"
 #include "comm/front.h"
 
 namespace collie {
@@ -78,6 +79,11 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   BackendContext ctx;
   ctx.env = config::process_env();
   ctx.launch = config::resolve_launch(options, ctx.env);
+  // Before any of this communicator's threads start, so that they inherit it.
+  if (std::string how = config::bind(ctx.env); how != "none")
+    log::info("rank " + std::to_string(ctx.launch.rank) + ": COLLIE_BIND=" + how +
+              ", bound to CPUs " +
+              topology::bind(how, ctx.launch.local_rank, ctx.launch.local_world_size));
   const BackendEntry& entry = pick_backend(config::backend(options, ctx.env), ctx.launch);
   // Every rank makes the same sequence of job-wide connects; the k-th keys
   // its rendezvous apart from the earlier ones, whose keys may still sit in

@@ -3,12 +3,16 @@
 // variable resolution against a fake environment, and Work's completion, chaining and timeout
 // semantics.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <map>
 #include <random>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "collie/work.h"
@@ -338,6 +342,76 @@ TEST(Topology, UsableCpusFollowTheProcessBinding) {
     EXPECT_EQ(n, std::atoi(want));
   else
     EXPECT_LE(n, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// COLLIE_BIND=core, in forked processes standing for the local ranks: each
+// gets a block of this process's CPUs, the blocks do not overlap while
+// there are cores enough, together they cover every CPU, and with more ranks
+// than cores every rank still gets one. numa puts each on a node's CPUs.
+// (This machine's CPUs are cores: no SMT.)
+std::set<int> cpus_of(const std::string& list) {
+  std::set<int> out;
+  std::stringstream ss(list);
+  for (std::string part; std::getline(ss, part, ',');) {
+    auto dash = part.find('-');
+    int lo = std::stoi(part.substr(0, dash)),
+        hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) out.insert(c);
+  }
+  return out;
+}
+
+std::vector<std::set<int>> bound_cpus(const std::string& how, int ranks) {
+  std::vector<std::set<int>> out;
+  for (int r = 0; r < ranks; ++r) {
+    int p[2];
+    EXPECT_EQ(pipe(p), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::string got;
+      try {
+        got = topology::bind(how, r, ranks);
+      } catch (const Error& e) {
+        got = std::string("error ") + e.what();
+      }
+      [[maybe_unused]] ssize_t w = ::write(p[1], got.data(), got.size());
+      _exit(0);
+    }
+    ::close(p[1]);
+    std::string got;
+    char buf[256];
+    for (ssize_t k; (k = ::read(p[0], buf, sizeof buf)) > 0;) got.append(buf, k);
+    ::close(p[0]);
+    waitpid(pid, nullptr, 0);
+    EXPECT_EQ(got.rfind("error", 0), std::string::npos) << got;
+    out.push_back(got.rfind("error", 0) == 0 ? std::set<int>{} : cpus_of(got));
+  }
+  return out;
+}
+
+TEST(Topology, BindGivesEachLocalRankItsShareOfTheCores) {
+  const std::set<int> all = cpus_of(topology::binding());
+  ASSERT_FALSE(all.empty());
+  const int cores = static_cast<int>(all.size());
+  for (int ranks : {1, 2, cores, cores + 1}) {
+    auto sets = bound_cpus("core", ranks);
+    std::set<int> covered;
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_FALSE(sets[r].empty()) << ranks << " ranks, rank " << r;
+      for (int c : sets[r]) EXPECT_TRUE(all.count(c)) << "CPU " << c << " is not this process's";
+      if (ranks <= cores) {
+        for (int q = 0; q < r; ++q)
+          for (int c : sets[r]) EXPECT_FALSE(sets[q].count(c)) << "CPU " << c << " given twice";
+      }
+      covered.insert(sets[r].begin(), sets[r].end());
+    }
+    EXPECT_EQ(covered, all) << ranks << " ranks";
+  }
+  for (const auto& s : bound_cpus("numa", 2)) EXPECT_FALSE(s.empty());
+  EXPECT_NE(error_of([] {
+              config::bind(fake({{"COLLIE_BIND", "socket"}}));
+            }).find("COLLIE_BIND='socket' is not one of none, core, numa"),
+            std::string::npos);
 }
 
 TEST(WorkHandle, CompletionErrorAndTimeout) {

@@ -282,6 +282,14 @@ std::string hostname_override(const Env& env) {
   return v ? v : "";
 }
 
+std::string bind(const Env& env) {
+  const char* v = env("COLLIE_BIND");
+  std::string s = v && *v ? v : "none";
+  if (s != "none" && s != "core" && s != "numa")
+    throw bad("COLLIE_BIND='" + s + "' is not one of none, core, numa");
+  return s;
+}
+
 int log_level(const Env& env) {
   const char* v = env("COLLIE_DEBUG");
   if (!v) return 0;

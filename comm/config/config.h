@@ -80,6 +80,10 @@ std::string comm_hook(const Env& env);
 // ranks on one machine can stand for several hosts ("" if unset).
 std::string hostname_override(const Env& env);
 
+// COLLIE_BIND: none (default), core (each local rank on its share of the
+// cores) or numa (each local rank on one NUMA node, round robin).
+std::string bind(const Env& env);
+
 // COLLIE_DEBUG: WARN (default), INFO, DEBUG.
 int log_level(const Env& env);
 

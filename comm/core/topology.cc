@@ -1,11 +1,18 @@
 #include "comm/core/topology.h"
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <thread>
+#include <vector>
 
+#include "collie/error.h"
 #include "collie_build_config.h"
 
 #if COLLIE_HAVE_HWLOC
@@ -14,26 +21,142 @@
 
 namespace collie::topology {
 
-int usable_cpus() {
-  static const int n = [] {
-    int count = 0;
+namespace {
+
+// Bumped by bind(): usable_cpus() counts again after a binding.
+std::atomic<int> cached_cpus{0};
+
+std::string cpu_list(const cpu_set_t& set) {
+  std::string s;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    int e = c;
+    while (e + 1 < CPU_SETSIZE && CPU_ISSET(e + 1, &set)) ++e;
+    s += (s.empty() ? "" : ",") + std::to_string(c) + (e > c ? "-" + std::to_string(e) : "");
+    c = e;
+  }
+  return s;
+}
+
 #if COLLIE_HAVE_HWLOC
-    hwloc_topology_t topo;
-    if (hwloc_topology_init(&topo) == 0) {
-      if (hwloc_topology_load(topo) == 0) {
-        hwloc_bitmap_t set = hwloc_bitmap_alloc();
-        if (set && hwloc_get_cpubind(topo, set, HWLOC_CPUBIND_PROCESS) == 0)
-          count = hwloc_bitmap_weight(set);
-        if (count <= 0) count = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
-        if (set) hwloc_bitmap_free(set);
-      }
-      hwloc_topology_destroy(topo);
+// A loaded topology, destroyed with this object.
+struct Topo {
+  hwloc_topology_t t = nullptr;
+  Topo() {
+    if (hwloc_topology_init(&t) != 0) {
+      t = nullptr;
+      return;
     }
+    if (hwloc_topology_load(t) != 0) {
+      hwloc_topology_destroy(t);
+      t = nullptr;
+    }
+  }
+  ~Topo() {
+    if (t) hwloc_topology_destroy(t);
+  }
+  int count(hwloc_obj_type_t type) const { return t ? hwloc_get_nbobjs_by_type(t, type) : 0; }
+};
 #endif
-    if (count <= 0) count = static_cast<int>(std::thread::hardware_concurrency());
-    return count;
-  }();
-  return n;
+
+}  // namespace
+
+int usable_cpus() {
+  if (int n = cached_cpus.load(std::memory_order_relaxed); n > 0) return n;
+  int count = 0;
+#if COLLIE_HAVE_HWLOC
+  Topo topo;
+  if (topo.t) {
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    if (set && hwloc_get_cpubind(topo.t, set, HWLOC_CPUBIND_PROCESS) == 0)
+      count = hwloc_bitmap_weight(set);
+    if (count <= 0) count = topo.count(HWLOC_OBJ_PU);
+    if (set) hwloc_bitmap_free(set);
+  }
+#endif
+  if (count <= 0) count = static_cast<int>(std::thread::hardware_concurrency());
+  cached_cpus.store(count, std::memory_order_relaxed);
+  return count;
+}
+
+std::string binding() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return "?";
+  return cpu_list(set);
+}
+
+std::string describe_host() {
+#if COLLIE_HAVE_HWLOC
+  Topo topo;
+  if (topo.t) {
+    const int cores = topo.count(HWLOC_OBJ_CORE), pus = topo.count(HWLOC_OBJ_PU);
+    const int numa = std::max(1, topo.count(HWLOC_OBJ_NUMANODE));
+    const int l3 = topo.count(HWLOC_OBJ_L3CACHE);
+    auto plural = [](int n, const char* one, const char* many) {
+      return std::to_string(n) + " " + (n == 1 ? one : many);
+    };
+    std::string s = plural(cores, "core", "cores") + " (" +
+                    plural(pus, "hardware thread", "hardware threads") + "), " +
+                    plural(numa, "NUMA node", "NUMA nodes");
+    if (l3 > 0)
+      s += ", " + plural(l3, "L3", "L3s") +
+           (l3 == 1 ? " shared by all cores" : " (" + std::to_string(cores / l3) + " cores each)");
+    return s;
+  }
+#endif
+  return std::to_string(std::thread::hardware_concurrency()) + " hardware threads (no hwloc)";
+}
+
+std::string bind(const std::string& how, int local_rank, int local_world_size) {
+  if (how == "none") return binding();
+  const int L = std::max(1, local_world_size), r = std::max(0, local_rank);
+  auto fail = [&](const std::string& why) {
+    return Error(ErrorCode::unavailable,
+                 "COLLIE_BIND=" + how + " on local rank " + std::to_string(r) + ": " + why);
+  };
+#if COLLIE_HAVE_HWLOC
+  Topo topo;
+  if (!topo.t) throw fail("hwloc cannot read this host's topology");
+  hwloc_bitmap_t set = hwloc_bitmap_alloc();
+  if (how == "core") {
+    const int cores = topo.count(HWLOC_OBJ_CORE);
+    if (cores <= 0) throw fail("hwloc finds no cores");
+    // A contiguous block per rank: [r C / L, (r + 1) C / L), at least one.
+    int lo = static_cast<int>(static_cast<long>(r) * cores / L);
+    int hi = static_cast<int>(static_cast<long>(r + 1) * cores / L);
+    if (cores < L) lo = r % cores, hi = lo + 1;
+    for (int c = lo; c < hi; ++c)
+      hwloc_bitmap_or(set, set, hwloc_get_obj_by_type(topo.t, HWLOC_OBJ_CORE, c)->cpuset);
+  } else {
+    const int nodes = topo.count(HWLOC_OBJ_NUMANODE);
+    if (nodes <= 0) throw fail("hwloc finds no NUMA node");
+    hwloc_obj_t node = hwloc_get_obj_by_type(topo.t, HWLOC_OBJ_NUMANODE, r % nodes);
+    hwloc_bitmap_copy(set, node->cpuset);
+  }
+  const int rc = hwloc_set_cpubind(topo.t, set, HWLOC_CPUBIND_PROCESS);
+  const int err = errno;
+  hwloc_bitmap_free(set);
+  if (rc != 0) throw fail(std::string("binding failed: ") + std::strerror(err));
+#else
+  if (how == "numa") throw fail("this build has no hwloc (install libhwloc-dev and rebuild)");
+  cpu_set_t now, want;
+  CPU_ZERO(&now);
+  CPU_ZERO(&want);
+  sched_getaffinity(0, sizeof now, &now);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &now)) cpus.push_back(c);
+  const int C = static_cast<int>(cpus.size());
+  int lo = static_cast<int>(static_cast<long>(r) * C / L);
+  int hi = static_cast<int>(static_cast<long>(r + 1) * C / L);
+  if (C < L) lo = r % C, hi = lo + 1;
+  for (int c = lo; c < hi; ++c) CPU_SET(cpus[c], &want);
+  if (sched_setaffinity(0, sizeof want, &want) != 0)
+    throw fail(std::string("binding failed: ") + std::strerror(errno));
+#endif
+  cached_cpus.store(0, std::memory_order_relaxed);
+  return binding();
 }
 
 std::string boot_id() {

@@ -15,6 +15,21 @@ int usable_cpus();
 // memory, whatever their host names say.
 std::string boot_id();
 
+// This host as collie sees it: "2 cores (2 hardware threads), 1 NUMA node,
+// 1 L3 shared by all cores" (from hwloc; without it, the thread count only).
+std::string describe_host();
+
+// The CPUs this process may run on now, as a list: "0-3,8".
+std::string binding();
+
+// Binds this process (every thread, those started later too) to the share
+// of this host that `how` gives local rank `local_rank` of `local_world_size`:
+// "core": a contiguous block of cores, the host's cores divided evenly (a
+// rank gets one core, shared, when there are fewer cores than ranks);
+// "numa": NUMA node local_rank mod nodes; "none": nothing. Returns the CPUs
+// bound to; throws collie::Error when the binding fails.
+std::string bind(const std::string& how, int local_rank, int local_world_size);
+
 // What tells this rank's host from another's, compared between ranks:
 // `override_name` (COLLIE_HOSTNAME) when not empty, else the host name, the
 // boot id and the network namespace, so that containers or network
