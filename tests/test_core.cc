@@ -323,6 +323,47 @@ TEST(Config, LauncherSettingsAndTheirBadValues) {
   }
 }
 
+// COLLIE_TUNING_FILE: the profile collie-bench --tune writes feeds the cost
+// model's settings, the environment wins over it, and a bad file is an
+// error that names the file and the line.
+TEST(Config, TuningFileUnderTheEnvironment) {
+  std::string path = ::testing::TempDir() + "collie_tuning_test.txt";
+  auto write = [&](const std::string& text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  write(
+      "# measured\nCOLLIE_TCP_LATENCY_US=12.5\n  COLLIE_TCP_GBPS = 3.25  # each way\n"
+      "COLLIE_REDUCE_GBPS=11\nCOLLIE_SHM_CHUNK=65536\n");
+  auto t = config::tcp_tuning(fake({{"COLLIE_TUNING_FILE", path}}));
+  EXPECT_DOUBLE_EQ(t.latency_us, 12.5);
+  EXPECT_DOUBLE_EQ(t.bandwidth_gbps, 3.25);
+  EXPECT_DOUBLE_EQ(t.reduce_gbps, 11);
+  EXPECT_EQ(config::shm_tuning(fake({{"COLLIE_TUNING_FILE", path}})).chunk_bytes, 65536u);
+  t = config::tcp_tuning(fake({{"COLLIE_TUNING_FILE", path}, {"COLLIE_TCP_GBPS", "7"}}));
+  EXPECT_DOUBLE_EQ(t.bandwidth_gbps, 7);
+  EXPECT_DOUBLE_EQ(t.latency_us, 12.5);
+  auto error_with = [&](const std::string& text) {
+    write(text);
+    return error_of([&] { config::tcp_tuning(fake({{"COLLIE_TUNING_FILE", path}})); });
+  };
+  EXPECT_NE(error_with("COLLIE_TCP_GBPS=1\nCOLLIE_TCP_GPBS=2\n")
+                .find(path + ":2: COLLIE_TCP_GPBS is not a tuning setting"),
+            std::string::npos);
+  EXPECT_NE(error_with("COLLIE_TCP_GBPS=fast\n")
+                .find(path + ":1: COLLIE_TCP_GBPS='fast' is not a number"),
+            std::string::npos);
+  EXPECT_NE(error_with("just words\n").find(path + ":1: 'just words' is not NAME=value"),
+            std::string::npos);
+  std::remove(path.c_str());
+  EXPECT_NE(error_of([&] {
+              config::tcp_tuning(fake({{"COLLIE_TUNING_FILE", path}}));
+            }).find("cannot be read"),
+            std::string::npos);
+}
+
 TEST(Config, TimeoutFromEnvironmentInSeconds) {
   Options none;
   auto l = config::resolve_launch(none, fake({{"COLLIE_TIMEOUT", "2.5"}}));

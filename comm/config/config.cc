@@ -1,8 +1,12 @@
 #include "comm/config/config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string_view>
 
@@ -209,7 +213,54 @@ static int spin_us(const Env& env) {
   return static_cast<int>(*v);
 }
 
-TcpTuning tcp_tuning(const Env& env) {
+Env tuned(const Env& env) {
+  const char* path = env("COLLIE_TUNING_FILE");
+  if (!path || !*path) return env;
+  static const char* const kNames[] = {"COLLIE_TCP_LATENCY_US", "COLLIE_TCP_GBPS",
+                                       "COLLIE_REDUCE_GBPS",    "COLLIE_TCP_CHUNK_BYTES",
+                                       "COLLIE_SOCKET_BUFFER",  "COLLIE_SPIN_US",
+                                       "COLLIE_SHM_CHUNK",      "COLLIE_SHM_SMALL",
+                                       "COLLIE_HIER_PIECE",     "COLLIE_ALLREDUCE_ALGO"};
+  std::ifstream f(path);
+  if (!f)
+    throw bad(std::string("COLLIE_TUNING_FILE='") + path +
+              "' cannot be read; write one with collie-bench --tune, or unset it");
+  auto values = std::make_shared<std::map<std::string, std::string>>();
+  std::string line;
+  for (int no = 1; std::getline(f, line); ++no) {
+    auto trim = [](std::string s) {
+      s.erase(0, s.find_first_not_of(" \t\r"));
+      s.erase(s.find_last_not_of(" \t\r") + 1);
+      return s;
+    };
+    line = trim(line.substr(0, line.find('#')));
+    if (line.empty()) continue;
+    auto eq = line.find('=');
+    std::string where = std::string(path) + ":" + std::to_string(no);
+    if (eq == std::string::npos)
+      throw bad("COLLIE_TUNING_FILE " + where + ": '" + line + "' is not NAME=value");
+    std::string name = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+    if (std::find(std::begin(kNames), std::end(kNames), name) == std::end(kNames))
+      throw bad("COLLIE_TUNING_FILE " + where + ": " + name +
+                " is not a tuning setting (COLLIE_TCP_LATENCY_US, COLLIE_TCP_GBPS, "
+                "COLLIE_REDUCE_GBPS, COLLIE_TCP_CHUNK_BYTES, ...)");
+    if (name != "COLLIE_ALLREDUCE_ALGO") {
+      char* end = nullptr;
+      std::strtod(value.c_str(), &end);
+      if (value.empty() || *end)
+        throw bad("COLLIE_TUNING_FILE " + where + ": " + name + "='" + value + "' is not a number");
+    }
+    (*values)[name] = value;
+  }
+  return [env, values](const char* name) -> const char* {
+    if (const char* v = env(name)) return v;
+    auto it = values->find(name);
+    return it == values->end() ? nullptr : it->second.c_str();
+  };
+}
+
+TcpTuning tcp_tuning(const Env& raw) {
+  const Env env = tuned(raw);
   TcpTuning t;
   if (const char* v = env("COLLIE_ALLREDUCE_ALGO"); v && *v) {
     std::string a(v);
@@ -236,7 +287,8 @@ TcpTuning tcp_tuning(const Env& env) {
   return t;
 }
 
-ShmTuning shm_tuning(const Env& env) {
+ShmTuning shm_tuning(const Env& raw) {
+  const Env env = tuned(raw);
   ShmTuning t;
   if (auto v = parse_int("COLLIE_SHM_CHUNK", env("COLLIE_SHM_CHUNK"))) {
     if (*v < 4096 || *v > (64 << 20))
@@ -251,7 +303,8 @@ ShmTuning shm_tuning(const Env& env) {
   return t;
 }
 
-size_t hier_piece_bytes(const Env& env) {
+size_t hier_piece_bytes(const Env& raw) {
+  const Env env = tuned(raw);
   auto v = parse_int("COLLIE_HIER_PIECE", env("COLLIE_HIER_PIECE"));
   if (!v) return size_t{1} << 20;
   if (*v < 4096 || *v > (1LL << 30))

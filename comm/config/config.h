@@ -38,7 +38,16 @@ struct Launch {
 
 Launch resolve_launch(const Options& options, const Env& env);
 
-// Settings of the TCP backend's algorithm choice and progress loop.
+// The environment with COLLIE_TUNING_FILE's settings under it: a file of
+// NAME=value lines (# comments), written by `collie-bench --tune`, whose
+// names are the tuning variables below (COLLIE_TCP_LATENCY_US, ...). A
+// variable set in the environment wins over the file. An unreadable file,
+// a line that is not NAME=value, or a name that is not a tuning variable is
+// an error naming the file and the line.
+Env tuned(const Env& env);
+
+// Settings of the TCP backend's algorithm choice and progress loop (read
+// through tuned()).
 struct TcpTuning {
   std::string allreduce_algo = "auto";  // auto | ring | rd (recursive doubling)
   double latency_us = 20.0;             // cost model: time per message step

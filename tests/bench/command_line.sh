@@ -3,8 +3,8 @@
 # what is accepted, --help on stdout with status 0, usage printed once under
 # collie-run (not once per rank), -a judged by collie-bench itself, nothing
 # silently changed, every collective (-C) checked right in place and out of
-# place at 3 ranks, --csv and --json parseable with a row per size, and
-# --plot writing a PNG.
+# place at 3 ranks, --csv and --json parseable with a row per size, --tune
+# writing a profile that a later run reads, and --plot writing a PNG.
 #   command_line.sh COLLIE_RUN COLLIE_BENCH
 set -uo pipefail
 run=$1; bench=$2
@@ -65,6 +65,19 @@ assert d["collective"] == "broadcast" and d["ranks"] == 2, d
 assert [r["size_bytes"] for r in d["rows"]] == [8, 64, 512], d
 assert all(r["wrong"] == 0 and r["best_us"] <= r["time_us"] for r in d["rows"]), d
 PY
+
+# --tune writes a profile of three positive figures that a later run reads.
+prof=$(mktemp)
+"$run" -n 2 "$bench" --tune "$prof" >/dev/null 2>&1 || fail "--tune failed"
+for k in COLLIE_TCP_LATENCY_US COLLIE_TCP_GBPS COLLIE_REDUCE_GBPS; do
+  v=$(grep "^$k=" "$prof" | cut -d= -f2)
+  awk -v v="$v" 'BEGIN { exit !(v + 0 > 0) }' || fail "--tune wrote $k='$v'"
+done
+COLLIE_TUNING_FILE=$prof "$run" -n 2 "$bench" -B tcp -b 8 -e 64K -f 64 -n 2 >/dev/null 2>&1 ||
+  fail "a run with the --tune profile failed"
+rm -f "$prof"
+out=$("$run" -n 1 "$bench" --tune /tmp/collie_tune_$$ 2>&1)
+grep -q "needs 2 ranks or more" <<<"$out" || fail "--tune at 1 rank: $out"
 
 if command -v gnuplot >/dev/null; then
   png=$(mktemp --suffix=.png)
