@@ -7,6 +7,8 @@
 # times, and prints per-size medians over the repetitions as a markdown
 # table.
 #   bench/compare.sh [REPS] [NP] [-- sweep args (-b, -e, -f, -n)]
+# With PLOT=file.png (and gnuplot), it also draws busbw and time against
+# size, one line per library, into that file.
 # Without sweep args: 8 B to 32 KiB with 500 samples per size, then 128 KiB
 # to 256 MiB with 20. Needs a build with Open MPI
 # (build/bench/mpi_allreduce).
@@ -33,9 +35,9 @@ for r in $(seq 1 "$REPS"); do
     fi
   done
 done
-python3 - "$NP" "$tmp" "$REPS" <<'PY'
-import glob, statistics, sys
-n, tmp, reps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+python3 - "$NP" "$tmp" "$REPS" "${PLOT:-}" <<'PY'
+import glob, statistics, subprocess, sys
+n, tmp, reps, plot = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 def load(cfg):
     rows = {}
     for path in glob.glob(f"{tmp}/{cfg}.*.*"):
@@ -61,5 +63,27 @@ for s in sorted(cfgs["collie_shm"]):
     print(f"| {size(s)} | {c[0][0]:.1f} | {bw(s, c[0][0]):.3f} | {c[1][0]:.1f} | {bw(s, c[1][0]):.3f} | "
           f"{c[1][0] / c[0][0]:.2f}x | {c[2][0]:.1f} | {bw(s, c[2][0]):.3f} | {c[3][0]:.1f} | {bw(s, c[3][0]):.3f} | "
           f"{c[3][0] / c[2][0]:.2f}x | {c[4][0]:.1f} | {c[4][0] / c[2][0]:.2f}x | {wrong} |")
+if plot:
+    names = {"collie_shm": "collie shm", "mpi_sm": "Open MPI sm", "collie_tcp": "collie tcp",
+             "mpi_tcp": "Open MPI tcp", "gloo": "Gloo"}
+    series = [(names[k], v) for k, v in cfgs.items() if v]
+    script = ["set terminal pngcairo size 1000,900 font ',10'", f"set output '{plot}'",
+              f"set multiplot layout 2,1 title '{n} ranks, f32 sum: per-size medians of {reps} runs'",
+              "set logscale x 2", "set format x '%.0b%BB'", "set grid", "set key top left",
+              "set xlabel 'size'"]
+    for panel, ylabel, col in (("bw", "busbw (GB/s)", 0), ("t", "time (us)", 1)):
+        if panel == "t":
+            script.append("set logscale y 10")
+        script.append(f"set ylabel '{ylabel}'")
+        script.append("plot " + ", ".join(f"'-' using 1:2 with linespoints lw 2 title '{name}'"
+                                          for name, _ in series))
+        for _, v in series:
+            for s in sorted(v):
+                script.append(f"{s} {bw(s, v[s][0]) if col == 0 else v[s][0]}")
+            script.append("e")
+    script.append("unset multiplot")
+    r = subprocess.run(["gnuplot"], input="\n".join(script) + "\n", text=True)
+    if r.returncode != 0:
+        sys.exit("compare.sh: gnuplot failed drawing " + plot)
 PY
 rm -rf "$tmp"
