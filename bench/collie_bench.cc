@@ -503,12 +503,7 @@ int main(int argc, char** argv) {
     int bw_count = 0;
     // The x-factor ladder from -b, plus -e itself when the ladder misses it
     // (8 x 4^k never lands on 256 MiB).
-    std::vector<size_t> sizes;
-    for (size_t b = a.min_bytes; b <= a.max_bytes; b *= a.factor) {
-      sizes.push_back(b);
-      if (b > a.max_bytes / a.factor) break;
-    }
-    if (sizes.empty() || sizes.back() != a.max_bytes) sizes.push_back(a.max_bytes);
+    const std::vector<size_t> sizes = bench::Sweep{a.min_bytes, a.max_bytes, a.factor}.sizes();
     auto cpu_us_now = [] {
       rusage u{};
       getrusage(RUSAGE_SELF, &u);

@@ -18,9 +18,48 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace bench {
+
+// The peers' command line, a subset of collie-bench's: -b, -e, -f, -n.
+struct Sweep {
+  size_t min_bytes = 8, max_bytes = size_t{256} << 20, factor = 4;
+  int samples = 20;
+
+  static size_t parse_size(const char* s) {
+    char* end = nullptr;
+    double v = std::strtod(s, &end);
+    size_t mult = 1;
+    if (end && (*end == 'K' || *end == 'k')) mult = 1024;
+    if (end && (*end == 'M' || *end == 'm')) mult = 1024 * 1024;
+    if (end && (*end == 'G' || *end == 'g')) mult = size_t{1} << 30;
+    return static_cast<size_t>(v * mult);
+  }
+  static Sweep parse(int argc, char** argv) {
+    Sweep s;
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string f = argv[i];
+      if (f == "-b") s.min_bytes = parse_size(argv[i + 1]);
+      if (f == "-e") s.max_bytes = parse_size(argv[i + 1]);
+      if (f == "-f") s.factor = std::strtoul(argv[i + 1], nullptr, 10);
+      if (f == "-n") s.samples = std::atoi(argv[i + 1]);
+    }
+    return s;
+  }
+  // The x-factor ladder from min_bytes, plus max_bytes when it misses it.
+  std::vector<size_t> sizes() const {
+    std::vector<size_t> v;
+    for (size_t b = min_bytes; b <= max_bytes; b *= factor) {
+      v.push_back(b);
+      if (b > max_bytes / factor) break;
+    }
+    if (v.empty() || v.back() != max_bytes) v.push_back(max_bytes);
+    return v;
+  }
+};
 
 inline int batch_for(size_t bytes) {
   return bytes <= (size_t{64} << 10) ? 10 : 1;

@@ -29,16 +29,6 @@
 
 namespace {
 
-size_t parse_size(const char* s) {
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  size_t mult = 1;
-  if (end && (*end == 'K' || *end == 'k')) mult = 1024;
-  if (end && (*end == 'M' || *end == 'm')) mult = 1024 * 1024;
-  if (end && (*end == 'G' || *end == 'g')) mult = size_t{1} << 30;
-  return static_cast<size_t>(v * mult);
-}
-
 int env_int(const char* name) {
   const char* v = std::getenv(name);
   if (!v || !*v) {
@@ -64,15 +54,8 @@ void allreduce(const std::shared_ptr<gloo::Context>& ctx, const T* in, T* out, s
 
 int main(int argc, char** argv) {
   const int rank = env_int("RANK"), n = env_int("WORLD_SIZE"), port = env_int("MASTER_PORT");
-  size_t min_bytes = 8, max_bytes = size_t{256} << 20, factor = 4;
-  int samples = 20, warmup = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string f = argv[i];
-    if (f == "-b") min_bytes = parse_size(argv[i + 1]);
-    if (f == "-e") max_bytes = parse_size(argv[i + 1]);
-    if (f == "-f") factor = std::strtoul(argv[i + 1], nullptr, 10);
-    if (f == "-n") samples = std::atoi(argv[i + 1]);
-  }
+  const bench::Sweep sweep = bench::Sweep::parse(argc, argv);
+  const int samples = sweep.samples, warmup = 5;
   const std::string dir =
       (std::filesystem::temp_directory_path() /
        ("collie-gloo-peer-" + std::to_string(getppid()) + "-" + std::to_string(port)))
@@ -87,13 +70,7 @@ int main(int argc, char** argv) {
     ctx->setTimeout(std::chrono::seconds(300));
     ctx->connectFullMesh(store, dev);
   }
-  std::vector<size_t> sizes;
-  for (size_t b = min_bytes; b <= max_bytes; b *= factor) {
-    sizes.push_back(b);
-    if (b > max_bytes / factor) break;
-  }
-  if (sizes.empty() || sizes.back() != max_bytes) sizes.push_back(max_bytes);
-  std::vector<float> in(max_bytes / 4 + 1), out(in.size());
+  std::vector<float> in(sweep.max_bytes / 4 + 1), out(in.size());
   if (rank == 0) {
     std::printf("# gloo_allreduce: %d ranks, gloo::allreduce (ring, tcp), f32, sum, out of place\n",
                 n);
@@ -109,7 +86,7 @@ int main(int argc, char** argv) {
     gloo::BarrierOptions o(ctx);
     gloo::barrier(o);
   };
-  for (size_t bytes : sizes) {
+  for (size_t bytes : sweep.sizes()) {
     size_t count = std::max<size_t>(1, bytes / 4);
     for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) + (i % 1021));
     auto op = [&] {

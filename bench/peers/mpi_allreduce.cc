@@ -20,41 +20,14 @@
 
 #include "../schedule.h"
 
-namespace {
-
-size_t parse_size(const char* s) {
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  size_t mult = 1;
-  if (end && (*end == 'K' || *end == 'k')) mult = 1024;
-  if (end && (*end == 'M' || *end == 'm')) mult = 1024 * 1024;
-  if (end && (*end == 'G' || *end == 'g')) mult = size_t{1} << 30;
-  return static_cast<size_t>(v * mult);
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  size_t min_bytes = 8, max_bytes = size_t{256} << 20, factor = 4;
-  int iters = 20, warmup = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string f = argv[i];
-    if (f == "-b") min_bytes = parse_size(argv[i + 1]);
-    if (f == "-e") max_bytes = parse_size(argv[i + 1]);
-    if (f == "-f") factor = std::strtoul(argv[i + 1], nullptr, 10);
-    if (f == "-n") iters = std::atoi(argv[i + 1]);
-  }
-  std::vector<size_t> sizes;
-  for (size_t b = min_bytes; b <= max_bytes; b *= factor) {
-    sizes.push_back(b);
-    if (b > max_bytes / factor) break;
-  }
-  if (sizes.empty() || sizes.back() != max_bytes) sizes.push_back(max_bytes);
-  std::vector<float> in(max_bytes / 4 + 1), out(in.size());
+  const bench::Sweep sweep = bench::Sweep::parse(argc, argv);
+  const int iters = sweep.samples, warmup = 5;
+  std::vector<float> in(sweep.max_bytes / 4 + 1), out(in.size());
   if (rank == 0) {
     std::printf("# mpi_allreduce: %d ranks, f32, sum, out of place\n", n);
     std::printf(
@@ -65,7 +38,7 @@ int main(int argc, char** argv) {
         "#         size        count   type  redop        time        best    algbw    busbw  "
         "#wrong\n");
   }
-  for (size_t bytes : sizes) {
+  for (size_t bytes : sweep.sizes()) {
     size_t count = std::max<size_t>(1, bytes / 4);
     for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) + (i % 1021));
     for (int w = 0; w < warmup; ++w)
