@@ -21,12 +21,6 @@ namespace collie::hier {
 
 namespace {
 
-std::string join(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s;
-}
-
 // Where this rank's host stands among the communicator's.
 struct Hosts {
   int count = 0;            // hosts
@@ -161,13 +155,13 @@ class HierRunner final : public HostRunner {
     if (hosts_.count == 1 || (L > 1 && hosts_.even)) {
       local_ = shm::make_runner(
           part(ctx, "h" + std::to_string(hosts_.index), hosts_.local_index, hosts_.local));
-      local_name_ =
-          "inside host " + std::to_string(hosts_.index) + " (ranks " + join(hosts_.local) + ")";
+      local_name_ = "inside host " + std::to_string(hosts_.index) + " (ranks " +
+                    ctx.names.list(hosts_.local) + ")";
     }
     if (local_ && flat_) {
       across_ = tcp::make_runner(
           part(ctx, "x" + std::to_string(hosts_.local_index), hosts_.index, hosts_.across));
-      across_name_ = "across hosts (ranks " + join(hosts_.across) + ")";
+      across_name_ = "across hosts (ranks " + ctx.names.list(hosts_.across) + ")";
     }
   }
 
