@@ -25,8 +25,8 @@ def read(side):
         for line in open(path):
             f = line.split()
             if len(f) >= 9 and f[0] == "[0]" and f[1].isdigit():
-                if f[8].isdigit() and int(f[8]) != 0:
-                    sys.exit(f"{path}: {f[8]} wrong results at {f[1]} B")
+                if f[-1].isdigit() and int(f[-1]) != 0:
+                    sys.exit(f"{path}: {f[-1]} wrong results at {f[1]} B")
                 rows.setdefault(int(f[1]), []).append(float(f[5]))
     return rows
 ra, rb = read("A"), read("B")

@@ -20,7 +20,7 @@ for path in sys.argv[2:]:
     for line in open(path):
         f = line.split()
         if len(f) >= 9 and f[0] == "[0]" and f[1].isdigit():
-            rows.setdefault(int(f[1]), []).append((float(f[5]), int(f[8]) if f[8].isdigit() else 0))
+            rows.setdefault(int(f[1]), []).append((float(f[5]), int(f[-1]) if f[-1].isdigit() else 0))
 print(f"| size (B) | median time (us) | busbw GB/s (median) | busbw range over {len(sys.argv)-2} runs | wrong |")
 print("|---:|---:|---:|---:|---:|")
 for size in sorted(rows):

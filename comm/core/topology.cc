@@ -118,24 +118,34 @@ std::string bind(const std::string& how, int local_rank, int local_world_size) {
 #if COLLIE_HAVE_HWLOC
   Topo topo;
   if (!topo.t) throw fail("hwloc cannot read this host's topology");
-  hwloc_bitmap_t set = hwloc_bitmap_alloc();
-  if (how == "core") {
-    const int cores = topo.count(HWLOC_OBJ_CORE);
-    if (cores <= 0) throw fail("hwloc finds no cores");
-    // A contiguous block per rank: [r C / L, (r + 1) C / L), at least one.
-    int lo = static_cast<int>(static_cast<long>(r) * cores / L);
-    int hi = static_cast<int>(static_cast<long>(r + 1) * cores / L);
-    if (cores < L) lo = r % cores, hi = lo + 1;
-    for (int c = lo; c < hi; ++c)
-      hwloc_bitmap_or(set, set, hwloc_get_obj_by_type(topo.t, HWLOC_OBJ_CORE, c)->cpuset);
-  } else {
-    const int nodes = topo.count(HWLOC_OBJ_NUMANODE);
-    if (nodes <= 0) throw fail("hwloc finds no NUMA node");
-    hwloc_obj_t node = hwloc_get_obj_by_type(topo.t, HWLOC_OBJ_NUMANODE, r % nodes);
-    hwloc_bitmap_copy(set, node->cpuset);
+  // Only the CPUs this process may use now (a launcher's or taskset's
+  // binding) are shared out: the cores and nodes that have some of them.
+  hwloc_bitmap_t allowed = hwloc_bitmap_alloc(), set = hwloc_bitmap_alloc();
+  if (hwloc_get_cpubind(topo.t, allowed, HWLOC_CPUBIND_PROCESS) != 0)
+    hwloc_bitmap_copy(allowed, hwloc_topology_get_allowed_cpuset(topo.t));
+  const hwloc_obj_type_t type = how == "core" ? HWLOC_OBJ_CORE : HWLOC_OBJ_NUMANODE;
+  std::vector<hwloc_obj_t> usable;
+  for (int i = 0; i < topo.count(type); ++i) {
+    hwloc_obj_t o = hwloc_get_obj_by_type(topo.t, type, i);
+    if (hwloc_bitmap_intersects(o->cpuset, allowed)) usable.push_back(o);
   }
+  const int U = static_cast<int>(usable.size());
+  if (U == 0) {
+    hwloc_bitmap_free(allowed);
+    hwloc_bitmap_free(set);
+    throw fail(how == "core" ? "hwloc finds no core this process may use"
+                             : "hwloc finds no NUMA node this process may use");
+  }
+  // core: a contiguous block per rank, [r U / L, (r + 1) U / L), at least
+  // one (shared when there are fewer cores than ranks); numa: node r mod U.
+  int lo = static_cast<int>(static_cast<long>(r) * U / L);
+  int hi = static_cast<int>(static_cast<long>(r + 1) * U / L);
+  if (how == "numa" || U < L) lo = r % U, hi = lo + 1;
+  for (int i = lo; i < hi; ++i) hwloc_bitmap_or(set, set, usable[i]->cpuset);
+  hwloc_bitmap_and(set, set, allowed);
   const int rc = hwloc_set_cpubind(topo.t, set, HWLOC_CPUBIND_PROCESS);
   const int err = errno;
+  hwloc_bitmap_free(allowed);
   hwloc_bitmap_free(set);
   if (rc != 0) throw fail(std::string("binding failed: ") + std::strerror(err));
 #else

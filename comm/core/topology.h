@@ -24,9 +24,10 @@ std::string binding();
 
 // Binds this process (every thread, those started later too) to the share
 // of this host that `how` gives local rank `local_rank` of `local_world_size`:
-// "core": a contiguous block of cores, the host's cores divided evenly (a
-// rank gets one core, shared, when there are fewer cores than ranks);
-// "numa": NUMA node local_rank mod nodes; "none": nothing. Returns the CPUs
+// "core": a contiguous block of the cores this process may use (its
+// launcher's or taskset's binding), divided evenly (a rank gets one core,
+// shared, when there are fewer cores than ranks); "numa": the usable NUMA
+// node local_rank mod nodes; "none": nothing. Returns the CPUs
 // bound to; throws collie::Error when the binding fails.
 std::string bind(const std::string& how, int local_rank, int local_world_size);
 
