@@ -520,32 +520,36 @@ int main(int argc, char** argv) {
       auto view = [&](std::vector<uint8_t>& v, size_t first, size_t len) {
         return collie::TensorView{v.data() + first * es, a.dtype, len, collie::Device::cpu()};
       };
-      // The inputs, each rank's contribution(rank, i) at element i of what
-      // it sends (for the all-gather, its block).
+      // Where this rank's input is and where its result lands, in place
+      // (nccl-tests' layout: the all-gather's input is this rank's block of
+      // the output, the reduce-scatter's output this rank's block of the
+      // input) or not.
+      const collie::TensorView source = a.coll != Coll::allgather ? view(in, 0, count)
+                                        : a.in_place              ? view(out, rank * block, block)
+                                                                  : view(in, 0, block);
+      collie::TensorView result = view(out, 0, count);
+      if (a.coll == Coll::broadcast || (a.coll == Coll::allreduce && a.in_place))
+        result = view(in, 0, count);
+      if (a.coll == Coll::reduce_scatter)
+        result = a.in_place ? view(in, rank * block, block) : view(out, 0, block);
+      // The inputs: each rank's contribution(rank, i) at element i.
       auto fill = [&] {
-        const size_t len = a.coll == Coll::allgather ? block : count;
-        uint8_t* dst = in.data();
-        if (a.coll == Coll::allgather && a.in_place) dst = out.data() + rank * block * es;
-        for (size_t i = 0; i < len; ++i)
-          collie::put_element(a.dtype, dst, i, contribution(rank, i));
+        for (size_t i = 0; i < source.numel; ++i)
+          collie::put_element(a.dtype, source.data, i, contribution(rank, i));
       };
       auto run_once = [&]() -> collie::Work {
         switch (a.coll) {
           case Coll::allreduce:
-            return comm->allreduce(view(in, 0, count),
-                                   a.in_place ? view(in, 0, count) : view(out, 0, count), a.op);
+            return comm->allreduce(source, result, a.op);
           case Coll::allgather:
-            return comm->allgather(a.in_place ? view(out, rank * block, block) : view(in, 0, block),
-                                   view(out, 0, count));
+            return comm->allgather(source, result);
           case Coll::reduce_scatter:
-            return comm->reduce_scatter(
-                view(in, 0, count),
-                a.in_place ? view(in, rank * block, block) : view(out, 0, block), a.op);
+            return comm->reduce_scatter(source, result, a.op);
           case Coll::broadcast:
-            return comm->broadcast(view(in, 0, count), 0);
+            return comm->broadcast(source, 0);
           case Coll::sendrecv: {
-            collie::Work s = comm->send(view(in, 0, count), next);
-            collie::Work r = comm->recv(view(out, 0, count), prev);
+            collie::Work s = comm->send(source, next);
+            collie::Work r = comm->recv(result, prev);
             s.wait();
             return r;
           }
@@ -571,9 +575,7 @@ int main(int argc, char** argv) {
       if (a.check) {
         fill();
         run_once().wait();
-        // What this rank must hold at element i of its result, and where.
-        const void* res = out.data();
-        size_t len = count;
+        // What this rank must hold at element i of its result.
         auto want_at = [&](size_t i) -> double {
           switch (a.coll) {
             case Coll::allreduce:
@@ -589,19 +591,13 @@ int main(int argc, char** argv) {
           }
           return 0;
         };
-        if (a.coll == Coll::allreduce && a.in_place) res = in.data();
-        if (a.coll == Coll::reduce_scatter) {
-          len = block;
-          res = a.in_place ? in.data() + rank * block * es : out.data();
-        }
-        if (a.coll == Coll::broadcast) res = in.data();
-        for (size_t i = 0; i < len; ++i) {
+        for (size_t i = 0; i < result.numel; ++i) {
           double want = want_at(i);
           double tol =
               reduces(a.coll) && collie::is_floating(a.dtype) && a.op == collie::ReduceOp::avg
                   ? std::abs(want) * (a.dtype == collie::DType::bf16 ? 8e-3 : 1e-3)
                   : 0;
-          if (std::abs(collie::get_element(a.dtype, res, i) - want) > tol) ++wrong;
+          if (std::abs(collie::get_element(a.dtype, result.data, i) - want) > tol) ++wrong;
         }
         comm->allreduce(collie::view_of(&wrong, 1), collie::ReduceOp::sum).wait();
       }
