@@ -338,10 +338,6 @@ void HostExecutor::shutdown() {
   continuations_->stop();
 }
 
-}  // namespace collie
-
-namespace collie {
-
 namespace {
 
 class HostBackend final : public Backend {

@@ -29,11 +29,11 @@ void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
   std::vector<bool> seen(n);
   for (int q = 0; q < n; ++q) seen[q] = keys[q].empty();
   auto missing_ranks = [&] {
-    std::string list;
-    int missing = 0;
+    std::vector<int> missing;
     for (int q = 0; q < n; ++q)
-      if (!seen[q]) list += (missing++ ? ", " : "") + std::to_string(names[q]);
-    return (missing > 1 ? "ranks " : "rank ") + list + " of " + std::to_string(n) + " never joined";
+      if (!seen[q]) missing.push_back(q);
+    return (missing.size() > 1 ? "ranks " : "rank ") + names.list(missing) + " of " +
+           std::to_string(n) + " never joined";
   };
   // The wait goes in slices, noting who has arrived after each, so that a
   // timeout can name the missing ranks without asking the store again: by

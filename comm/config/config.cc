@@ -226,13 +226,13 @@ Env tuned(const Env& env) {
     throw bad(std::string("COLLIE_TUNING_FILE='") + path +
               "' cannot be read; write one with collie-bench --tune, or unset it");
   auto values = std::make_shared<std::map<std::string, std::string>>();
+  auto trim = [](std::string s) {
+    s.erase(0, s.find_first_not_of(" \t\r"));
+    s.erase(s.find_last_not_of(" \t\r") + 1);
+    return s;
+  };
   std::string line;
   for (int no = 1; std::getline(f, line); ++no) {
-    auto trim = [](std::string s) {
-      s.erase(0, s.find_first_not_of(" \t\r"));
-      s.erase(s.find_last_not_of(" \t\r") + 1);
-      return s;
-    };
     line = trim(line.substr(0, line.find('#')));
     if (line.empty()) continue;
     auto eq = line.find('=');

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "collie/error.h"
@@ -36,6 +37,15 @@ std::string cpu_list(const cpu_set_t& set) {
     c = e;
   }
   return s;
+}
+
+// The items [first, last) of `units` that local rank r of L gets: a
+// contiguous block, units divided evenly, at least one (shared when there
+// are fewer units than ranks); with `one`, item r mod units only.
+std::pair<int, int> share(int r, int L, int units, bool one) {
+  if (one || units < L) return {r % units, r % units + 1};
+  return {static_cast<int>(static_cast<long>(r) * units / L),
+          static_cast<int>(static_cast<long>(r + 1) * units / L)};
 }
 
 #if COLLIE_HAVE_HWLOC
@@ -136,11 +146,8 @@ std::string bind(const std::string& how, int local_rank, int local_world_size) {
     throw fail(how == "core" ? "hwloc finds no core this process may use"
                              : "hwloc finds no NUMA node this process may use");
   }
-  // core: a contiguous block per rank, [r U / L, (r + 1) U / L), at least
-  // one (shared when there are fewer cores than ranks); numa: node r mod U.
-  int lo = static_cast<int>(static_cast<long>(r) * U / L);
-  int hi = static_cast<int>(static_cast<long>(r + 1) * U / L);
-  if (how == "numa" || U < L) lo = r % U, hi = lo + 1;
+  // core: a block of cores per rank; numa: one node.
+  const auto [lo, hi] = share(r, L, U, how == "numa");
   for (int i = lo; i < hi; ++i) hwloc_bitmap_or(set, set, usable[i]->cpuset);
   hwloc_bitmap_and(set, set, allowed);
   const int rc = hwloc_set_cpubind(topo.t, set, HWLOC_CPUBIND_PROCESS);
@@ -157,10 +164,7 @@ std::string bind(const std::string& how, int local_rank, int local_world_size) {
   std::vector<int> cpus;
   for (int c = 0; c < CPU_SETSIZE; ++c)
     if (CPU_ISSET(c, &now)) cpus.push_back(c);
-  const int C = static_cast<int>(cpus.size());
-  int lo = static_cast<int>(static_cast<long>(r) * C / L);
-  int hi = static_cast<int>(static_cast<long>(r + 1) * C / L);
-  if (C < L) lo = r % C, hi = lo + 1;
+  const auto [lo, hi] = share(r, L, static_cast<int>(cpus.size()), false);
   for (int c = lo; c < hi; ++c) CPU_SET(cpus[c], &want);
   if (sched_setaffinity(0, sizeof want, &want) != 0)
     throw fail(std::string("binding failed: ") + std::strerror(errno));
