@@ -36,23 +36,12 @@ for r in $(seq 1 "$REPS"); do
   done
 done
 python3 - "$NP" "$tmp" "$REPS" "${PLOT:-}" <<'PY'
-import glob, statistics, subprocess, sys
+import subprocess, sys
+sys.path.insert(0, "bench")
+from runs import allreduce_busbw, load, size_label as size
 n, tmp, reps, plot = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-def load(cfg):
-    rows = {}
-    for path in glob.glob(f"{tmp}/{cfg}.*.*"):
-        for line in open(path):
-            f = line.split()
-            if f and f[0] == "[0]": f = f[1:]
-            if len(f) >= 8 and f[0].isdigit():
-                rows.setdefault(int(f[0]), []).append((float(f[4]), int(f[-1])))
-    return {s: (statistics.median(t for t, _ in v), sum(w for _, w in v)) for s, v in rows.items()}
-cfgs = {c: load(c) for c in ["collie_shm", "mpi_sm", "collie_tcp", "mpi_tcp", "gloo"]}
-bw = lambda s, t: s / t / 1e3 * 2 * (n - 1) / n
-def size(s):
-    for u, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if s >= k: return f"{s // k} {u}"
-    return f"{s} B"
+cfgs = {c: load(f"{tmp}/{c}.*.*") for c in ["collie_shm", "mpi_sm", "collie_tcp", "mpi_tcp", "gloo"]}
+bw = lambda s, t: allreduce_busbw(s, t, n)
 print(f"{n} ranks, f32 sum, out of place; per-size median over {reps} interleaved runs; time in us, busbw in GB/s")
 print()
 print("| size | collie shm us | busbw | Open MPI sm us | busbw | shm / MPI sm | collie tcp us | busbw | Open MPI tcp us | busbw | tcp / MPI tcp | Gloo us | tcp / Gloo | wrong |")

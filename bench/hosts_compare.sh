@@ -22,22 +22,12 @@ for r in $(seq 1 "$REPS"); do
   done
 done
 python3 - "$tmp" "$REPS" "$RATE" <<'PY'
-import glob, statistics, sys
+import sys
+sys.path.insert(0, "bench")
+from runs import allreduce_busbw, load, size_label as size
 tmp, reps, rate = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-def load(cfg):
-    rows = {}
-    for path in glob.glob(f"{tmp}/{cfg}.*"):
-        for line in open(path):
-            f = line.split()
-            if f[:1] != ["[0]"]: continue
-            f = f[1:]
-            if len(f) >= 8 and f[0].isdigit():
-                rows.setdefault(int(f[0]), []).append((float(f[4]), int(f[-1])))
-    return {s: (statistics.median(t for t, _ in v), sum(w for _, w in v)) for s, v in rows.items()}
-hier, tcp = load("hier"), load("tcp")
-n = 4
-bw = lambda s, t: s / t / 1e3 * 2 * (n - 1) / n
-size = lambda s: f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB"
+hier, tcp = load(f"{tmp}/hier.*"), load(f"{tmp}/tcp.*")
+bw = lambda s, t: allreduce_busbw(s, t, 4)
 print(f"2 hosts x 2 ranks (network namespaces, veth, tbf {rate}), f32 sum; per-size median over "
       f"{reps} interleaved runs; time in us, busbw in GB/s")
 print()
