@@ -18,6 +18,7 @@
 #include "collie/work.h"
 #include "comm/config/config.h"
 #include "comm/core/reduce.h"
+#include "comm/core/spin.h"
 #include "comm/core/topology.h"
 #include "mp_common.h"
 
@@ -453,6 +454,31 @@ TEST(Topology, BindGivesEachLocalRankItsShareOfTheCores) {
               config::bind(fake({{"COLLIE_BIND", "socket"}}));
             }).find("COLLIE_BIND='socket' is not one of none, core, numa"),
             std::string::npos);
+}
+
+// The waiters' spin: grows when a sleep was answered about as soon as it
+// began (a wake-up lost to a short spin), shrinks back when the peer was
+// really late, and stays put when the user fixed it.
+TEST(SpinBudget, GrowsOnWakeUpsItCouldHaveSpunThroughAndShrinksOnLatePeers) {
+  SpinBudget s(50, true);
+  EXPECT_EQ(s.get(), 50us);
+  s.slept(70us);  // answered within a spin plus a wake-up
+  EXPECT_EQ(s.get(), 100us);
+  for (int i = 0; i < 10; ++i) s.slept(20us);
+  EXPECT_EQ(s.get(), 400us);  // at most 8x the base
+  s.slept(1000us);            // between: a peer a little late; keep
+  EXPECT_EQ(s.get(), 400us);
+  s.slept(5ms);  // a peer computing: spinning would burn a core
+  EXPECT_EQ(s.get(), 200us);
+  for (int i = 0; i < 10; ++i) s.slept(50ms);
+  EXPECT_EQ(s.get(), 50us);  // never under the base
+
+  SpinBudget fixed(50, false);
+  fixed.slept(10us);
+  EXPECT_EQ(fixed.get(), 50us);
+  SpinBudget none(0, true);  // more ranks than cores: never spin
+  none.slept(1us);
+  EXPECT_EQ(none.get(), 0us);
 }
 
 TEST(WorkHandle, CompletionErrorAndTimeout) {

@@ -94,12 +94,12 @@ Layout Layout::make(int n, size_t chunk, size_t small) {
   return l;
 }
 
-Segment::Segment(const BackendContext& ctx, const Layout& layout, int spin_us)
+Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spin)
     : me_(ctx.launch.rank),
       n_(ctx.launch.world_size),
       names_(ctx.names),
       lay_(layout),
-      spin_us_(spin_us),
+      spin_(spin),
       timeout_(ctx.launch.timeout),
       failure_(ctx.failure) {
   const std::string who = names_(me_);
@@ -259,7 +259,8 @@ template <class Pred>
 void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const What& what,
                       Deadline deadline) {
   if (pred()) return;
-  if (spin_us_ > 0) {
+  const auto spin = spin_.get();
+  if (spin.count() > 0) {
     // The clock is read after the first 64 polls: most small waits end
     // sooner, and a clock read cost an 8 B all-reduce a tenth of its time.
     Clock::time_point spin_end{};
@@ -271,17 +272,19 @@ void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const W
       if (abort_word_->load(std::memory_order_relaxed) != 0 || failure_->failed()) check();
       auto now = Clock::now();
       if (spin_end == Clock::time_point{})
-        spin_end = now + std::chrono::microseconds(spin_us_);
+        spin_end = now + spin;
       else if (now >= spin_end)
         break;
     }
   }
+  const auto asleep = Clock::now();
+  auto answered = [&] { spin_.slept(Clock::now() - asleep); };
   for (;;) {
     check();
     // A peer that made its last move and then left is not lost: look again.
     for (int p : peers) {
       if (std::string why = gone(p, what); !why.empty()) {
-        if (pred()) return;
+        if (pred()) return answered();
         throw Error(ErrorCode::peer_lost, why);
       }
     }
@@ -294,7 +297,7 @@ void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const W
     uint32_t v = c.value.load(std::memory_order_seq_cst);
     if (!pred()) futex(&c.value, FUTEX_WAIT, v, &ts);
     c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-    if (pred()) return;
+    if (pred()) return answered();
   }
 }
 

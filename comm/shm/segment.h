@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/core/spin.h"
 #include "comm/transport.h"
 
 namespace collie::shm {
@@ -92,7 +93,7 @@ class What {
 class Segment {
  public:
   // Collective over the ranks of ctx: rank 0 creates, the others open.
-  Segment(const BackendContext& ctx, const Layout& layout, int spin_us);
+  Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spin);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
@@ -170,7 +171,7 @@ class Segment {
   const int me_, n_;
   const RankNames names_;  // for messages
   const Layout lay_;
-  const int spin_us_;
+  SpinBudget spin_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<FailureLatch> failure_;
   uint8_t* base_ = nullptr;

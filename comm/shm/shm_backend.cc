@@ -35,9 +35,9 @@ std::string describe(const DescSlot& s) {
 
 class ShmRunner final : public HostRunner {
  public:
-  ShmRunner(const BackendContext& ctx, const config::ShmTuning& t, int spin_us)
+  ShmRunner(const BackendContext& ctx, const config::ShmTuning& t, SpinBudget spin)
       : tuning_(t),
-        seg_(ctx, Layout::make(ctx.launch.world_size, t.chunk_bytes, t.small_bytes), spin_us),
+        seg_(ctx, Layout::make(ctx.launch.world_size, t.chunk_bytes, t.small_bytes), spin),
         me_(ctx.launch.rank),
         n_(ctx.launch.world_size),
         names_(ctx.names) {}
@@ -359,7 +359,7 @@ std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
   auto t = config::shm_tuning(ctx.env);
   int spin = t.spin_us;
   if (spin < 0) spin = ctx.launch.local_world_size <= topology::usable_cpus() ? 50 : 0;
-  return std::make_unique<ShmRunner>(ctx, t, spin);
+  return std::make_unique<ShmRunner>(ctx, t, SpinBudget(spin, t.spin_us < 0));
 }
 
 BackendEntry backend_entry() {

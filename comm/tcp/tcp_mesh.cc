@@ -59,6 +59,7 @@ Mesh::Mesh(int rank, int size, std::vector<net::Fd> peers, const config::TcpTuni
       size_(size),
       peers_(static_cast<size_t>(size)),
       tuning_(tuning),
+      spin_(tuning.spin_us >= 0 ? tuning.spin_us : (spin_allowed ? 50 : 0), tuning.spin_us < 0),
       failure_(std::move(failure)),
       wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       is_active_(static_cast<size_t>(size), 0) {
@@ -71,7 +72,6 @@ Mesh::Mesh(int rank, int size, std::vector<net::Fd> peers, const config::TcpTuni
         net::set_buffer_sizes(peers_[q].fd.get(), tuning.socket_buffer_bytes);
     }
   }
-  spin_us_ = tuning.spin_us >= 0 ? tuning.spin_us : (spin_allowed ? 50 : 0);
 }
 
 Mesh::~Mesh() {
@@ -348,7 +348,7 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
     if (!p.departed) p.watch = true;
   std::vector<pollfd> pfds;
   std::vector<int> pfd_peer;
-  const auto spin = std::chrono::microseconds(spin_us_);
+  auto spin = spin_.get();
   auto spin_until = net::Clock::now() + spin;
   for (;;) {
     if (failure_->failed()) throw *failure_->get();
@@ -384,12 +384,15 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
     }
     pfds.push_back({wake_.get(), POLLIN, 0});
     pfd_peer.push_back(-1);
+    const auto asleep = net::Clock::now();
     int n = ::poll(pfds.data(), pfds.size(), net::poll_timeout_ms(deadline));
     if (n < 0 && errno != EINTR)
       throw system_error(ErrorCode::internal, "poll on " + names_(rank_), errno);
     if (n == 0 && net::Clock::now() >= deadline) timed_out();
+    bool answered = false;  // by a peer, not by wake()
     for (size_t i = 0; i < pfds.size(); ++i) {
       int q = pfd_peer[i];
+      answered |= q >= 0 && pfds[i].revents != 0;
       if (q < 0) {
         uint64_t count;
         if (pfds[i].revents & POLLIN) [[maybe_unused]]
@@ -398,6 +401,10 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
       }
       if (peers_[q].recvs.empty() && (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
         check_hangup(q);
+    }
+    if (answered) {
+      spin_.slept(net::Clock::now() - asleep);
+      spin = spin_.get();
     }
     spin_until = net::Clock::now() + spin;
   }

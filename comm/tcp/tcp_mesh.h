@@ -9,7 +9,8 @@
 // frames carry an error to peers; a bye frame says a peer left cleanly.
 //
 // Sockets are non-blocking; run() moves all of them on one thread, spinning
-// briefly on the sockets before sleeping in poll(), and watches every other
+// briefly on the sockets before sleeping in poll() (for a budget that adapts:
+// comm/core/spin.h), and watches every other
 // peer's socket for hang-ups, so that a dead rank is reported by every
 // survivor, not only by its neighbours. Per peer, sends go out and receives
 // are filled in the order they were posted.
@@ -25,6 +26,7 @@
 #include "collie/error.h"
 #include "comm/backend.h"
 #include "comm/config/config.h"
+#include "comm/core/spin.h"
 #include "comm/net/socket.h"
 #include "comm/transport.h"
 
@@ -76,7 +78,7 @@ class Mesh final : public Transport {
   const int size_;
   std::vector<Peer> peers_;
   config::TcpTuning tuning_;
-  int spin_us_;
+  SpinBudget spin_;
   std::shared_ptr<FailureLatch> failure_;
   net::Fd wake_;
   bool closed_ = false;
