@@ -131,6 +131,8 @@ struct BackendEntry {
   // "" when it can serve these ranks, else why not. May be null: always.
   std::string (*unusable)(const config::Launch& launch);
   std::unique_ptr<Backend> (*create)(const BackendContext& ctx);
+  // Whether it rendezvouses through the store (mpi has MPI's own).
+  bool needs_store = true;
 };
 
 // Every backend collie knows of, in the order `auto` prefers them.

@@ -55,6 +55,8 @@ void make_rendezvous(const Options& options, BackendContext& ctx) {
       ctx.listen_host = "127.0.0.1";
     }
   } else if (launch.world_size > 1) {
+    if (!launch.no_rendezvous.empty())
+      throw Error(ErrorCode::invalid_argument, launch.no_rendezvous);
     std::shared_ptr<TcpStoreServer> server;
     int port = launch.master_port;
     if (launch.rank == 0) server = store_server(port, launch);
@@ -92,7 +94,7 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   const int k = connects.fetch_add(1);
   ctx.key = k == 0 ? "collie/world" : "collie/world." + std::to_string(k);
   ctx.failure = std::make_shared<FailureLatch>();
-  make_rendezvous(options, ctx);
+  if (entry.needs_store || options.store) make_rendezvous(options, ctx);
   log::info("rank " + std::to_string(ctx.launch.rank) + " of " +
             std::to_string(ctx.launch.world_size) + ": backend " + entry.name +
             ", launch variables from " + ctx.launch.source);

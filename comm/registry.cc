@@ -1,9 +1,9 @@
 // comm/registry.cc: every backend collie knows of, built or not, in the
 // order `auto` prefers them. This is the one file that names a backend's
 // folder: a backend is added with a line here (see docs/architecture.md).
-#include "collie_build_config.h"
 #include "comm/backend.h"
 #include "comm/hier/hier_backend.h"
+#include "comm/mpi/mpi_backend.h"
 #include "comm/shm/shm_backend.h"
 #include "comm/tcp/tcp_backend.h"
 
@@ -14,12 +14,9 @@ const std::vector<BackendEntry>& backend_registry() {
       {"nccl", false, "the NCCL backend is not part of this version of collie yet", nullptr,
        nullptr},
       shm::backend_entry(),
+      // Under mpirun across hosts: MPI's interconnect before TCP.
+      mpi::backend_entry(),
       hier::backend_entry(),
-      {"mpi", false,
-       COLLIE_HAVE_MPI ? "the MPI backend is not part of this version of collie yet"
-                       : "this build has no MPI: install libopenmpi-dev and configure with "
-                         "-Dmpi=enabled",
-       nullptr, nullptr},
       tcp::backend_entry(),
   };
   return registry;

@@ -16,6 +16,8 @@
 #include <thread>
 
 #include "collie/work.h"
+#include "collie_build_config.h"
+#include "comm/backend.h"
 #include "comm/config/config.h"
 #include "comm/core/reduce.h"
 #include "comm/core/spin.h"
@@ -302,6 +304,50 @@ TEST(Config, BadValuesSayWhatToChange) {
   EXPECT_NE(msg.find("COLLIE_TIMEOUT"), std::string::npos) << msg;
   msg = error_of([&] { config::tcp_tuning(fake({{"COLLIE_ALLREDUCE_ALGO", "fast"}})); });
   EXPECT_NE(msg.find("auto, ring, rd"), std::string::npos) << msg;
+}
+
+// What `auto` picks, and what asking for a backend that cannot be had says.
+TEST(Registry, AutoPicksByLaunchAndAskingForAMissingBackendSaysWhy) {
+  config::Launch one_host;
+  one_host.world_size = 4;
+  one_host.local_world_size = 4;
+  one_host.source = "COLLIE";
+  EXPECT_STREQ(pick_backend("auto", one_host).name, "shm");
+  config::Launch hosts = one_host;
+  hosts.local_world_size = 2;
+  EXPECT_STREQ(pick_backend("auto", hosts).name, "hier");
+  config::Launch mpirun_hosts = hosts;
+  mpirun_hosts.source = "OMPI";
+  // Under mpirun across hosts, MPI's interconnect; on one host, shm still.
+  EXPECT_STREQ(pick_backend("auto", mpirun_hosts).name, COLLIE_HAVE_MPI ? "mpi" : "hier");
+  config::Launch mpirun_one_host = one_host;
+  mpirun_one_host.source = "OMPI";
+  EXPECT_STREQ(pick_backend("auto", mpirun_one_host).name, "shm");
+
+  auto why = [](const std::string& name, const config::Launch& l) {
+    try {
+      pick_backend(name, l);
+    } catch (const Error& e) {
+      return std::string(to_string(e.code())) + ": " + e.what();
+    }
+    return std::string("no error");
+  };
+  auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  };
+  if (COLLIE_HAVE_MPI) {
+    EXPECT_STREQ(pick_backend("mpi", mpirun_hosts).name, "mpi");
+    EXPECT_PRED2(has, why("mpi", hosts),
+                 "unavailable: backend 'mpi' cannot serve these ranks: it "
+                 "needs an MPI launch (mpirun or srun)");
+  } else {
+    EXPECT_PRED2(has, why("mpi", mpirun_hosts),
+                 "unavailable: backend 'mpi' is not available: this build "
+                 "has no MPI: install Open MPI");
+    EXPECT_PRED2(has, why("mpi", mpirun_hosts), "-Dmpi=enabled");
+  }
+  EXPECT_PRED2(has, why("shm", hosts), "it needs every rank on one host");
+  EXPECT_PRED2(has, why("gloo", hosts), "invalid_argument: unknown backend 'gloo'");
 }
 
 // collie-run's own settings come through comm/config like everything else.

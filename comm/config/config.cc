@@ -166,17 +166,17 @@ Launch resolve_launch(const Options& o, const Env& env) {
       if (l.local_world_size == l.world_size)
         l.master_addr = "127.0.0.1";
       else
-        throw bad(
+        l.no_rendezvous =
             "no rendezvous address: set MASTER_ADDR to rank 0's host name or address "
-            "(the ranks span several hosts)");
+            "(the ranks span several hosts)";
     }
     if (l.master_port < 0) {
       if (auto p = port_from_job_id(env))
         l.master_port = *p;
-      else if (l.store_fd < 0)
-        throw bad(
+      else if (l.store_fd < 0 && l.no_rendezvous.empty())
+        l.no_rendezvous =
             "no rendezvous port: set MASTER_PORT (e.g. MASTER_PORT=29500), or launch with "
-            "collie-run, which picks a free one");
+            "collie-run, which picks a free one";
     }
   }
 
@@ -301,6 +301,17 @@ ShmTuning shm_tuning(const Env& raw) {
   }
   t.spin_us = spin_us(env);
   return t;
+}
+
+MpiSettings mpi_settings(const Env& raw) {
+  const Env env = tuned(raw);
+  MpiSettings m;
+  m.spin_us = spin_us(env);
+  if (auto v = parse_int("COLLIE_MPI_CHECK", env("COLLIE_MPI_CHECK"))) {
+    if (*v != 0 && *v != 1) throw bad("COLLIE_MPI_CHECK must be 0 or 1");
+    m.check = *v == 1;
+  }
+  return m;
 }
 
 size_t hier_piece_bytes(const Env& raw) {

@@ -33,6 +33,9 @@ struct Launch {
   int store_fd = -1;       // listening socket handed down by collie-run (rank 0)
   std::string store_file;  // COLLIE_STORE_FILE: rendezvous through a shared file instead
   std::string source;      // which launcher's variables were used, for messages
+  // Why no rendezvous store can be made ("" when one can): an error only
+  // for a backend that needs one (mpi does not).
+  std::string no_rendezvous;
   std::chrono::milliseconds timeout{300000};
 };
 
@@ -68,6 +71,14 @@ struct ShmTuning {
 };
 
 ShmTuning shm_tuning(const Env& env);
+
+// Settings of the MPI backend.
+struct MpiSettings {
+  int spin_us = -1;   // COLLIE_SPIN_US: test without pausing this long; -1: auto
+  bool check = true;  // COLLIE_MPI_CHECK=0: skip the cross-rank check of each collective
+};
+
+MpiSettings mpi_settings(const Env& env);
 
 // COLLIE_HIER_PIECE: the hierarchical all-reduce runs in pieces of this many
 // bytes (default 1 MiB), the network stage of one beside the shared-memory

@@ -1,0 +1,683 @@
+// comm/mpi/mpi_backend.cc: see mpi_backend.h.
+#include "comm/mpi/mpi_backend.h"
+
+#include "collie_build_config.h"
+
+#if COLLIE_HAVE_MPI
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/config/config.h"
+#include "comm/core/fingerprint.h"
+#include "comm/core/log.h"
+#include "comm/core/reduce.h"
+#include "comm/core/topology.h"
+#include "comm/host_executor.h"
+
+namespace collie::mpi {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string mpi_error(int rc) {
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+std::string level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    default:
+      return "MPI_THREAD_MULTIPLE";
+  }
+}
+
+// The reduce ops MPI lacks, made of collie's kernels, so that results match
+// the other backends: f16 and bf16 (widened to f32, combined, rounded once
+// per step), and min/max on floats (NaN wins wherever it is; MPI_MIN's
+// comparison keeps whichever side comes first).
+template <ReduceOp R>
+void user_op(void* in, void* inout, int* len, MPI_Datatype* type);
+
+// What this process knows about MPI: the thread level, who initialised it,
+// the user-defined types and ops. One per process, made on first use.
+class Process {
+ public:
+  static Process& get() {
+    static Process* p = new Process();  // never destroyed: used from atexit
+    return *p;
+  }
+
+  void start() {
+    std::lock_guard lk(mu_);
+    if (started_) return;
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (finalized)
+      throw Error(ErrorCode::unavailable,
+                  "the mpi backend cannot start: the program has finalised MPI already");
+    if (!inited) {
+      int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &level_);
+      if (rc != MPI_SUCCESS)
+        throw Error(ErrorCode::unavailable, "MPI_Init_thread failed: " + mpi_error(rc));
+      we_initialised_ = true;
+      std::atexit([] { Process::get().finalize_at_exit(); });
+    } else {
+      MPI_Query_thread(&level_);
+    }
+    // Operations run on whichever thread waits for them, or on the
+    // executor's; communicators run side by side.
+    if (level_ < MPI_THREAD_SERIALIZED)
+      throw Error(ErrorCode::unavailable,
+                  "the mpi backend needs MPI_THREAD_SERIALIZED or more, and MPI was initialised "
+                  "with " +
+                      level_name(level_) +
+                      ": initialise it with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
+                      "(mpi4py does), or let collie initialise it");
+    serialize_ = level_ < MPI_THREAD_MULTIPLE;
+    MPI_Type_contiguous(2, MPI_BYTE, &f16_);
+    MPI_Type_commit(&f16_);
+    MPI_Type_contiguous(2, MPI_BYTE, &bf16_);
+    MPI_Type_commit(&bf16_);
+    MPI_Op_create(&user_op<ReduceOp::sum>, 1, &ops_[0]);
+    MPI_Op_create(&user_op<ReduceOp::prod>, 1, &ops_[1]);
+    MPI_Op_create(&user_op<ReduceOp::min>, 1, &ops_[2]);
+    MPI_Op_create(&user_op<ReduceOp::max>, 1, &ops_[3]);
+    started_ = true;
+  }
+
+  // Held around every MPI call when MPI grants less than MULTIPLE.
+  std::unique_lock<std::mutex> lock() {
+    return serialize_ ? std::unique_lock<std::mutex>(call_mu_) : std::unique_lock<std::mutex>();
+  }
+
+  // An operation was left unfinished in MPI: finalising would wait for it.
+  void abandoned() { abandoned_ = true; }
+  bool usable() const {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    return !finalized;
+  }
+  int level() const { return level_; }
+
+  DType dtype_of(MPI_Datatype t) const {
+    if (t == MPI_FLOAT) return DType::f32;
+    if (t == MPI_DOUBLE) return DType::f64;
+    if (t == f16_) return DType::f16;
+    return DType::bf16;
+  }
+
+  MPI_Datatype type(DType t) const {
+    switch (t) {
+      case DType::f32:
+        return MPI_FLOAT;
+      case DType::f64:
+        return MPI_DOUBLE;
+      case DType::f16:
+        return f16_;
+      case DType::bf16:
+        return bf16_;
+      case DType::i32:
+        return MPI_INT32_T;
+      case DType::i64:
+        return MPI_INT64_T;
+      case DType::u8:
+        return MPI_UINT8_T;
+    }
+    return MPI_BYTE;
+  }
+
+  // avg is a sum here; the caller divides.
+  MPI_Op op(ReduceOp r, DType t) const {
+    const bool narrow = t == DType::f16 || t == DType::bf16;
+    const bool fp = narrow || t == DType::f32 || t == DType::f64;
+    switch (r) {
+      case ReduceOp::sum:
+      case ReduceOp::avg:
+        return narrow ? ops_[0] : MPI_SUM;
+      case ReduceOp::prod:
+        return narrow ? ops_[1] : MPI_PROD;
+      case ReduceOp::min:
+        return fp ? ops_[2] : MPI_MIN;
+      case ReduceOp::max:
+        return fp ? ops_[3] : MPI_MAX;
+    }
+    return MPI_SUM;
+  }
+
+ private:
+  void finalize_at_exit() {
+    if (!we_initialised_ || !usable()) return;
+    if (abandoned_) {
+      // MPI_Finalize would wait for the operation that never ended.
+      log::warn(
+          "not finalising MPI: an operation of the mpi backend never finished (it timed "
+          "out or a peer failed); mpirun ends the job");
+      return;
+    }
+    MPI_Finalize();
+  }
+
+  std::mutex mu_, call_mu_;
+  bool started_ = false;
+  bool we_initialised_ = false;
+  bool serialize_ = false;
+  std::atomic<bool> abandoned_{false};
+  int level_ = MPI_THREAD_SINGLE;
+  MPI_Datatype f16_ = MPI_DATATYPE_NULL, bf16_ = MPI_DATATYPE_NULL;
+  MPI_Op ops_[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+template <ReduceOp R>
+void user_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+  DType t = Process::get().dtype_of(*type);
+  kernels::reduce(t, R, inout, in, inout, static_cast<size_t>(*len));
+}
+
+// Room for an abort message between ranks: "code\ntext".
+constexpr int kAbortBytes = 1024;
+constexpr int kAbortTag = 1;
+
+class MpiRunner final : public HostRunner {
+ public:
+  // Takes `data` (a communicator of its own) and dups a control one.
+  MpiRunner(const BackendContext& ctx, MPI_Comm data)
+      : proc_(Process::get()),
+        data_(data),
+        me_(ctx.launch.rank),
+        n_(ctx.launch.world_size),
+        names_(ctx.names),
+        failure_(ctx.failure),
+        timeout_(ctx.launch.timeout) {
+    auto s = config::mpi_settings(ctx.env);
+    check_ = s.check;
+    int spin = s.spin_us;
+    if (spin < 0) spin = ctx.launch.local_world_size <= topology::usable_cpus() ? 2000 : 0;
+    spin_ = std::chrono::microseconds(spin);
+    auto lk = proc_.lock();
+    MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
+    MPI_Comm_dup(data_, &ctrl_);
+    MPI_Comm_set_errhandler(ctrl_, MPI_ERRORS_RETURN);
+    abort_in_.resize(kAbortBytes);
+    MPI_Irecv(abort_in_.data(), kAbortBytes, MPI_CHAR, MPI_ANY_SOURCE, kAbortTag, ctrl_,
+              &abort_req_);
+  }
+
+  ~MpiRunner() override { close(); }
+
+  MPI_Comm comm() const { return data_; }
+
+  void run_collective(const Op& op, Deadline dl) override {
+    const OpDesc& d = op.desc;
+    if (check_ && n_ > 1) verify(d, dl);
+    const DType t = d.dtype;
+    const MPI_Datatype type = proc_.type(t);
+    const size_t esz = dtype_size(t);
+    switch (d.op) {
+      case OpKind::allreduce: {
+        // MPI counts are int: a larger buffer goes as several all-reduces.
+        const size_t piece = size_t{1} << 30;
+        auto* in = static_cast<const uint8_t*>(op.in.data);
+        auto* out = static_cast<uint8_t*>(op.out.data);
+        const bool in_place = op.in.data == op.out.data;
+        for (size_t at = 0; at < d.count; at += piece) {
+          const int c = static_cast<int>(std::min(piece, d.count - at));
+          run(d, dl, [&](MPI_Request* r) {
+            return MPI_Iallreduce(in_place ? MPI_IN_PLACE : in + at * esz, out + at * esz, c, type,
+                                  proc_.op(d.redop, t), data_, r);
+          });
+        }
+        if (d.redop == ReduceOp::avg) kernels::divide(t, op.out.data, op.out.data, d.count, n_);
+        return;
+      }
+      case OpKind::broadcast: {
+        const size_t piece = size_t{1} << 30;
+        auto* buf = static_cast<uint8_t*>(op.in.data);
+        for (size_t at = 0; at < d.count; at += piece) {
+          const int c = static_cast<int>(std::min(piece, d.count - at));
+          run(d, dl,
+              [&](MPI_Request* r) { return MPI_Ibcast(buf + at * esz, c, type, d.tag, data_, r); });
+        }
+        return;
+      }
+      case OpKind::allgather: {
+        const int c = int_count(d, op.in.numel);
+        const bool in_place = op.in.data == static_cast<uint8_t*>(op.out.data) +
+                                                static_cast<size_t>(me_) * op.in.nbytes();
+        run(d, dl, [&](MPI_Request* r) {
+          return MPI_Iallgather(in_place ? MPI_IN_PLACE : op.in.data, c, type, op.out.data, c, type,
+                                data_, r);
+        });
+        return;
+      }
+      case OpKind::reduce_scatter: {
+        const int c = int_count(d, op.out.numel);
+        // Collie's in place is the output at this rank's block of the input;
+        // MPI's puts it at the start. Out of place either way.
+        void* out = op.out.data;
+        std::vector<uint8_t> tmp;
+        const auto* mine =
+            static_cast<const uint8_t*>(op.in.data) + static_cast<size_t>(me_) * op.out.nbytes();
+        if (mine == op.out.data && me_ != 0) {
+          tmp.resize(op.out.nbytes());
+          out = tmp.data();
+        }
+        run(d, dl, [&](MPI_Request* r) {
+          return MPI_Ireduce_scatter_block(op.in.data == out ? MPI_IN_PLACE : op.in.data, out, c,
+                                           type, proc_.op(d.redop, t), data_, r);
+        });
+        if (!tmp.empty()) std::memcpy(op.out.data, tmp.data(), tmp.size());
+        if (d.redop == ReduceOp::avg) kernels::divide(t, op.out.data, op.out.data, d.count, n_);
+        return;
+      }
+      case OpKind::barrier:
+        run(d, dl, [&](MPI_Request* r) { return MPI_Ibarrier(data_, r); });
+        return;
+      case OpKind::p2p:
+      case OpKind::split:
+        break;
+    }
+    throw Error(ErrorCode::internal, what(d) + " is not a collective the mpi backend runs");
+  }
+
+  void run_p2p(P2pBatch& batch, Deadline dl) override {
+    // Every op of the batch is posted at once, and those issued while it runs
+    // join it, so that the exchange (both send, then both receive) cannot
+    // wait on itself. Each completes as soon as MPI says it has.
+    std::vector<MPI_Request> reqs;
+    std::vector<size_t> index;  // reqs[k] is batch.ops[index[k]]
+    size_t posted = 0, left = 0;
+    auto post_new = [&] {
+      for (; posted < batch.ops.size(); ++posted) {
+        const Op& op = batch.ops[posted];
+        const int tag = op.desc.tag;
+        if (tag < 0 || tag > tag_ub())
+          throw Error(ErrorCode::invalid_argument, what(op.desc) + ": tag " + std::to_string(tag) +
+                                                       " is outside what this MPI allows (0.." +
+                                                       std::to_string(tag_ub()) + ")");
+        if (op.in.nbytes() > static_cast<size_t>(INT_MAX))
+          throw Error(
+              ErrorCode::invalid_argument,
+              what(op.desc) + ": " + std::to_string(op.in.nbytes()) +
+                  " bytes is more than one MPI message holds (2^31 - 1) on the mpi backend");
+        MPI_Request r;
+        int rc;
+        {
+          auto lk = proc_.lock();
+          rc = op.is_send ? MPI_Isend(op.in.data, static_cast<int>(op.in.nbytes()), MPI_BYTE,
+                                      op.peer, tag, data_, &r)
+                          : MPI_Irecv(op.in.data, static_cast<int>(op.in.nbytes()), MPI_BYTE,
+                                      op.peer, tag, data_, &r);
+        }
+        if (rc != MPI_SUCCESS) failed(op.desc, rc);
+        reqs.push_back(r);
+        index.push_back(posted);
+        ++left;
+      }
+    };
+    post_new();
+    std::vector<int> done;
+    std::vector<MPI_Status> st;
+    poll(batch.ops.front().desc, dl, [&] {
+      if (woken_.exchange(false) && batch.refill()) post_new();
+      done.resize(reqs.size());
+      st.resize(reqs.size());
+      int outcount = 0;
+      int rc;
+      {
+        auto lk = proc_.lock();
+        rc = MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &outcount, done.data(),
+                          st.data());
+      }
+      if (outcount == MPI_UNDEFINED) outcount = 0;
+      for (int k = 0; k < outcount; ++k) {
+        const Op& op = batch.ops[index[static_cast<size_t>(done[k])]];
+        // MPI_ERR_IN_STATUS: this op's own error is in its status.
+        if (rc != MPI_SUCCESS && st[k].MPI_ERROR != MPI_SUCCESS) p2p_failed(op, st[k].MPI_ERROR);
+        if (!op.is_send) {
+          int got = 0;
+          MPI_Get_count(&st[k], MPI_BYTE, &got);
+          if (static_cast<size_t>(got) != op.in.nbytes())
+            throw Error(ErrorCode::mismatch,
+                        what(op.desc) + ": " + names_(op.peer) + " sent " + std::to_string(got) +
+                            " bytes and this receive expects " + std::to_string(op.in.nbytes()) +
+                            ": the sender's count and dtype must match the receiver's");
+        }
+        batch.finished(index[static_cast<size_t>(done[k])]);
+        --left;
+      }
+      if (rc != MPI_SUCCESS) failed(batch.ops.front().desc, rc);
+      if (left > 0) return false;
+      if (!batch.refill()) return true;
+      post_new();
+      return false;
+    });
+  }
+
+  void abort_peers(const Error& e) noexcept override {
+    if (told_ || closed_ || !proc_.usable()) return;
+    told_ = true;
+    // Eager-sized messages, never waited for: a peer stuck in a collective
+    // of its own sees them in its next test.
+    abort_out_ = std::to_string(static_cast<int>(e.code())) + "\n" +
+                 std::string(e.what()).substr(0, kAbortBytes - 8);
+    auto lk = proc_.lock();
+    for (int q = 0; q < n_; ++q) {
+      if (q == me_) continue;
+      MPI_Request r;
+      if (MPI_Isend(abort_out_.data(), static_cast<int>(abort_out_.size()), MPI_CHAR, q, kAbortTag,
+                    ctrl_, &r) == MPI_SUCCESS)
+        MPI_Request_free(&r);
+    }
+  }
+
+  void close() noexcept override {
+    if (closed_) return;
+    closed_ = true;
+    if (!proc_.usable()) return;
+    auto lk = proc_.lock();
+    if (abort_req_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&abort_req_);
+      MPI_Wait(&abort_req_, MPI_STATUS_IGNORE);
+    }
+    // An abandoned operation may still use data_: MPI frees it once that ends.
+    MPI_Comm_free(&ctrl_);
+    MPI_Comm_free(&data_);
+  }
+
+  void wake() noexcept override { woken_ = true; }
+
+ private:
+  std::string what(const OpDesc& d) const { return d.describe() + " on " + names_(me_); }
+
+  int tag_ub() {
+    if (tag_ub_ < 0) {
+      void* v = nullptr;
+      int flag = 0;
+      MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &v, &flag);
+      tag_ub_ = flag ? *static_cast<int*>(v) : 32767;
+    }
+    return tag_ub_;
+  }
+
+  int int_count(const OpDesc& d, size_t count) const {
+    if (count > static_cast<size_t>(INT_MAX))
+      throw Error(ErrorCode::invalid_argument,
+                  what(d) + ": " + std::to_string(count) +
+                      " elements per rank is more than an MPI count holds (2^31 - 1); split it");
+    return static_cast<int>(count);
+  }
+
+  [[noreturn]] void p2p_failed(const Op& op, int rc) {
+    int cls = 0;
+    MPI_Error_class(rc, &cls);
+    if (cls == MPI_ERR_TRUNCATE)
+      throw Error(ErrorCode::mismatch,
+                  what(op.desc) + ": " + names_(op.peer) + " sent more than the " +
+                      std::to_string(op.in.nbytes()) +
+                      " bytes this receive holds: the sender's count and dtype must match the "
+                      "receiver's");
+    failed(op.desc, rc);
+  }
+
+  [[noreturn]] void failed(const OpDesc& d, int rc) {
+    throw Error(ErrorCode::internal, what(d) + " failed in MPI: " + mpi_error(rc));
+  }
+
+  // Starts one non-blocking MPI operation and tests it to its end.
+  template <class Start>
+  void run(const OpDesc& d, Deadline dl, Start start) {
+    MPI_Request req;
+    int rc;
+    {
+      auto lk = proc_.lock();
+      rc = start(&req);
+    }
+    if (rc != MPI_SUCCESS) failed(d, rc);
+    poll(d, dl, [&] {
+      int flag = 0;
+      auto lk = proc_.lock();
+      int r = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+      if (r != MPI_SUCCESS) failed(d, r);
+      return flag != 0;
+    });
+  }
+
+  // Calls `test` until it returns true. MPI moves data only inside its
+  // calls, so the first spin_ of a wait tests without pausing; after that
+  // it pauses between tests for a sixteenth of the time waited so far (at
+  // most 1 ms): a slow peer costs a few percent of a core, not a core, and a
+  // long transfer is slowed by a few percent at most. Every 64 tests it
+  // looks for a peer's abort, this communicator's failure and the deadline.
+  template <class Test>
+  void poll(const OpDesc& d, Deadline dl, Test test) {
+    const auto start = Clock::now();
+    for (unsigned polls = 1;; ++polls) {
+      if (test()) return;
+      if (polls % 64 != 0) continue;
+      try {
+        look_for_abort(d);
+        if (failure_->failed()) throw *failure_->get();
+        const auto now = Clock::now();
+        if (now >= dl) timed_out(d);
+        const auto waited = now - start;
+        if (waited > spin_)
+          std::this_thread::sleep_for(
+              std::min<Clock::duration>(waited / 16, std::chrono::milliseconds(1)));
+      } catch (...) {
+        proc_.abandoned();
+        throw;
+      }
+    }
+  }
+
+  void look_for_abort(const OpDesc& d) {
+    int flag = 0;
+    MPI_Status st;
+    {
+      auto lk = proc_.lock();
+      MPI_Test(&abort_req_, &flag, &st);
+    }
+    if (!flag) return;
+    int got = 0;
+    MPI_Get_count(&st, MPI_CHAR, &got);
+    std::string msg(abort_in_.data(), static_cast<size_t>(std::max(got, 0)));
+    auto nl = msg.find('\n');
+    int code = nl == std::string::npos ? 0 : std::atoi(msg.substr(0, nl).c_str());
+    if (code < 1 || code > kNumErrorCodes) code = static_cast<int>(ErrorCode::aborted);
+    // This rank tells no one: the one that aborted told everybody.
+    told_ = true;
+    throw Error(static_cast<ErrorCode>(code),
+                what(d) + ": " + names_(st.MPI_SOURCE) + " aborted the communicator: " +
+                    (nl == std::string::npos ? msg : msg.substr(nl + 1)));
+  }
+
+  [[noreturn]] void timed_out(const OpDesc& d) {
+    throw Error(ErrorCode::timeout,
+                what(d) + " timed out after " + std::to_string(timeout_.count() / 1000) +
+                    " s in MPI (a rank is stalled, dead, or not calling the same operation; "
+                    "COLLIE_TIMEOUT sets the deadline). MPI cannot cancel it: this process will "
+                    "not finalise MPI, and mpirun ends the job when it exits");
+  }
+
+  // Every rank issues the same collective: one all-reduce of (h, ~h) with
+  // max, where h fingerprints the descriptor; equal on every rank exactly
+  // when the maxima are h and ~h. Only when they differ does it gather the
+  // descriptors, to name the rank and what it called.
+  void verify(const OpDesc& d, Deadline dl) {
+    const bool reduces = d.op == OpKind::allreduce || d.op == OpKind::reduce_scatter;
+    const uint64_t desc[6] = {static_cast<uint64_t>(d.op),
+                              static_cast<uint64_t>(d.dtype),
+                              reduces ? static_cast<uint64_t>(d.redop) : 0,
+                              d.seq,
+                              d.count,
+                              static_cast<uint64_t>(static_cast<uint32_t>(d.tag))};
+    const uint64_t h = fnv1a(kFnvBasis, desc, sizeof desc);
+    uint64_t mine[2] = {h, ~h}, max[2] = {0, 0};
+    run(d, dl, [&](MPI_Request* r) {
+      return MPI_Iallreduce(mine, max, 2, MPI_UINT64_T, MPI_MAX, data_, r);
+    });
+    if (max[0] == h && max[1] == ~h) return;
+    std::vector<uint64_t> all(6 * static_cast<size_t>(n_));
+    run(d, dl, [&](MPI_Request* r) {
+      return MPI_Iallgather(desc, 6, MPI_UINT64_T, all.data(), 6, MPI_UINT64_T, data_, r);
+    });
+    for (int q = 0; q < n_; ++q) {
+      const uint64_t* o = &all[6 * static_cast<size_t>(q)];
+      if (std::equal(o, o + 6, desc)) continue;
+      OpDesc theirs;
+      theirs.op = static_cast<OpKind>(o[0]);
+      theirs.dtype = static_cast<DType>(o[1] < kNumDTypes ? o[1] : 0);
+      theirs.redop = static_cast<ReduceOp>(o[2] < kNumReduceOps ? o[2] : 0);
+      theirs.seq = static_cast<uint32_t>(o[3]);
+      theirs.count = o[4];
+      theirs.tag = static_cast<int32_t>(o[5]);
+      throw Error(ErrorCode::mismatch,
+                  what(d) + " does not match " + names_(q) + ", which called " + theirs.describe() +
+                      ": every rank must issue the same collectives in the same order with the "
+                      "same counts, dtypes and ops");
+    }
+    throw Error(ErrorCode::mismatch, what(d) + " does not match every other rank's collective");
+  }
+
+  Process& proc_;
+  MPI_Comm data_ = MPI_COMM_NULL, ctrl_ = MPI_COMM_NULL;
+  const int me_, n_;
+  const RankNames names_;
+  std::shared_ptr<FailureLatch> failure_;
+  const std::chrono::milliseconds timeout_;
+  bool check_ = true;
+  std::chrono::microseconds spin_{0};
+  int tag_ub_ = -1;
+  std::atomic<bool> woken_{false};
+  std::vector<char> abort_in_;
+  std::string abort_out_;
+  MPI_Request abort_req_ = MPI_REQUEST_NULL;
+  bool told_ = false, closed_ = false;
+};
+
+class MpiBackend final : public Backend {
+ public:
+  MpiBackend(const BackendContext& ctx, MPI_Comm comm)
+      : runner_(std::make_unique<MpiRunner>(ctx, comm)) {
+    exec_ = HostExecutor::start(*runner_, ctx.failure, ctx.launch.rank, ctx.launch.timeout);
+  }
+  ~MpiBackend() override { exec_->shutdown(); }
+
+  std::string name() const override { return "mpi"; }
+  bool accepts(const Device& d) const override { return d.is_cpu(); }
+  Work start(Op op) override { return exec_->submit(std::move(op)); }
+
+  std::unique_ptr<Backend> split(const SplitPlan& plan) override {
+    // Every rank of this communicator calls it, in the same place of the
+    // op order (the front's all-gather of colors has just ended): MPI_Comm_split
+    // orders by (key, rank) as the front does.
+    MPI_Comm c = MPI_COMM_NULL;
+    int rc;
+    {
+      auto lk = Process::get().lock();
+      rc = MPI_Comm_split(runner_->comm(), plan.color < 0 ? MPI_UNDEFINED : plan.color, plan.key,
+                          &c);
+    }
+    if (rc != MPI_SUCCESS)
+      throw Error(ErrorCode::internal,
+                  "split on the mpi backend: MPI_Comm_split failed: " + mpi_error(rc));
+    if (plan.color < 0) return nullptr;
+    int r = -1, s = 0;
+    MPI_Comm_rank(c, &r);
+    MPI_Comm_size(c, &s);
+    if (r != plan.new_rank || s != static_cast<int>(plan.members.size()))
+      throw Error(ErrorCode::internal, "split on the mpi backend: MPI made rank " +
+                                           std::to_string(r) + " of " + std::to_string(s) +
+                                           ", collie expected " + std::to_string(plan.new_rank) +
+                                           " of " + std::to_string(plan.members.size()));
+    return std::make_unique<MpiBackend>(plan.context, c);
+  }
+
+  void abort(const Error& e) override { exec_->abort(e); }
+  void shutdown() override { exec_->shutdown(); }
+
+ private:
+  std::unique_ptr<MpiRunner> runner_;
+  std::shared_ptr<HostExecutor> exec_;
+};
+
+// "" under an MPI launch (or a single process: MPI starts as a singleton),
+// else why not. Collie's own launch variables win over mpirun's, so the
+// source says who started the ranks.
+std::string unusable(const config::Launch& l) {
+  if (l.world_size == 1 || l.source == "OMPI" || l.source == "SLURM") return "";
+  return "it needs an MPI launch (mpirun or srun), and these ranks were started by " +
+         (l.source == "none" ? std::string("no launcher") : l.source + "'s variables") +
+         " (use tcp, shm or hier without mpirun)";
+}
+
+std::unique_ptr<Backend> create(const BackendContext& ctx) {
+  Process::get().start();
+  int r = 0, s = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  if (r != ctx.launch.rank || s != ctx.launch.world_size)
+    throw Error(ErrorCode::invalid_argument,
+                "the mpi backend: MPI says this process is rank " + std::to_string(r) + " of " +
+                    std::to_string(s) + ", and collie's launch variables say rank " +
+                    std::to_string(ctx.launch.rank) + " of " +
+                    std::to_string(ctx.launch.world_size) + " (from " + ctx.launch.source +
+                    "): start every rank with one mpirun or srun");
+  MPI_Comm c;
+  {
+    auto lk = Process::get().lock();
+    MPI_Comm_dup(MPI_COMM_WORLD, &c);
+  }
+  log::info("rank " + std::to_string(r) + ": mpi backend, MPI thread level " +
+            level_name(Process::get().level()));
+  return std::make_unique<MpiBackend>(ctx, c);
+}
+
+}  // namespace
+
+BackendEntry backend_entry() {
+  return {"mpi", true, "", &unusable, &create, false};
+}
+
+}  // namespace collie::mpi
+
+#else  // !COLLIE_HAVE_MPI
+
+namespace collie::mpi {
+
+BackendEntry backend_entry() {
+  return {"mpi",
+          false,
+          "this build has no MPI: install Open MPI (apt-get install libopenmpi-dev) and configure "
+          "with -Dmpi=enabled",
+          nullptr,
+          nullptr,
+          false};
+}
+
+}  // namespace collie::mpi
+
+#endif

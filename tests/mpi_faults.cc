@@ -1,0 +1,65 @@
+// tests/mpi_faults.cc: one rank misbehaves on the mpi backend, under mpirun;
+// tests/mpi_faults.sh runs each case and checks what every rank reports and
+// that the job ends within the deadline.
+//
+//   mpi_faults CASE     (COLLIE_BACKEND=mpi, under mpirun)
+//
+// Cases (rank 1 misbehaves; the others issue a 1M-element f32 all-reduce):
+//   mismatch  rank 1 all-reduces 5 elements where the others pass 4
+//   p2p       rank 0 sends 8 floats; rank 1 receives 4
+//   abort     rank 1 aborts its communicator instead of calling the op
+//   stall     rank 1 sleeps past the deadline before calling the op
+//   kill      rank 1 is killed (SIGKILL) before calling the op
+// Each rank prints "rank R: ERR <code>: <message>" for the error it gets,
+// or "rank R: OK", and exits 0 (the job's own fate is the script's to judge).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collie/comm.h"
+
+using namespace collie;
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: mpi_faults mismatch|p2p|abort|stall|kill\n");
+    return 2;
+  }
+  const std::string what = argv[1];
+  auto comm = connect();
+  const int me = comm->rank();
+  // One good all-reduce first: every rank is in and MPI is warm.
+  std::vector<float> warm(16, 1.0f);
+  comm->allreduce(view_of(warm.data(), warm.size()), ReduceOp::sum).wait();
+  std::vector<float> big(1 << 20, 1.0f);
+  try {
+    if (what == "mismatch") {
+      comm->allreduce(view_of(big.data(), me == 1 ? 5 : 4), ReduceOp::sum).wait();
+    } else if (what == "p2p") {
+      if (me == 0) comm->send(view_of(big.data(), 8), 1).wait();
+      if (me == 1) comm->recv(view_of(big.data(), 4), 0).wait();
+    } else {
+      if (me == 1) {
+        if (what == "abort") {
+          comm->abort("rank 1 gives up on purpose");
+          std::printf("rank 1: aborted\n");
+          std::fflush(stdout);
+          return 0;
+        }
+        if (what == "stall") std::this_thread::sleep_for(std::chrono::seconds(60));
+        if (what == "kill") ::raise(SIGKILL);
+      }
+      comm->allreduce(view_of(big.data(), big.size()), ReduceOp::sum).wait();
+    }
+    std::printf("rank %d: OK\n", me);
+  } catch (const Error& e) {
+    std::printf("rank %d: ERR %s: %s\n", me, std::string(to_string(e.code())).c_str(), e.what());
+  }
+  std::fflush(stdout);
+  return 0;
+}
