@@ -4,6 +4,7 @@
 #   scripts/test.sh                  release build, every test
 #   BUILD=build-asan SANITIZE=address,undefined scripts/test.sh
 #   BUILD=build-tsan SANITIZE=thread SUITE=mp scripts/test.sh
+#   MESON_ARGS=-Dmpi=disabled scripts/test.sh    (extra options for meson)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -13,6 +14,8 @@ if [ "$SANITIZE" != none ]; then
   args=(-Dbuildtype=debugoptimized -Db_sanitize="$SANITIZE" -Db_lundef=false
         -Dcpp_args=-fno-sanitize-recover=all -Dbenchmarks=false)
 fi
+# shellcheck disable=SC2206 # MESON_ARGS is a list of options, split on spaces
+args+=(${MESON_ARGS:-})
 scripts/build.sh "$BUILD" "${args[@]}" || { echo "0 passed, 1 failed"; exit 1; }
 suite_args=()
 [ -n "${SUITE:-}" ] && suite_args=(--suite "$SUITE")
