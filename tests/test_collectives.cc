@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collie/comm.h"
@@ -229,6 +230,30 @@ TEST(SendRecv, RingExchangeOfLargeMessagesDoesNotDeadlock) {
   Work v = comm().recv(view_of(in.data(), count), left, 5);
   s.wait();
   v.wait();
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) wrong += in[i] != static_cast<float>(left * 10 + (i % 1000));
+  EXPECT_EQ(wrong, 0u);
+}
+
+// The same exchange with the receive issued only once the send has
+// started on the executor's thread (after its grace of 100 us) and filled
+// the buffers between the ranks (shm's mailbox, MPI's eager limit; TCP's
+// loopback buffers may hold all of it): the running batch must take the
+// receive in. shm's batch once slept on through the executor's wake-up, because it
+// did not change the word its sleep waits on: every rank's send waited for
+// a receive that never joined (a hang under ThreadSanitizer, 3 ranks).
+TEST(SendRecv, AReceiveIssuedWhileTheSendRunsJoinsIt) {
+  const int n = comm().size(), r = comm().rank();
+  if (n == 1) GTEST_SKIP() << "needs two ranks";
+  const size_t count = 3u << 20;
+  int right = (r + 1) % n, left = (r + n - 1) % n;
+  std::vector<float> out(count), in(count, -1.0f);
+  for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(r * 10 + (i % 1000));
+  Work s = comm().send(view_of(out.data(), count), right, 6);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Work v = comm().recv(view_of(in.data(), count), left, 6);
+  v.wait();
+  s.wait();
   size_t wrong = 0;
   for (size_t i = 0; i < count; ++i) wrong += in[i] != static_cast<float>(left * 10 + (i % 1000));
   EXPECT_EQ(wrong, 0u);

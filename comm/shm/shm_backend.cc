@@ -339,7 +339,14 @@ class ShmRunner final : public HostRunner {
 
   void abort_peers(const Error& e) noexcept override { seg_.abort(e); }
   void close() noexcept override { seg_.close(); }
-  void wake() noexcept override { seg_.wake_all(); }
+  // A point-to-point batch sleeps until its bell changes: ring it, so that
+  // it takes in the ops issued since (a bare futex wake-up left it asleep,
+  // and a send waiting for a receive that never joined hung). Then wake
+  // every sleeper, so that they see an abort.
+  void wake() noexcept override {
+    seg_.ring(me_);
+    seg_.wake_all();
+  }
 
   const config::ShmTuning tuning_;
   Segment seg_;
