@@ -306,6 +306,19 @@ TEST(Config, BadValuesSayWhatToChange) {
   EXPECT_NE(msg.find("auto, ring, rd"), std::string::npos) << msg;
 }
 
+// The mpi backend's settings. Whether it may spin comes from Open MPI's own
+// verdict on oversubscription when mpirun gives one: mpirun binds each rank
+// to a core, so the process's CPU count (1) said "oversubscribed" for 2
+// ranks on 2 cores, and every op napped (an 8 KiB all-reduce 90 us, not 10).
+TEST(Config, MpiSettingsTakeOpenMpisOversubscriptionVerdict) {
+  EXPECT_EQ(config::mpi_settings(fake({})).oversubscribed, -1);
+  EXPECT_EQ(config::mpi_settings(fake({{"OMPI_MCA_mpi_oversubscribe", "0"}})).oversubscribed, 0);
+  EXPECT_EQ(config::mpi_settings(fake({{"OMPI_MCA_mpi_oversubscribe", "1"}})).oversubscribed, 1);
+  EXPECT_TRUE(config::mpi_settings(fake({})).check);
+  EXPECT_FALSE(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "0"}})).check);
+  EXPECT_THROW(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "2"}})), Error);
+}
+
 // What `auto` picks, and what asking for a backend that cannot be had says.
 TEST(Registry, AutoPicksByLaunchAndAskingForAMissingBackendSaysWhy) {
   config::Launch one_host;

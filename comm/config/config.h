@@ -76,6 +76,9 @@ ShmTuning shm_tuning(const Env& env);
 struct MpiSettings {
   int spin_us = -1;   // COLLIE_SPIN_US: test without pausing this long; -1: auto
   bool check = true;  // COLLIE_MPI_CHECK=0: skip the cross-rank check of each collective
+  // Open MPI's own verdict on whether this host runs more ranks than it has
+  // slots (OMPI_MCA_mpi_oversubscribe, which mpirun sets): 1, 0, or -1 unknown.
+  int oversubscribed = -1;
 };
 
 MpiSettings mpi_settings(const Env& env);
