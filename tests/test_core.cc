@@ -538,6 +538,16 @@ TEST(SpinBudget, GrowsOnWakeUpsItCouldHaveSpunThroughAndShrinksOnLatePeers) {
   SpinBudget none(0, true);  // more ranks than cores: never spin
   none.slept(1us);
   EXPECT_EQ(none.get(), 0us);
+
+  // From COLLIE_SPIN_US: set, fixed; unset, 50 us adapting where cores are free.
+  auto set = SpinBudget::from_setting(20, true);
+  set.slept(1us);
+  EXPECT_EQ(set.get(), 20us);
+  auto unset = SpinBudget::from_setting(-1, true);
+  EXPECT_EQ(unset.get(), 50us);
+  unset.slept(1us);
+  EXPECT_EQ(unset.get(), 100us);
+  EXPECT_EQ(SpinBudget::from_setting(-1, false).get(), 0us);
 }
 
 TEST(WorkHandle, CompletionErrorAndTimeout) {

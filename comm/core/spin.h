@@ -32,6 +32,14 @@ class SpinBudget {
         max_(adaptive ? std::max(base_us, max_us > 0 ? max_us : 8 * base_us) : base_us),
         now_(base_us) {}
 
+  // What a COLLIE_SPIN_US setting gives: when set (>= 0), that spin, fixed;
+  // unset (-1), 50 us adapting while every busy thread of the host has a
+  // core (`cores_free`), else no spin at all.
+  static SpinBudget from_setting(int spin_us, bool cores_free) {
+    if (spin_us >= 0) return SpinBudget(spin_us, false);
+    return SpinBudget(cores_free ? 50 : 0, true);
+  }
+
   std::chrono::microseconds get() const { return std::chrono::microseconds(now_); }
 
   // A wait spun for get(), then slept for `slept` until it was answered.

@@ -364,9 +364,9 @@ std::string unusable(const config::Launch& l) {
 
 std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
   auto t = config::shm_tuning(ctx.env);
-  int spin = t.spin_us;
-  if (spin < 0) spin = ctx.launch.local_world_size <= topology::usable_cpus() ? 50 : 0;
-  return std::make_unique<ShmRunner>(ctx, t, SpinBudget(spin, t.spin_us < 0));
+  return std::make_unique<ShmRunner>(
+      ctx, t,
+      SpinBudget::from_setting(t.spin_us, ctx.launch.local_world_size <= topology::usable_cpus()));
 }
 
 BackendEntry backend_entry() {

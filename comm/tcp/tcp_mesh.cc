@@ -59,7 +59,7 @@ Mesh::Mesh(int rank, int size, std::vector<net::Fd> peers, const config::TcpTuni
       size_(size),
       peers_(static_cast<size_t>(size)),
       tuning_(tuning),
-      spin_(tuning.spin_us >= 0 ? tuning.spin_us : (spin_allowed ? 50 : 0), tuning.spin_us < 0),
+      spin_(SpinBudget::from_setting(tuning.spin_us, spin_allowed)),
       failure_(std::move(failure)),
       wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       is_active_(static_cast<size_t>(size), 0) {
