@@ -342,8 +342,9 @@ namespace {
 
 class HostBackend final : public Backend {
  public:
-  HostBackend(std::string name, RunnerFactory make, const BackendContext& ctx)
-      : name_(std::move(name)), make_(make), runner_(make(ctx)) {
+  HostBackend(std::string name, RunnerFactory make, RunnerSplitter split,
+              std::unique_ptr<HostRunner> runner, const BackendContext& ctx)
+      : name_(std::move(name)), make_(make), split_(split), runner_(std::move(runner)) {
     exec_ = HostExecutor::start(*runner_, ctx.failure, ctx.launch.rank, ctx.launch.timeout);
   }
   // The executor stops before the runner it drives goes.
@@ -353,8 +354,13 @@ class HostBackend final : public Backend {
   bool accepts(const Device& d) const override { return d.is_cpu(); }
   Work start(Op op) override { return exec_->submit(std::move(op)); }
   std::unique_ptr<Backend> split(const SplitPlan& plan) override {
-    if (plan.color < 0) return nullptr;
-    return std::make_unique<HostBackend>(name_, make_, plan.context);
+    std::unique_ptr<HostRunner> r;
+    if (split_)
+      r = split_(*runner_, plan);
+    else if (plan.color >= 0)
+      r = make_(plan.context);
+    if (!r) return nullptr;
+    return std::make_unique<HostBackend>(name_, make_, split_, std::move(r), plan.context);
   }
   void abort(const Error& e) override { exec_->abort(e); }
   void shutdown() override { exec_->shutdown(); }
@@ -362,6 +368,7 @@ class HostBackend final : public Backend {
  private:
   const std::string name_;
   const RunnerFactory make_;
+  const RunnerSplitter split_;
   std::unique_ptr<HostRunner> runner_;
   std::shared_ptr<HostExecutor> exec_;
 };
@@ -369,8 +376,8 @@ class HostBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_host_backend(std::string name, RunnerFactory make,
-                                           const BackendContext& ctx) {
-  return std::make_unique<HostBackend>(std::move(name), make, ctx);
+                                           const BackendContext& ctx, RunnerSplitter split) {
+  return std::make_unique<HostBackend>(std::move(name), make, split, make(ctx), ctx);
 }
 
 }  // namespace collie

@@ -117,9 +117,17 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
 // describes (collective over its ranks).
 using RunnerFactory = std::unique_ptr<HostRunner> (*)(const BackendContext& ctx);
 
+// Makes the runner of the communicator `plan` describes out of its parent's
+// runner, for backends whose split goes through their own communicator
+// (mpi's MPI_Comm_split, which ranks with color < 0 call too); nullptr for
+// a rank with color < 0. Collective over the parent's ranks.
+using RunnerSplitter = std::unique_ptr<HostRunner> (*)(HostRunner& parent, const SplitPlan& plan);
+
 // A Backend whose operations run on a HostExecutor over `make(ctx)`: what
-// tcp, shm and hier share (their split makes a runner the same way).
+// tcp, shm, hier and mpi share. Its split makes the new runner with
+// `split` when given, else afresh with `make(plan.context)`.
 std::unique_ptr<Backend> make_host_backend(std::string name, RunnerFactory make,
-                                           const BackendContext& ctx);
+                                           const BackendContext& ctx,
+                                           RunnerSplitter split = nullptr);
 
 }  // namespace collie

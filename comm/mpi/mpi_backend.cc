@@ -245,29 +245,24 @@ class MpiRunner final : public HostRunner {
     const size_t esz = dtype_size(t);
     switch (d.op) {
       case OpKind::allreduce: {
-        // MPI counts are int: a larger buffer goes as several all-reduces.
-        const size_t piece = size_t{1} << 30;
         auto* in = static_cast<const uint8_t*>(op.in.data);
         auto* out = static_cast<uint8_t*>(op.out.data);
         const bool in_place = op.in.data == op.out.data;
-        for (size_t at = 0; at < d.count; at += piece) {
-          const int c = static_cast<int>(std::min(piece, d.count - at));
+        in_pieces(d.count, [&](size_t at, int c) {
           run(d, dl, [&](MPI_Request* r) {
             return MPI_Iallreduce(in_place ? MPI_IN_PLACE : in + at * esz, out + at * esz, c, type,
                                   proc_.op(d.redop, t), data_, r);
           });
-        }
+        });
         if (d.redop == ReduceOp::avg) kernels::divide(t, op.out.data, op.out.data, d.count, n_);
         return;
       }
       case OpKind::broadcast: {
-        const size_t piece = size_t{1} << 30;
         auto* buf = static_cast<uint8_t*>(op.in.data);
-        for (size_t at = 0; at < d.count; at += piece) {
-          const int c = static_cast<int>(std::min(piece, d.count - at));
+        in_pieces(d.count, [&](size_t at, int c) {
           run(d, dl,
               [&](MPI_Request* r) { return MPI_Ibcast(buf + at * esz, c, type, d.tag, data_, r); });
-        }
+        });
         return;
       }
       case OpKind::allgather: {
@@ -314,12 +309,11 @@ class MpiRunner final : public HostRunner {
     // Every op of the batch is posted at once, and those issued while it runs
     // join it, so that the exchange (both send, then both receive) cannot
     // wait on itself. Each completes as soon as MPI says it has.
-    std::vector<MPI_Request> reqs;
-    std::vector<size_t> index;  // reqs[k] is batch.ops[index[k]]
-    size_t posted = 0, left = 0;
+    std::vector<MPI_Request> reqs;  // reqs[k] is batch.ops[k]'s
+    size_t left = 0;
     auto post_new = [&] {
-      for (; posted < batch.ops.size(); ++posted) {
-        const Op& op = batch.ops[posted];
+      while (reqs.size() < batch.ops.size()) {
+        const Op& op = batch.ops[reqs.size()];
         const int tag = op.desc.tag;
         if (tag < 0 || tag > tag_ub())
           throw Error(ErrorCode::invalid_argument, what(op.desc) + ": tag " + std::to_string(tag) +
@@ -341,7 +335,6 @@ class MpiRunner final : public HostRunner {
         }
         if (rc != MPI_SUCCESS) failed(op.desc, rc);
         reqs.push_back(r);
-        index.push_back(posted);
         ++left;
       }
     };
@@ -361,7 +354,7 @@ class MpiRunner final : public HostRunner {
       }
       if (outcount == MPI_UNDEFINED) outcount = 0;
       for (int k = 0; k < outcount; ++k) {
-        const Op& op = batch.ops[index[static_cast<size_t>(done[k])]];
+        const Op& op = batch.ops[static_cast<size_t>(done[k])];
         // MPI_ERR_IN_STATUS: this op's own error is in its status.
         if (rc != MPI_SUCCESS && st[k].MPI_ERROR != MPI_SUCCESS) p2p_failed(op, st[k].MPI_ERROR);
         if (!op.is_send) {
@@ -373,7 +366,7 @@ class MpiRunner final : public HostRunner {
                             " bytes and this receive expects " + std::to_string(op.in.nbytes()) +
                             ": the sender's count and dtype must match the receiver's");
         }
-        batch.finished(index[static_cast<size_t>(done[k])]);
+        batch.finished(static_cast<size_t>(done[k]));
         --left;
       }
       if (rc != MPI_SUCCESS) failed(batch.ops.front().desc, rc);
@@ -428,6 +421,15 @@ class MpiRunner final : public HostRunner {
       tag_ub_ = flag ? *static_cast<int*>(v) : 32767;
     }
     return tag_ub_;
+  }
+
+  // MPI counts are int: fn(first element, count) for each piece of at most
+  // 2^30 elements, in order.
+  template <class Fn>
+  static void in_pieces(size_t count, Fn fn) {
+    const size_t piece = size_t{1} << 30;
+    for (size_t at = 0; at < count; at += piece)
+      fn(at, static_cast<int>(std::min(piece, count - at)));
   }
 
   int int_count(const OpDesc& d, size_t count) const {
@@ -586,51 +588,32 @@ class MpiRunner final : public HostRunner {
   bool told_ = false, closed_ = false;
 };
 
-class MpiBackend final : public Backend {
- public:
-  MpiBackend(const BackendContext& ctx, MPI_Comm comm)
-      : runner_(std::make_unique<MpiRunner>(ctx, comm)) {
-    exec_ = HostExecutor::start(*runner_, ctx.failure, ctx.launch.rank, ctx.launch.timeout);
+// The runner of the communicator `plan` describes: MPI_Comm_split of the
+// parent's, which every rank of the parent calls, in the same place of the
+// op order (the front's all-gather of colors has just ended). MPI orders
+// the new ranks by (key, rank), as the front does.
+std::unique_ptr<HostRunner> split_runner(HostRunner& parent, const SplitPlan& plan) {
+  MPI_Comm c = MPI_COMM_NULL;
+  int rc;
+  {
+    auto lk = Process::get().lock();
+    rc = MPI_Comm_split(static_cast<MpiRunner&>(parent).comm(),
+                        plan.color < 0 ? MPI_UNDEFINED : plan.color, plan.key, &c);
   }
-  ~MpiBackend() override { exec_->shutdown(); }
-
-  std::string name() const override { return "mpi"; }
-  bool accepts(const Device& d) const override { return d.is_cpu(); }
-  Work start(Op op) override { return exec_->submit(std::move(op)); }
-
-  std::unique_ptr<Backend> split(const SplitPlan& plan) override {
-    // Every rank of this communicator calls it, in the same place of the
-    // op order (the front's all-gather of colors has just ended): MPI_Comm_split
-    // orders by (key, rank) as the front does.
-    MPI_Comm c = MPI_COMM_NULL;
-    int rc;
-    {
-      auto lk = Process::get().lock();
-      rc = MPI_Comm_split(runner_->comm(), plan.color < 0 ? MPI_UNDEFINED : plan.color, plan.key,
-                          &c);
-    }
-    if (rc != MPI_SUCCESS)
-      throw Error(ErrorCode::internal,
-                  "split on the mpi backend: MPI_Comm_split failed: " + mpi_error(rc));
-    if (plan.color < 0) return nullptr;
-    int r = -1, s = 0;
-    MPI_Comm_rank(c, &r);
-    MPI_Comm_size(c, &s);
-    if (r != plan.new_rank || s != static_cast<int>(plan.members.size()))
-      throw Error(ErrorCode::internal, "split on the mpi backend: MPI made rank " +
-                                           std::to_string(r) + " of " + std::to_string(s) +
-                                           ", collie expected " + std::to_string(plan.new_rank) +
-                                           " of " + std::to_string(plan.members.size()));
-    return std::make_unique<MpiBackend>(plan.context, c);
-  }
-
-  void abort(const Error& e) override { exec_->abort(e); }
-  void shutdown() override { exec_->shutdown(); }
-
- private:
-  std::unique_ptr<MpiRunner> runner_;
-  std::shared_ptr<HostExecutor> exec_;
-};
+  if (rc != MPI_SUCCESS)
+    throw Error(ErrorCode::internal,
+                "split on the mpi backend: MPI_Comm_split failed: " + mpi_error(rc));
+  if (plan.color < 0) return nullptr;
+  int r = -1, s = 0;
+  MPI_Comm_rank(c, &r);
+  MPI_Comm_size(c, &s);
+  if (r != plan.new_rank || s != static_cast<int>(plan.members.size()))
+    throw Error(ErrorCode::internal, "split on the mpi backend: MPI made rank " +
+                                         std::to_string(r) + " of " + std::to_string(s) +
+                                         ", collie expected " + std::to_string(plan.new_rank) +
+                                         " of " + std::to_string(plan.members.size()));
+  return std::make_unique<MpiRunner>(plan.context, c);
+}
 
 // "" under an MPI launch (or a single process: MPI starts as a singleton),
 // else why not. Collie's own launch variables win over mpirun's, so the
@@ -642,7 +625,9 @@ std::string unusable(const config::Launch& l) {
          " (use tcp, shm or hier without mpirun)";
 }
 
-std::unique_ptr<Backend> create(const BackendContext& ctx) {
+// The world communicator's runner: MPI started, checked against the launch
+// variables, MPI_COMM_WORLD dupped.
+std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
   Process::get().start();
   int r = 0, s = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
@@ -661,13 +646,20 @@ std::unique_ptr<Backend> create(const BackendContext& ctx) {
   }
   log::info("rank " + std::to_string(r) + ": mpi backend, MPI thread level " +
             level_name(Process::get().level()));
-  return std::make_unique<MpiBackend>(ctx, c);
+  return std::make_unique<MpiRunner>(ctx, c);
 }
 
 }  // namespace
 
 BackendEntry backend_entry() {
-  return {"mpi", true, "", &unusable, &create, false};
+  return {"mpi",
+          true,
+          "",
+          &unusable,
+          [](const BackendContext& ctx) {
+            return make_host_backend("mpi", &make_runner, ctx, &split_runner);
+          },
+          false};
 }
 
 }  // namespace collie::mpi
