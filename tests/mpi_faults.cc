@@ -2,7 +2,7 @@
 // tests/mpi_faults.sh runs each case and checks what every rank reports and
 // that the job ends within the deadline.
 //
-//   mpi_faults CASE     (COLLIE_BACKEND=mpi, under mpirun)
+//   mpi_faults CASE [own-init]     (COLLIE_BACKEND=mpi, under mpirun)
 //
 // Cases (rank 1 misbehaves; the others issue a 1M-element f32 all-reduce):
 //   mismatch  rank 1 all-reduces 5 elements where the others pass 4
@@ -12,6 +12,10 @@
 //   kill      rank 1 is killed (SIGKILL) before calling the op
 // Each rank prints "rank R: ERR <code>: <message>" for the error it gets,
 // or "rank R: OK", and exits 0 (the job's own fate is the script's to judge).
+// With own-init the program initialises MPI itself, as mpi4py does: collie
+// must leave MPI, and MPI_COMM_WORLD's error handler, to the program, which
+// finalises it and prints "rank R: the program finalised MPI".
+#include <mpi.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -26,11 +30,16 @@
 using namespace collie;
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: mpi_faults mismatch|p2p|abort|stall|kill\n");
+  if (argc < 2 || argc > 3) {
+    std::fprintf(stderr, "usage: mpi_faults mismatch|p2p|abort|stall|kill [own-init]\n");
     return 2;
   }
   const std::string what = argv[1];
+  const bool own_init = argc == 3 && std::string(argv[2]) == "own-init";
+  if (own_init) {
+    int level = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
+  }
   auto comm = connect();
   const int me = comm->rank();
   // One good all-reduce first: every rank is in and MPI is warm.
@@ -59,6 +68,18 @@ int main(int argc, char** argv) {
     std::printf("rank %d: OK\n", me);
   } catch (const Error& e) {
     std::printf("rank %d: ERR %s: %s\n", me, std::string(to_string(e.code())).c_str(), e.what());
+  }
+  if (own_init) {
+    comm.reset();
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    MPI_Errhandler world;
+    MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world);
+    if (!finalized && world == MPI_ERRORS_ARE_FATAL && MPI_Finalize() == MPI_SUCCESS)
+      std::printf("rank %d: the program finalised MPI\n", me);
+    else
+      std::printf("rank %d: MPI was %s by collie\n", me,
+                  finalized ? "finalised" : "given another error handler");
   }
   std::fflush(stdout);
   return 0;

@@ -11,11 +11,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 COLLIE_BACKEND=
 fails=0
 out=""
 
-# run NP TIMEOUT_S CASE: runs the case, sets $out, $rc and $took (seconds).
+# run NP TIMEOUT_S CASE [own-init]: runs the case, sets $out, $rc and $took
+# (seconds).
 run() {
   local np=$1 t=$2 case=$3 start
   start=$(date +%s)
-  out=$(COLLIE_TIMEOUT=$t timeout 120 "$MPIRUN" --oversubscribe -n "$np" "$PROG" "$case" 2>&1)
+  out=$(COLLIE_TIMEOUT=$t timeout 120 "$MPIRUN" --oversubscribe -n "$np" "$PROG" "$case" ${4:-} 2>&1)
   rc=$?
   took=$(($(date +%s) - start))
 }
@@ -58,6 +59,18 @@ run 2 3 stall
 expect stall "the waiting rank times out naming the op" \
   "rank 0: ERR timeout: allreduce #[0-9]+ \(f32 x 1048576, sum\) on rank 0 timed out after 3 s in MPI"
 within stall 30
+
+# The program initialised MPI itself: the same errors, and MPI is left to it
+# (not finalised by collie, MPI_COMM_WORLD's handler untouched). Each
+# op's check runs before the op here (a wrong op's error would be fatal
+# through the world's handler).
+run 3 60 mismatch own-init
+expect own-init "rank 0 names rank 1 and what it called" \
+  "rank 0: ERR mismatch: allreduce #[0-9]+ \(f32 x 4, sum\) on rank 0 does not match rank 1, which called allreduce #[0-9]+ \(f32 x 5, sum\)"
+for r in 0 1 2; do
+  expect own-init "rank $r: the program finalises MPI itself" "rank $r: the program finalised MPI"
+done
+within own-init 30
 
 run 3 60 kill
 expect kill "mpirun ends the job and names the killed rank" "rank 1 .*(signal 9|Killed)|signal 9 \(Killed\)"

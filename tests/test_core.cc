@@ -319,6 +319,16 @@ TEST(Config, MpiSettingsTakeOpenMpisOversubscriptionVerdict) {
   EXPECT_THROW(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "2"}})), Error);
 }
 
+// collie picks Open MPI's non-blocking all-reduce algorithm per call unless
+// told not to, or unless the user gave Open MPI's own setting.
+TEST(Config, MpiAlgorithmChoiceYieldsToTheUsersOwnSetting) {
+  EXPECT_TRUE(config::mpi_settings(fake({})).choose_algorithms);
+  EXPECT_FALSE(config::mpi_settings(fake({{"COLLIE_MPI_ALGORITHMS", "0"}})).choose_algorithms);
+  EXPECT_FALSE(config::mpi_settings(fake({{"OMPI_MCA_coll_libnbc_iallreduce_algorithm", "2"}}))
+                   .choose_algorithms);
+  EXPECT_THROW(config::mpi_settings(fake({{"COLLIE_MPI_ALGORITHMS", "yes"}})), Error);
+}
+
 // What `auto` picks, and what asking for a backend that cannot be had says.
 TEST(Registry, AutoPicksByLaunchAndAskingForAMissingBackendSaysWhy) {
   config::Launch one_host;

@@ -311,6 +311,12 @@ MpiSettings mpi_settings(const Env& raw) {
     if (*v != 0 && *v != 1) throw bad("COLLIE_MPI_CHECK must be 0 or 1");
     m.check = *v == 1;
   }
+  if (auto v = parse_int("COLLIE_MPI_ALGORITHMS", env("COLLIE_MPI_ALGORITHMS"))) {
+    if (*v != 0 && *v != 1) throw bad("COLLIE_MPI_ALGORITHMS must be 0 or 1");
+    m.choose_algorithms = *v == 1;
+  }
+  if (const char* v = env("OMPI_MCA_coll_libnbc_iallreduce_algorithm"); v && *v)
+    m.choose_algorithms = false;
   if (const char* v = env("OMPI_MCA_mpi_oversubscribe"); v && (*v == '0' || *v == '1') && !v[1])
     m.oversubscribed = *v - '0';
   return m;

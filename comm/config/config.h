@@ -76,6 +76,10 @@ ShmTuning shm_tuning(const Env& env);
 struct MpiSettings {
   int spin_us = -1;   // COLLIE_SPIN_US: test without pausing this long; -1: auto
   bool check = true;  // COLLIE_MPI_CHECK=0: skip the cross-rank check of each collective
+  // COLLIE_MPI_ALGORITHMS=0: leave Open MPI's non-blocking all-reduce to pick
+  // its own algorithm. Also off when Open MPI's own setting is given
+  // (OMPI_MCA_coll_libnbc_iallreduce_algorithm: the user chose).
+  bool choose_algorithms = true;
   // Open MPI's own verdict on whether this host runs more ranks than it has
   // slots (OMPI_MCA_mpi_oversubscribe, which mpirun sets): 1, 0, or -1 unknown.
   int oversubscribed = -1;

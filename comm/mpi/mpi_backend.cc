@@ -69,7 +69,9 @@ class Process {
     return *p;
   }
 
-  void start() {
+  // `choose`: pick libnbc's all-reduce algorithm per call (see
+  // allreduce_algorithm()); the first communicator's setting holds.
+  void start(bool choose) {
     std::lock_guard lk(mu_);
     if (started_) return;
     int inited = 0, finalized = 0;
@@ -84,6 +86,12 @@ class Process {
         throw Error(ErrorCode::unavailable, "MPI_Init_thread failed: " + mpi_error(rc));
       we_initialised_ = true;
       std::atexit([] { Process::get().finalize_at_exit(); });
+      // Open MPI 4.1 reports the errors of a non-blocking collective's
+      // request through MPI_COMM_WORLD's handler, whichever communicator it
+      // ran on: fatal by default, so a mismatched count aborted the job
+      // instead of naming the rank. Only when collie started MPI: a program
+      // that did chose its own handler.
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     } else {
       MPI_Query_thread(&level_);
     }
@@ -97,6 +105,10 @@ class Process {
                       ": initialise it with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
                       "(mpi4py does), or let collie initialise it");
     serialize_ = level_ < MPI_THREAD_MULTIPLE;
+    MPI_Errhandler world;
+    MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world);
+    errors_return_ = world == MPI_ERRORS_RETURN;
+    MPI_Errhandler_free(&world);
     MPI_Type_contiguous(2, MPI_BYTE, &f16_);
     MPI_Type_commit(&f16_);
     MPI_Type_contiguous(2, MPI_BYTE, &bf16_);
@@ -105,7 +117,31 @@ class Process {
     MPI_Op_create(&user_op<ReduceOp::prod>, 1, &ops_[1]);
     MPI_Op_create(&user_op<ReduceOp::min>, 1, &ops_[2]);
     MPI_Op_create(&user_op<ReduceOp::max>, 1, &ops_[3]);
+    if (choose) find_algorithm_setting();
     started_ = true;
+  }
+
+  // Starts a non-blocking all-reduce with libnbc's algorithm `alg` (a name
+  // of its enumeration), then puts the setting back: the setting is one per
+  // process, so the write and the start are one step under a lock, and each
+  // call gets the algorithm chosen for it. Which algorithm depends only on
+  // what every rank agrees on (bytes, count, ranks), so all ranks pick the
+  // same. Without the setting (another MPI, or turned off): MPI's choice.
+  template <class Start>
+  int start_allreduce(const char* alg, Start start) {
+    int value = -1;
+    for (const auto& [name, v] : algorithms_)
+      if (name == alg) value = v;
+    if (value < 0) {
+      auto lk = lock();
+      return start();
+    }
+    std::lock_guard alk(algorithm_mu_);
+    auto lk = lock();
+    MPI_T_cvar_write(algorithm_, &value);
+    int rc = start();
+    MPI_T_cvar_write(algorithm_, &users_algorithm_);
+    return rc;
   }
 
   // Held around every MPI call when MPI grants less than MULTIPLE.
@@ -121,6 +157,9 @@ class Process {
     return !finalized;
   }
   int level() const { return level_; }
+  // Whether a failed request comes back as an error code (see start()):
+  // only then may an op start before its check has ended.
+  bool errors_return() const { return errors_return_; }
 
   DType dtype_of(MPI_Datatype t) const {
     if (t == MPI_FLOAT) return DType::f32;
@@ -180,10 +219,52 @@ class Process {
     MPI_Finalize();
   }
 
-  std::mutex mu_, call_mu_;
+  // Open MPI's coll_libnbc_iallreduce_algorithm through the MPI tool
+  // interface, with its enumeration's names and values, when it can be
+  // written and nobody set it (a value other than 0, "ignore", is the
+  // user's choice). Open MPI 4.1's own pick for fewer than 4 ranks is a
+  // binomial tree, which sends the whole buffer up and back down: half the
+  // speed of a ring from 16 KiB up (bench/RESULTS.md).
+  void find_algorithm_setting() {
+    int provided = 0, index = -1, count = 0;
+    if (MPI_T_init_thread(MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) return;
+    if (MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index) != MPI_SUCCESS) return;
+    char name[256], desc[1024];
+    int name_len = sizeof name, desc_len = sizeof desc, verbosity = 0, bind = 0, scope = 0;
+    MPI_Datatype type;
+    MPI_T_enum values;
+    if (MPI_T_cvar_get_info(index, name, &name_len, &verbosity, &type, &values, desc, &desc_len,
+                            &bind, &scope) != MPI_SUCCESS ||
+        type != MPI_INT || values == MPI_T_ENUM_NULL)
+      return;
+    int items = 0;
+    char enum_name[256];
+    int enum_len = sizeof enum_name;
+    if (MPI_T_enum_get_info(values, &items, enum_name, &enum_len) != MPI_SUCCESS) return;
+    std::vector<std::pair<std::string, int>> found;
+    for (int i = 0; i < items; ++i) {
+      int v = 0;
+      char item[256];
+      int item_len = sizeof item;
+      if (MPI_T_enum_get_item(values, i, &v, item, &item_len) == MPI_SUCCESS)
+        found.emplace_back(item, v);
+    }
+    if (MPI_T_cvar_handle_alloc(index, nullptr, &algorithm_, &count) != MPI_SUCCESS || count != 1)
+      return;
+    if (MPI_T_cvar_read(algorithm_, &users_algorithm_) != MPI_SUCCESS || users_algorithm_ != 0 ||
+        MPI_T_cvar_write(algorithm_, &users_algorithm_) != MPI_SUCCESS)
+      return;
+    algorithms_ = std::move(found);
+  }
+
+  std::mutex mu_, call_mu_, algorithm_mu_;
+  MPI_T_cvar_handle algorithm_{};
+  int users_algorithm_ = 0;
+  std::vector<std::pair<std::string, int>> algorithms_;  // empty: MPI chooses
   bool started_ = false;
   bool we_initialised_ = false;
   bool serialize_ = false;
+  bool errors_return_ = false;
   std::atomic<bool> abandoned_{false};
   int level_ = MPI_THREAD_SINGLE;
   MPI_Datatype f16_ = MPI_DATATYPE_NULL, bf16_ = MPI_DATATYPE_NULL;
@@ -196,11 +277,29 @@ void user_op(void* in, void* inout, int* len, MPI_Datatype* type) {
   kernels::reduce(t, R, inout, in, inout, static_cast<size_t>(*len));
 }
 
+// libnbc's all-reduce algorithm for `bytes` (`count` elements) over `n`
+// ranks, by the names of its enumeration. Below 16 KiB, recursive doubling:
+// log2(n) rounds, each a pairwise exchange (8 B over TCP: 9.7 us, against
+// 13 us for Open MPI 4.1's binomial tree and 18 us for a ring). From 16 KiB,
+// bandwidth counts: a ring under 4 ranks (2 ranks on shared memory: 1 MiB
+// in 330 us, the binomial tree's 506 us, the blocking MPI_Allreduce's 580
+// us), Rabenseifner's halving and doubling from 4 (Open MPI's own pick
+// there, which it drops for in-place calls, the reducer's kind).
+const char* allreduce_algorithm(size_t bytes, size_t count, int n) {
+  if (bytes < 16384) return "recursive_doubling";
+  if (n < 4) return "ring";
+  size_t pof2 = 1;
+  while (pof2 * 2 <= static_cast<size_t>(n)) pof2 *= 2;
+  return count >= pof2 ? "rabenseifner" : "ring";
+}
+
 // Room for an abort message between ranks: "code\ntext".
 constexpr int kAbortBytes = 1024;
 constexpr int kAbortTag = 1;
 
 class MpiRunner final : public HostRunner {
+  class Check;
+
  public:
   // Takes `data` (a communicator of its own) and dups a control one.
   MpiRunner(const BackendContext& ctx, MPI_Comm data)
@@ -239,7 +338,15 @@ class MpiRunner final : public HostRunner {
 
   void run_collective(const Op& op, Deadline dl) override {
     const OpDesc& d = op.desc;
-    if (check_ && n_ > 1) verify(d, dl);
+    // The check's round trip overlaps the op's own (see Check).
+    std::optional<Check> check;
+    if (check_ && n_ > 1) {
+      check.emplace(*this, d);
+      // Where a wrong op's MPI error would abort the job, the check ends
+      // first (a round trip more).
+      if (!proc_.errors_return()) check->finish(dl);
+    }
+    Check* c = check ? &*check : nullptr;
     const DType t = d.dtype;
     const MPI_Datatype type = proc_.type(t);
     const size_t esz = dtype_size(t);
@@ -248,61 +355,79 @@ class MpiRunner final : public HostRunner {
         auto* in = static_cast<const uint8_t*>(op.in.data);
         auto* out = static_cast<uint8_t*>(op.out.data);
         const bool in_place = op.in.data == op.out.data;
-        in_pieces(d.count, [&](size_t at, int c) {
-          run(d, dl, [&](MPI_Request* r) {
-            return MPI_Iallreduce(in_place ? MPI_IN_PLACE : in + at * esz, out + at * esz, c, type,
-                                  proc_.op(d.redop, t), data_, r);
+        const char* alg = allreduce_algorithm(d.count * esz, d.count, n_);
+        in_pieces(d.count, [&](size_t at, int c_) {
+          run(d, dl, c, [&](MPI_Request* r) {
+            return proc_.start_allreduce(alg, [&] {
+              return MPI_Iallreduce(in_place ? MPI_IN_PLACE : in + at * esz, out + at * esz, c_,
+                                    type, proc_.op(d.redop, t), data_, r);
+            });
           });
         });
         if (d.redop == ReduceOp::avg) kernels::divide(t, op.out.data, op.out.data, d.count, n_);
-        return;
+        break;
       }
       case OpKind::broadcast: {
         auto* buf = static_cast<uint8_t*>(op.in.data);
-        in_pieces(d.count, [&](size_t at, int c) {
-          run(d, dl,
-              [&](MPI_Request* r) { return MPI_Ibcast(buf + at * esz, c, type, d.tag, data_, r); });
+        in_pieces(d.count, [&](size_t at, int c_) {
+          run(d, dl, c, [&](MPI_Request* r) {
+            auto lk = proc_.lock();
+            return MPI_Ibcast(buf + at * esz, c_, type, d.tag, data_, r);
+          });
         });
-        return;
+        break;
       }
       case OpKind::allgather: {
-        const int c = int_count(d, op.in.numel);
+        const int n = int_count(d, op.in.numel);
         const bool in_place = op.in.data == static_cast<uint8_t*>(op.out.data) +
                                                 static_cast<size_t>(me_) * op.in.nbytes();
-        run(d, dl, [&](MPI_Request* r) {
-          return MPI_Iallgather(in_place ? MPI_IN_PLACE : op.in.data, c, type, op.out.data, c, type,
+        run(d, dl, c, [&](MPI_Request* r) {
+          auto lk = proc_.lock();
+          return MPI_Iallgather(in_place ? MPI_IN_PLACE : op.in.data, n, type, op.out.data, n, type,
                                 data_, r);
         });
-        return;
+        break;
       }
       case OpKind::reduce_scatter: {
-        const int c = int_count(d, op.out.numel);
+        const int n = int_count(d, op.out.numel);
         // Collie's in place is the output at this rank's block of the input;
         // MPI's puts it at the start. Out of place either way.
         void* out = op.out.data;
-        std::vector<uint8_t> tmp;
+        std::unique_ptr<uint8_t[]> tmp;
         const auto* mine =
             static_cast<const uint8_t*>(op.in.data) + static_cast<size_t>(me_) * op.out.nbytes();
         if (mine == op.out.data && me_ != 0) {
-          tmp.resize(op.out.nbytes());
-          out = tmp.data();
+          tmp.reset(new uint8_t[op.out.nbytes()]);
+          out = tmp.get();
         }
-        run(d, dl, [&](MPI_Request* r) {
-          return MPI_Ireduce_scatter_block(op.in.data == out ? MPI_IN_PLACE : op.in.data, out, c,
-                                           type, proc_.op(d.redop, t), data_, r);
-        });
-        if (!tmp.empty()) std::memcpy(op.out.data, tmp.data(), tmp.size());
+        try {
+          run(d, dl, c, [&](MPI_Request* r) {
+            auto lk = proc_.lock();
+            return MPI_Ireduce_scatter_block(op.in.data == out ? MPI_IN_PLACE : op.in.data, out, n,
+                                             type, proc_.op(d.redop, t), data_, r);
+          });
+        } catch (...) {
+          (void)tmp.release();  // abandoned in MPI, which may still write it
+          throw;
+        }
+        if (tmp) std::memcpy(op.out.data, tmp.get(), op.out.nbytes());
         if (d.redop == ReduceOp::avg) kernels::divide(t, op.out.data, op.out.data, d.count, n_);
-        return;
+        break;
       }
       case OpKind::barrier:
-        run(d, dl, [&](MPI_Request* r) { return MPI_Ibarrier(data_, r); });
-        return;
+        run(d, dl, c, [&](MPI_Request* r) {
+          auto lk = proc_.lock();
+          return MPI_Ibarrier(data_, r);
+        });
+        break;
       case OpKind::p2p:
       case OpKind::split:
-        break;
+        throw Error(ErrorCode::internal, what(d) + " is not a collective the mpi backend runs");
     }
-    throw Error(ErrorCode::internal, what(d) + " is not a collective the mpi backend runs");
+    // An op of no elements starts nothing in MPI, and its check has not
+    // been waited for: its buffers must outlive it, and a mismatch is one
+    // still.
+    if (c && !c->done()) c->finish(dl);
   }
 
   void run_p2p(P2pBatch& batch, Deadline dl) override {
@@ -456,22 +581,39 @@ class MpiRunner final : public HostRunner {
     throw Error(ErrorCode::internal, what(d) + " failed in MPI: " + mpi_error(rc));
   }
 
-  // Starts one non-blocking MPI operation and tests it to its end.
+  // Starts one non-blocking MPI operation and tests it, and the op's check
+  // when there is one (`check`, null for none), to their ends. `start`
+  // takes the MPI lock itself.
   template <class Start>
-  void run(const OpDesc& d, Deadline dl, Start start) {
+  void run(const OpDesc& d, Deadline dl, Check* check, Start start) {
     MPI_Request req;
-    int rc;
-    {
-      auto lk = proc_.lock();
-      rc = start(&req);
+    int rc = start(&req);
+    if (rc != MPI_SUCCESS) {
+      if (check) check->finish(dl);  // a mismatch says more than MPI's error
+      failed(d, rc);
     }
-    if (rc != MPI_SUCCESS) failed(d, rc);
+    int error = MPI_SUCCESS;
+    bool done = false;
     poll(d, dl, [&] {
-      int flag = 0;
-      auto lk = proc_.lock();
-      int r = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-      if (r != MPI_SUCCESS) failed(d, r);
-      return flag != 0;
+      if (check && !check->done() && check->test()) {
+        // Wrong: the op may never end. MPI has it; this process will not
+        // finalise, and the communicator is failed.
+        proc_.abandoned();
+        check->mismatch(dl);
+      }
+      if (!done) {
+        int flag = 0;
+        auto lk = proc_.lock();
+        int r = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+        if (r != MPI_SUCCESS) {
+          error = r;
+          done = true;
+        } else {
+          done = flag != 0;
+        }
+      }
+      if (done && error != MPI_SUCCESS && (!check || check->done())) failed(d, error);
+      return done && (!check || check->done());
     });
   }
 
@@ -534,43 +676,98 @@ class MpiRunner final : public HostRunner {
 
   // Every rank issues the same collective: one all-reduce of (h, ~h) with
   // max, where h fingerprints the descriptor; equal on every rank exactly
-  // when the maxima are h and ~h. Only when they differ does it gather the
-  // descriptors, to name the rank and what it called.
-  void verify(const OpDesc& d, Deadline dl) {
-    const bool reduces = d.op == OpKind::allreduce || d.op == OpKind::reduce_scatter;
-    const uint64_t desc[6] = {static_cast<uint64_t>(d.op),
-                              static_cast<uint64_t>(d.dtype),
-                              reduces ? static_cast<uint64_t>(d.redop) : 0,
-                              d.seq,
-                              d.count,
-                              static_cast<uint64_t>(static_cast<uint32_t>(d.tag))};
-    const uint64_t h = fnv1a(kFnvBasis, desc, sizeof desc);
-    uint64_t mine[2] = {h, ~h}, max[2] = {0, 0};
-    run(d, dl, [&](MPI_Request* r) {
-      return MPI_Iallreduce(mine, max, 2, MPI_UINT64_T, MPI_MAX, data_, r);
-    });
-    if (max[0] == h && max[1] == ~h) return;
-    std::vector<uint64_t> all(6 * static_cast<size_t>(n_));
-    run(d, dl, [&](MPI_Request* r) {
-      return MPI_Iallgather(desc, 6, MPI_UINT64_T, all.data(), 6, MPI_UINT64_T, data_, r);
-    });
-    for (int q = 0; q < n_; ++q) {
-      const uint64_t* o = &all[6 * static_cast<size_t>(q)];
-      if (std::equal(o, o + 6, desc)) continue;
-      OpDesc theirs;
-      theirs.op = static_cast<OpKind>(o[0]);
-      theirs.dtype = static_cast<DType>(o[1] < kNumDTypes ? o[1] : 0);
-      theirs.redop = static_cast<ReduceOp>(o[2] < kNumReduceOps ? o[2] : 0);
-      theirs.seq = static_cast<uint32_t>(o[3]);
-      theirs.count = o[4];
-      theirs.tag = static_cast<int32_t>(o[5]);
-      throw Error(ErrorCode::mismatch,
-                  what(d) + " does not match " + names_(q) + ", which called " + theirs.describe() +
-                      ": every rank must issue the same collectives in the same order with the "
-                      "same counts, dtypes and ops");
+  // when the maxima are h and ~h. Started just before the op itself, so that
+  // the two round trips overlap (over TCP, 8 B: the check after the op cost
+  // a second round trip). The op may have started wrong meanwhile: MPI
+  // never writes past a receive buffer (a longer message is a truncation
+  // error), and the op is abandoned when the check fails. Only then does it
+  // gather the descriptors, to name the rank and what it called.
+  class Check {
+   public:
+    Check(MpiRunner& r, const OpDesc& d)
+        : r_(r),
+          d_(d),
+          desc_{static_cast<uint64_t>(d.op),
+                static_cast<uint64_t>(d.dtype),
+                d.op == OpKind::allreduce || d.op == OpKind::reduce_scatter
+                    ? static_cast<uint64_t>(d.redop)
+                    : 0,
+                d.seq,
+                d.count,
+                static_cast<uint64_t>(static_cast<uint32_t>(d.tag))},
+          h_(fnv1a(kFnvBasis, desc_, sizeof desc_)),
+          io_(new uint64_t[4]{h_, ~h_, 0, 0}) {
+      int rc = r_.proc_.start_allreduce("recursive_doubling", [&] {
+        return MPI_Iallreduce(io_.get(), io_.get() + 2, 2, MPI_UINT64_T, MPI_MAX, r_.data_, &req_);
+      });
+      if (rc != MPI_SUCCESS) r_.failed(d_, rc);
     }
-    throw Error(ErrorCode::mismatch, what(d) + " does not match every other rank's collective");
-  }
+    // Left unfinished (a timeout, an abort): MPI may still write the
+    // result, so the buffers go with the abandoned op.
+    ~Check() {
+      if (!done()) (void)io_.release();
+    }
+    Check(const Check&) = delete;
+    Check& operator=(const Check&) = delete;
+
+    bool done() const { return req_ == MPI_REQUEST_NULL; }
+
+    // Whether it has ended and found a mismatch.
+    bool test() {
+      int flag = 0;
+      int rc;
+      {
+        auto lk = r_.proc_.lock();
+        rc = MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+      }
+      if (rc != MPI_SUCCESS) r_.failed(d_, rc);
+      return flag && !(io_[2] == h_ && io_[3] == ~h_);
+    }
+
+    // Waits for it; throws the mismatch if there is one.
+    void finish(Deadline dl) {
+      bool wrong = false;
+      r_.poll(d_, dl, [&] {
+        wrong = test();
+        return done();
+      });
+      if (wrong) mismatch(dl);
+    }
+
+    [[noreturn]] void mismatch(Deadline dl) {
+      std::vector<uint64_t> all(6 * static_cast<size_t>(r_.n_));
+      r_.run(d_, dl, nullptr, [&](MPI_Request* r) {
+        auto lk = r_.proc_.lock();
+        return MPI_Iallgather(desc_, 6, MPI_UINT64_T, all.data(), 6, MPI_UINT64_T, r_.data_, r);
+      });
+      for (int q = 0; q < r_.n_; ++q) {
+        const uint64_t* o = &all[6 * static_cast<size_t>(q)];
+        if (std::equal(o, o + 6, desc_)) continue;
+        OpDesc theirs;
+        theirs.op = static_cast<OpKind>(o[0]);
+        theirs.dtype = static_cast<DType>(o[1] < kNumDTypes ? o[1] : 0);
+        theirs.redop = static_cast<ReduceOp>(o[2] < kNumReduceOps ? o[2] : 0);
+        theirs.seq = static_cast<uint32_t>(o[3]);
+        theirs.count = o[4];
+        theirs.tag = static_cast<int32_t>(o[5]);
+        throw Error(ErrorCode::mismatch,
+                    r_.what(d_) + " does not match " + r_.names_(q) + ", which called " +
+                        theirs.describe() +
+                        ": every rank must issue the same collectives in the same order with the "
+                        "same counts, dtypes and ops");
+      }
+      throw Error(ErrorCode::mismatch,
+                  r_.what(d_) + " does not match every other rank's collective");
+    }
+
+   private:
+    MpiRunner& r_;
+    const OpDesc& d_;
+    const uint64_t desc_[6];
+    const uint64_t h_;
+    std::unique_ptr<uint64_t[]> io_;  // this rank's (h, ~h), then the maxima
+    MPI_Request req_ = MPI_REQUEST_NULL;
+  };
 
   Process& proc_;
   MPI_Comm data_ = MPI_COMM_NULL, ctrl_ = MPI_COMM_NULL;
@@ -628,7 +825,7 @@ std::string unusable(const config::Launch& l) {
 // The world communicator's runner: MPI started, checked against the launch
 // variables, MPI_COMM_WORLD dupped.
 std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
-  Process::get().start();
+  Process::get().start(config::mpi_settings(ctx.env).choose_algorithms);
   int r = 0, s = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   MPI_Comm_size(MPI_COMM_WORLD, &s);
