@@ -8,8 +8,14 @@ namespace {
 // How long the progress thread leaves a fresh op to a waiter.
 constexpr auto kGrace = std::chrono::microseconds(100);
 // After this long with no op issued, the progress thread sleeps until a
-// submit wakes it; before, it looks at the queue every kGrace by itself.
+// submit wakes it; before, it looks at the queue by itself, every kGrace at
+// first, then at twice the interval each time it found nothing to do (the
+// queue empty, or its op taken by a waiter), up to kMaxPoll; running an op
+// itself brings it back to kGrace. Each look is a wake-up that preempts a
+// rank spinning on the same core: at a fixed 100 us, they cost the mpi
+// backend's 32 KiB to 2 MiB all-reduces 30 to 50% on 2 cores.
 constexpr auto kIdle = std::chrono::milliseconds(5);
+constexpr auto kMaxPoll = std::chrono::microseconds(1000);
 }  // namespace
 
 // A completion the executor ends; a waiter runs the queue up to it.
@@ -201,8 +207,10 @@ void HostExecutor::loop() {
           sleeping_ = true;
           cv_.wait(lk, [&] { return stop_ || !sleeping_ || (!busy_ && !queue_.empty()); });
           sleeping_ = false;
+          poll_ = kGrace;  // a new burst of ops
         } else {
-          cv_.wait_until(lk, now + kGrace);
+          cv_.wait_until(lk, now + poll_);
+          poll_ = std::min<std::chrono::microseconds>(2 * poll_, kMaxPoll);
         }
         continue;
       }
@@ -211,13 +219,15 @@ void HostExecutor::loop() {
       // raced for it, the op ran here half the time and its waiter then had
       // to be woken (tens of microseconds on this kind of VM, twice the
       // op itself): the bimodal small-message time. An op nobody waits for
-      // starts at most kGrace later.
+      // starts kGrace after this thread sees it, which is at once after an
+      // idle spell, and within kGrace to kMaxPoll in a burst of ops.
       auto grace_end = queue_.front().issued + kGrace;
       if (std::chrono::steady_clock::now() < grace_end) {
         cv_.wait_until(lk, grace_end, [&] { return stop_ || busy_ || queue_.empty(); });
         if (stop_) return;
         if (busy_ || queue_.empty()) continue;
       }
+      poll_ = kGrace;  // ops wait for this thread: look often
       batch = pop_batch();
       busy_ = true;
     }
