@@ -306,17 +306,22 @@ TEST(Config, BadValuesSayWhatToChange) {
   EXPECT_NE(msg.find("auto, ring, rd"), std::string::npos) << msg;
 }
 
-// The mpi backend's settings. Whether it may spin comes from Open MPI's own
-// verdict on oversubscription when mpirun gives one: mpirun binds each rank
-// to a core, so the process's CPU count (1) said "oversubscribed" for 2
-// ranks on 2 cores, and every op napped (an 8 KiB all-reduce 90 us, not 10).
-TEST(Config, MpiSettingsTakeOpenMpisOversubscriptionVerdict) {
-  EXPECT_EQ(config::mpi_settings(fake({})).oversubscribed, -1);
-  EXPECT_EQ(config::mpi_settings(fake({{"OMPI_MCA_mpi_oversubscribe", "0"}})).oversubscribed, 0);
-  EXPECT_EQ(config::mpi_settings(fake({{"OMPI_MCA_mpi_oversubscribe", "1"}})).oversubscribed, 1);
+// The mpi backend's settings.
+TEST(Config, MpiSettingsCheckIsOnUnlessTurnedOff) {
   EXPECT_TRUE(config::mpi_settings(fake({})).check);
   EXPECT_FALSE(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "0"}})).check);
   EXPECT_THROW(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "2"}})), Error);
+}
+
+// Whether waits may spin: Open MPI's verdict wins over the CPU count (1
+// under mpirun's binding), for tcp and shm as for mpi; without it, ranks
+// against CPUs. (Reading the CPU count alone, every op of the mpi backend
+// napped between tests: an 8 KiB all-reduce 90 us, not 10.)
+TEST(Config, RanksFitCoresTakesOpenMpisVerdictOverTheBoundCpuCount) {
+  EXPECT_TRUE(config::ranks_fit_cores(2, 1, fake({{"OMPI_MCA_mpi_oversubscribe", "0"}})));
+  EXPECT_FALSE(config::ranks_fit_cores(2, 8, fake({{"OMPI_MCA_mpi_oversubscribe", "1"}})));
+  EXPECT_FALSE(config::ranks_fit_cores(2, 1, fake({})));
+  EXPECT_TRUE(config::ranks_fit_cores(2, 2, fake({})));
 }
 
 // collie picks Open MPI's non-blocking all-reduce algorithm per call unless

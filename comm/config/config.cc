@@ -303,6 +303,13 @@ ShmTuning shm_tuning(const Env& raw) {
   return t;
 }
 
+// Open MPI's verdict on oversubscription: 1, 0, or -1 when not given.
+static int launcher_oversubscribed(const Env& env) {
+  if (const char* v = env("OMPI_MCA_mpi_oversubscribe"); v && (*v == '0' || *v == '1') && !v[1])
+    return *v - '0';
+  return -1;
+}
+
 MpiSettings mpi_settings(const Env& raw) {
   const Env env = tuned(raw);
   MpiSettings m;
@@ -317,9 +324,12 @@ MpiSettings mpi_settings(const Env& raw) {
   }
   if (const char* v = env("OMPI_MCA_coll_libnbc_iallreduce_algorithm"); v && *v)
     m.choose_algorithms = false;
-  if (const char* v = env("OMPI_MCA_mpi_oversubscribe"); v && (*v == '0' || *v == '1') && !v[1])
-    m.oversubscribed = *v - '0';
   return m;
+}
+
+bool ranks_fit_cores(int local_world_size, int usable_cpus, const Env& env) {
+  const int verdict = launcher_oversubscribed(env);
+  return verdict >= 0 ? verdict == 0 : local_world_size <= usable_cpus;
 }
 
 size_t hier_piece_bytes(const Env& raw) {

@@ -80,12 +80,17 @@ struct MpiSettings {
   // its own algorithm. Also off when Open MPI's own setting is given
   // (OMPI_MCA_coll_libnbc_iallreduce_algorithm: the user chose).
   bool choose_algorithms = true;
-  // Open MPI's own verdict on whether this host runs more ranks than it has
-  // slots (OMPI_MCA_mpi_oversubscribe, which mpirun sets): 1, 0, or -1 unknown.
-  int oversubscribed = -1;
 };
 
 MpiSettings mpi_settings(const Env& env);
+
+// Whether this host's ranks each have a core, so that waits may spin: Open
+// MPI's own verdict when mpirun gives one (OMPI_MCA_mpi_oversubscribe),
+// else local_world_size against `usable_cpus` (this process's CPUs).
+// mpirun binds each rank to one core, so the CPU count alone said
+// "oversubscribed" for 2 ranks on 2 cores, and tcp, shm and mpi never spun
+// under mpirun.
+bool ranks_fit_cores(int local_world_size, int usable_cpus, const Env& env);
 
 // COLLIE_HIER_PIECE: the hierarchical all-reduce runs in pieces of this many
 // bytes (default 1 MiB), the network stage of one beside the shared-memory

@@ -312,16 +312,14 @@ class MpiRunner final : public HostRunner {
         timeout_(ctx.launch.timeout) {
     auto s = config::mpi_settings(ctx.env);
     check_ = s.check;
-    // mpirun binds each rank to a core of its own, so this process's CPU
-    // count says nothing about oversubscription there: Open MPI's verdict
-    // does (without it, 2 ranks on 2 cores napped between tests, and an
-    // 8 KiB all-reduce took 90 us instead of 10).
+    // Open MPI's own verdict on oversubscription (without it, 2 ranks on 2
+    // cores napped between tests, and an 8 KiB all-reduce took 90 us
+    // instead of 10).
     int spin = s.spin_us;
-    if (spin < 0) {
-      bool fits = s.oversubscribed >= 0 ? s.oversubscribed == 0
-                                        : ctx.launch.local_world_size <= topology::usable_cpus();
-      spin = fits ? 2000 : 0;
-    }
+    if (spin < 0)
+      spin = config::ranks_fit_cores(ctx.launch.local_world_size, topology::usable_cpus(), ctx.env)
+                 ? 2000
+                 : 0;
     spin_ = std::chrono::microseconds(spin);
     auto lk = proc_.lock();
     MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);

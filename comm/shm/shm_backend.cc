@@ -366,7 +366,9 @@ std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
   auto t = config::shm_tuning(ctx.env);
   return std::make_unique<ShmRunner>(
       ctx, t,
-      SpinBudget::from_setting(t.spin_us, ctx.launch.local_world_size <= topology::usable_cpus()));
+      SpinBudget::from_setting(
+          t.spin_us,
+          config::ranks_fit_cores(ctx.launch.local_world_size, topology::usable_cpus(), ctx.env)));
 }
 
 BackendEntry backend_entry() {

@@ -172,14 +172,12 @@ class TcpRunner final : public HostRunner {
  public:
   TcpRunner(const BackendContext& ctx, std::vector<net::Fd> peers)
       : tuning_(config::tcp_tuning(ctx.env)),
-        mesh_(ctx.launch.rank, ctx.launch.world_size, std::move(peers), tuning_,
-              ranks_fit_cores(ctx.launch), ctx.failure, ctx.names) {}
+        mesh_(
+            ctx.launch.rank, ctx.launch.world_size, std::move(peers), tuning_,
+            config::ranks_fit_cores(ctx.launch.local_world_size, topology::usable_cpus(), ctx.env),
+            ctx.failure, ctx.names) {}
 
  private:
-  static bool ranks_fit_cores(const config::Launch& l) {
-    return l.local_world_size <= topology::usable_cpus();
-  }
-
   void run_collective(const Op& op, Deadline deadline) override {
     algo::Ctx c{mesh_, op.desc, tuning_.chunk_bytes, scratch_, deadline};
     algo::run_collective(c, op, tuning_);
