@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -59,6 +60,11 @@ std::string level_name(int level) {
 // comparison keeps whichever side comes first).
 template <ReduceOp R>
 void user_op(void* in, void* inout, int* len, MPI_Datatype* type);
+
+// The libnbc all-reduce algorithms collie picks from (allreduce_algorithm()),
+// and their names in Open MPI's enumeration of the setting.
+enum class NbcAllreduce { recursive_doubling, ring, rabenseifner };
+constexpr const char* kNbcAllreduceNames[] = {"recursive_doubling", "ring", "rabenseifner"};
 
 // What this process knows about MPI: the thread level, who initialised it,
 // the user-defined types and ops. One per process, made on first use.
@@ -121,17 +127,15 @@ class Process {
     started_ = true;
   }
 
-  // Starts a non-blocking all-reduce with libnbc's algorithm `alg` (a name
-  // of its enumeration), then puts the setting back: the setting is one per
+  // Starts a non-blocking all-reduce with libnbc's algorithm `alg`, then
+  // puts the setting back: the setting is one per
   // process, so the write and the start are one step under a lock, and each
   // call gets the algorithm chosen for it. Which algorithm depends only on
   // what every rank agrees on (bytes, count, ranks), so all ranks pick the
   // same. Without the setting (another MPI, or turned off): MPI's choice.
   template <class Start>
-  int start_allreduce(const char* alg, Start start) {
-    int value = -1;
-    for (const auto& [name, v] : algorithms_)
-      if (name == alg) value = v;
+  int start_allreduce(NbcAllreduce alg, Start start) {
+    const int value = algorithm_values_[static_cast<int>(alg)];
     if (value < 0) {
       auto lk = lock();
       return start();
@@ -241,26 +245,28 @@ class Process {
     char enum_name[256];
     int enum_len = sizeof enum_name;
     if (MPI_T_enum_get_info(values, &items, enum_name, &enum_len) != MPI_SUCCESS) return;
-    std::vector<std::pair<std::string, int>> found;
+    int found[std::size(kNbcAllreduceNames)] = {-1, -1, -1};
     for (int i = 0; i < items; ++i) {
       int v = 0;
       char item[256];
       int item_len = sizeof item;
-      if (MPI_T_enum_get_item(values, i, &v, item, &item_len) == MPI_SUCCESS)
-        found.emplace_back(item, v);
+      if (MPI_T_enum_get_item(values, i, &v, item, &item_len) != MPI_SUCCESS) continue;
+      for (size_t a = 0; a < std::size(kNbcAllreduceNames); ++a)
+        if (std::strcmp(item, kNbcAllreduceNames[a]) == 0) found[a] = v;
     }
     if (MPI_T_cvar_handle_alloc(index, nullptr, &algorithm_, &count) != MPI_SUCCESS || count != 1)
       return;
     if (MPI_T_cvar_read(algorithm_, &users_algorithm_) != MPI_SUCCESS || users_algorithm_ != 0 ||
         MPI_T_cvar_write(algorithm_, &users_algorithm_) != MPI_SUCCESS)
       return;
-    algorithms_ = std::move(found);
+    std::copy(std::begin(found), std::end(found), algorithm_values_);
   }
 
   std::mutex mu_, call_mu_, algorithm_mu_;
   MPI_T_cvar_handle algorithm_{};
   int users_algorithm_ = 0;
-  std::vector<std::pair<std::string, int>> algorithms_;  // empty: MPI chooses
+  // The setting's value for each NbcAllreduce; -1: MPI chooses.
+  int algorithm_values_[std::size(kNbcAllreduceNames)] = {-1, -1, -1};
   bool started_ = false;
   bool we_initialised_ = false;
   bool serialize_ = false;
@@ -278,19 +284,19 @@ void user_op(void* in, void* inout, int* len, MPI_Datatype* type) {
 }
 
 // libnbc's all-reduce algorithm for `bytes` (`count` elements) over `n`
-// ranks, by the names of its enumeration. Below 16 KiB, recursive doubling:
+// ranks. Below 16 KiB, recursive doubling:
 // log2(n) rounds, each a pairwise exchange (8 B over TCP: 9.7 us, against
 // 13 us for Open MPI 4.1's binomial tree and 18 us for a ring). From 16 KiB,
 // bandwidth counts: a ring under 4 ranks (2 ranks on shared memory: 1 MiB
 // in 330 us, the binomial tree's 506 us, the blocking MPI_Allreduce's 580
 // us), Rabenseifner's halving and doubling from 4 (Open MPI's own pick
 // there, which it drops for in-place calls, the reducer's kind).
-const char* allreduce_algorithm(size_t bytes, size_t count, int n) {
-  if (bytes < 16384) return "recursive_doubling";
-  if (n < 4) return "ring";
+NbcAllreduce allreduce_algorithm(size_t bytes, size_t count, int n) {
+  if (bytes < 16384) return NbcAllreduce::recursive_doubling;
+  if (n < 4) return NbcAllreduce::ring;
   size_t pof2 = 1;
   while (pof2 * 2 <= static_cast<size_t>(n)) pof2 *= 2;
-  return count >= pof2 ? "rabenseifner" : "ring";
+  return count >= pof2 ? NbcAllreduce::rabenseifner : NbcAllreduce::ring;
 }
 
 // Room for an abort message between ranks: "code\ntext".
@@ -353,7 +359,7 @@ class MpiRunner final : public HostRunner {
         auto* in = static_cast<const uint8_t*>(op.in.data);
         auto* out = static_cast<uint8_t*>(op.out.data);
         const bool in_place = op.in.data == op.out.data;
-        const char* alg = allreduce_algorithm(d.count * esz, d.count, n_);
+        const NbcAllreduce alg = allreduce_algorithm(d.count * esz, d.count, n_);
         in_pieces(d.count, [&](size_t at, int c_) {
           run(d, dl, c, [&](MPI_Request* r) {
             return proc_.start_allreduce(alg, [&] {
@@ -695,7 +701,7 @@ class MpiRunner final : public HostRunner {
                 static_cast<uint64_t>(static_cast<uint32_t>(d.tag))},
           h_(fnv1a(kFnvBasis, desc_, sizeof desc_)),
           io_(new uint64_t[4]{h_, ~h_, 0, 0}) {
-      int rc = r_.proc_.start_allreduce("recursive_doubling", [&] {
+      int rc = r_.proc_.start_allreduce(NbcAllreduce::recursive_doubling, [&] {
         return MPI_Iallreduce(io_.get(), io_.get() + 2, 2, MPI_UINT64_T, MPI_MAX, r_.data_, &req_);
       });
       if (rc != MPI_SUCCESS) r_.failed(d_, rc);
