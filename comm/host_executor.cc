@@ -108,7 +108,8 @@ HostExecutor::HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> fai
       failure_(std::move(failure)),
       rank_(rank),
       timeout_(timeout),
-      continuations_(std::make_shared<Continuations>()) {
+      continuations_(std::make_shared<Continuations>()),
+      poll_(kGrace) {
   // The continuation thread is shared with the dispatch function, which
   // completions may still call after this executor is gone.
   dispatch_ = [c = continuations_](std::vector<std::function<void()>> fns) {

@@ -111,7 +111,7 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   bool sleeping_ = false;  // the progress thread waits for a notify (no op for kIdle)
   // How long the progress thread waits before it looks at the queue again
   // (host_executor.cc: kGrace doubling to kMaxPoll).
-  std::chrono::microseconds poll_{100};
+  std::chrono::microseconds poll_;
   std::chrono::steady_clock::time_point last_issued_{};
   std::thread thread_;
 };
