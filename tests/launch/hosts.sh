@@ -11,6 +11,13 @@
 #   netns:RATE  the same, the link shaped with tc tbf at RATE (e.g. 10gbit)
 # Both halves must exit 0; their output is printed, host by host. The
 # environment (COLLIE_BACKEND, ...) passes through to the ranks.
+#
+# HOSTS_LAUNCHER=mpirun (netns modes only): one Open MPI mpirun in the first
+# namespace starts all 4 ranks, its daemon on the second host through a
+# launch agent (plm_rsh_agent, in ssh's place) that enters that namespace.
+# Each host gets its own UTS namespace and hostname (host-a, host-b): Open
+# MPI names its shared-memory files by hostname, and two hosts that both
+# bore this machine's name crashed in its shared-memory transport.
 set -uo pipefail
 mode=$1 build=$(cd "$2" && pwd)
 shift 2
@@ -57,6 +64,33 @@ case $mode in
       done
     fi
     port=29611 addr=10.78.0.1
+    if [ "${HOSTS_LAUNCHER:-}" = mpirun ]; then
+      command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
+      command -v unshare >/dev/null || { echo "skipped: no unshare (util-linux)"; exit 77; }
+      {
+        echo '#!/bin/sh'
+        echo '# mpirun'"'"'s plm_rsh_agent: "agent HOST COMMAND..." runs COMMAND on HOST.'
+        echo 'host=$1; shift'
+        echo 'case $host in'
+        echo "  10.78.0.1) n=${ns[0]} h=host-a ;;"
+        echo "  10.78.0.2) n=${ns[1]} h=host-b ;;"
+        echo '  *) echo "hosts.sh agent: no host $host" >&2; exit 1 ;;'
+        echo 'esac'
+        echo 'exec ip netns exec "$n" unshare --uts /bin/sh -c "hostname $h && $*"'
+      } >"$work/agent"
+      chmod +x "$work/agent"
+      env_args=()
+      for k in $(compgen -e | grep '^COLLIE_'); do env_args+=(-x "$k"); done
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        ip netns exec "${ns[0]}" unshare --uts /bin/sh -c 'hostname host-a && exec "$@"' sh \
+        mpirun --oversubscribe --mca plm_rsh_agent "$work/agent" --host 10.78.0.1:2,10.78.0.2:2 \
+        -n 4 "${env_args[@]}" "$@" >"$work/all.txt" 2>&1
+      rc=$?
+      echo "== mpirun, 2 hosts x 2 ranks (ranks 0, 1 on host-a; 2, 3 on host-b), exit $rc"
+      cat "$work/all.txt"
+      [ $rc = 0 ] || { echo FAILED; exit 1; }
+      exit 0
+    fi
     on_host() {
       local n=${ns[0]}
       [ "$1" = b ] && n=${ns[1]}
