@@ -16,7 +16,7 @@ out=""
 run() {
   local np=$1 t=$2 case=$3 start
   start=$(date +%s)
-  out=$(COLLIE_TIMEOUT=$t timeout 120 "$MPIRUN" --oversubscribe -n "$np" "$PROG" "$case" ${4:-} 2>&1)
+  out=$(COLLIE_DEBUG=INFO COLLIE_TIMEOUT=$t timeout 120 "$MPIRUN" --oversubscribe -n "$np" "$PROG" "$case" ${4:-} 2>&1)
   rc=$?
   took=$(($(date +%s) - start))
 }
@@ -44,6 +44,16 @@ expect mismatch "rank 0 names rank 1 and what it called" \
 expect mismatch "rank 1 names a rank that differs" "rank 1: ERR mismatch: .* does not match rank [02]"
 expect mismatch "rank 2 names rank 1" "rank 2: ERR mismatch: .* does not match rank 1"
 within mismatch 30
+expect mismatch "all on one host: the check runs through shared memory" \
+  "rank 0: the mpi backend checks each collective through shared memory"
+
+# The check by MPI messages, the one taken across hosts.
+COLLIE_MPI_CHECK=2 run 3 60 mismatch
+expect messages "rank 0 names rank 1 and what it called" \
+  "rank 0: ERR mismatch: allreduce #[0-9]+ \(f32 x 4, sum\) on rank 0 does not match rank 1, which called allreduce #[0-9]+ \(f32 x 5, sum\)"
+expect messages "rank 2 names rank 1" "rank 2: ERR mismatch: .* does not match rank 1"
+expect messages "the check runs by MPI messages" "rank 0: the mpi backend checks each collective by MPI messages"
+within messages 30
 
 run 2 60 p2p
 expect p2p "the receiver names the sender and the sizes" \

@@ -308,9 +308,10 @@ TEST(Config, BadValuesSayWhatToChange) {
 
 // The mpi backend's settings.
 TEST(Config, MpiSettingsCheckIsOnUnlessTurnedOff) {
-  EXPECT_TRUE(config::mpi_settings(fake({})).check);
-  EXPECT_FALSE(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "0"}})).check);
-  EXPECT_THROW(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "2"}})), Error);
+  EXPECT_EQ(config::mpi_settings(fake({})).check, 1);
+  EXPECT_EQ(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "0"}})).check, 0);
+  EXPECT_EQ(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "2"}})).check, 2);
+  EXPECT_THROW(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "3"}})), Error);
 }
 
 // Whether waits may spin: Open MPI's verdict wins over the CPU count (1

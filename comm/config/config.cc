@@ -315,8 +315,11 @@ MpiSettings mpi_settings(const Env& raw) {
   MpiSettings m;
   m.spin_us = spin_us(env);
   if (auto v = parse_int("COLLIE_MPI_CHECK", env("COLLIE_MPI_CHECK"))) {
-    if (*v != 0 && *v != 1) throw bad("COLLIE_MPI_CHECK must be 0 or 1");
-    m.check = *v == 1;
+    if (*v < 0 || *v > 2)
+      throw bad(
+          "COLLIE_MPI_CHECK must be 0 (no check), 1 (shared memory on one host) or 2 "
+          "(MPI messages)");
+    m.check = static_cast<int>(*v);
   }
   if (auto v = parse_int("COLLIE_MPI_ALGORITHMS", env("COLLIE_MPI_ALGORITHMS"))) {
     if (*v != 0 && *v != 1) throw bad("COLLIE_MPI_ALGORITHMS must be 0 or 1");

@@ -74,8 +74,12 @@ ShmTuning shm_tuning(const Env& env);
 
 // Settings of the MPI backend.
 struct MpiSettings {
-  int spin_us = -1;   // COLLIE_SPIN_US: test without pausing this long; -1: auto
-  bool check = true;  // COLLIE_MPI_CHECK=0: skip the cross-rank check of each collective
+  int spin_us = -1;  // COLLIE_SPIN_US: test without pausing this long; -1: auto
+  // COLLIE_MPI_CHECK: the cross-rank check of each collective. 1 (the
+  // default): through shared memory when every rank of the communicator
+  // is on one host, else by MPI messages; 2: by MPI messages always (to
+  // compare, and to test that path on one host); 0: no check.
+  int check = 1;
   // COLLIE_MPI_ALGORITHMS=0: leave Open MPI's non-blocking all-reduce to pick
   // its own algorithm. Also off when Open MPI's own setting is given
   // (OMPI_MCA_coll_libnbc_iallreduce_algorithm: the user chose).

@@ -5,7 +5,11 @@
 
 #if COLLIE_HAVE_MPI
 
+#include <fcntl.h>
 #include <mpi.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -299,6 +303,83 @@ NbcAllreduce allreduce_algorithm(size_t bytes, size_t count, int n) {
   return count >= pof2 ? NbcAllreduce::rabenseifner : NbcAllreduce::ring;
 }
 
+// Where every rank of a communicator shares one host, the ranks compare
+// their collectives (MpiRunner::Check) in a few cache lines of shared
+// memory instead of by an MPI all-reduce: each writes its descriptor and
+// check number into its own slot, and reads the others'. Over Open MPI's
+// TCP path the all-reduce was one more message exchange per collective,
+// about 5 us on loopback (bench/RESULTS.md). An anonymous memfd that rank
+// 0 makes and the others open through /proc (as the shm backend's
+// segment), so nothing is left behind however the job ends.
+class CheckArea {
+ public:
+  struct alignas(64) Slot {
+    std::atomic<uint64_t> number;  // k + 1 once check k's descriptor is in
+    uint64_t desc[6];              // written before number, read after it
+  };
+
+  // Collective over `comm` (of `n` ranks, this one `me`): the area, or null
+  // on every rank when the ranks are on more than one host or any of them
+  // cannot map rank 0's memory (another PID namespace, say).
+  static std::unique_ptr<CheckArea> make(MPI_Comm comm, int me, int n) {
+    MPI_Comm node;
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+      return nullptr;
+    int local = 0;
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    if (local != n) return nullptr;  // the same answer on every rank
+    const size_t bytes = 2 * static_cast<size_t>(n) * sizeof(Slot);
+    char where[128] = {0};
+    int fd = -1;
+    if (me == 0) {
+      fd = static_cast<int>(syscall(SYS_memfd_create, "collie-mpi-check", MFD_CLOEXEC));
+      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+        ::close(fd);
+        fd = -1;
+      }
+      if (fd >= 0)
+        std::snprintf(where, sizeof where, "%ld %d %s", static_cast<long>(getpid()), fd,
+                      topology::boot_id().c_str());
+    }
+    MPI_Bcast(where, sizeof where, MPI_CHAR, 0, comm);
+    if (me != 0 && where[0]) {
+      long pid = 0;
+      int theirs = -1;
+      char boot[64] = {0};
+      if (std::sscanf(where, "%ld %d %63s", &pid, &theirs, boot) >= 2 &&
+          (!boot[0] || topology::boot_id() == boot)) {
+        const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(theirs);
+        fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      }
+    }
+    void* p =
+        fd >= 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    int ok = p != MAP_FAILED, all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+    if (fd >= 0) ::close(fd);  // every rank has it mapped, or gives up
+    if (!all) {
+      if (p != MAP_FAILED) munmap(p, bytes);
+      return nullptr;
+    }
+    return std::unique_ptr<CheckArea>(new CheckArea(static_cast<Slot*>(p), bytes));
+  }
+  ~CheckArea() { munmap(slots_, bytes_); }
+  CheckArea(const CheckArea&) = delete;
+  CheckArea& operator=(const CheckArea&) = delete;
+
+  // Rank r's slot for check k: two per rank, since no rank gets two checks
+  // ahead of another (check k + 1 ends only once every rank has posted
+  // it, after its own check k ended), so a slot is rewritten only after
+  // every rank has read it.
+  Slot& slot(int r, uint64_t k) { return slots_[2 * static_cast<size_t>(r) + (k & 1)]; }
+
+ private:
+  CheckArea(Slot* slots, size_t bytes) : slots_(slots), bytes_(bytes) {}
+  Slot* slots_;
+  size_t bytes_;
+};
+
 // Room for an abort message between ranks: "code\ntext".
 constexpr int kAbortBytes = 1024;
 constexpr int kAbortTag = 1;
@@ -331,6 +412,12 @@ class MpiRunner final : public HostRunner {
     MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
     MPI_Comm_dup(data_, &ctrl_);
     MPI_Comm_set_errhandler(ctrl_, MPI_ERRORS_RETURN);
+    if (check_ == 1 && n_ > 1) area_ = CheckArea::make(data_, me_, n_);
+    if (n_ > 1)
+      log::info(names_(me_) + ": the mpi backend checks each collective " +
+                (!check_ ? std::string("not at all (COLLIE_MPI_CHECK=0)")
+                 : area_ ? std::string("through shared memory")
+                         : std::string("by MPI messages")));
     abort_in_.resize(kAbortBytes);
     MPI_Irecv(abort_in_.data(), kAbortBytes, MPI_CHAR, MPI_ANY_SOURCE, kAbortTag, ctrl_,
               &abort_req_);
@@ -678,14 +765,18 @@ class MpiRunner final : public HostRunner {
                     "not finalise MPI, and mpirun ends the job when it exits");
   }
 
-  // Every rank issues the same collective: one all-reduce of (h, ~h) with
-  // max, where h fingerprints the descriptor; equal on every rank exactly
-  // when the maxima are h and ~h. Started just before the op itself, so that
-  // the two round trips overlap (over TCP, 8 B: the check after the op cost
-  // a second round trip). The op may have started wrong meanwhile: MPI
-  // never writes past a receive buffer (a longer message is a truncation
-  // error), and the op is abandoned when the check fails. Only then does it
-  // gather the descriptors, to name the rank and what it called.
+  // Every rank checks that the others issued the same collective, and the
+  // check runs beside the op, started just before it, so that the two
+  // overlap (over TCP, 8 B: the check after the op cost a second round
+  // trip). The op may have started wrong meanwhile: MPI never writes past a
+  // receive buffer (a longer message is a truncation error), and the op is
+  // abandoned when the check fails.
+  //
+  // On one host (area_): each rank posts its descriptor in shared memory
+  // and reads the others'. Else one all-reduce of (h, ~h) with max, where h
+  // fingerprints the descriptor: equal on every rank exactly when the
+  // maxima are h and ~h; only on a mismatch does it gather the
+  // descriptors, to name the rank and what it called.
   class Check {
    public:
     Check(MpiRunner& r, const OpDesc& d)
@@ -699,8 +790,16 @@ class MpiRunner final : public HostRunner {
                 d.seq,
                 d.count,
                 static_cast<uint64_t>(static_cast<uint32_t>(d.tag))},
-          h_(fnv1a(kFnvBasis, desc_, sizeof desc_)),
-          io_(new uint64_t[4]{h_, ~h_, 0, 0}) {
+          h_(fnv1a(kFnvBasis, desc_, sizeof desc_)) {
+      if (r_.area_) {
+        k_ = r_.checks_++;
+        auto& mine = r_.area_->slot(r_.me_, k_);
+        std::copy(std::begin(desc_), std::end(desc_), mine.desc);
+        mine.number.store(k_ + 1, std::memory_order_release);
+        next_ = r_.me_ == 0 ? 1 : 0;
+        return;
+      }
+      io_.reset(new uint64_t[4]{h_, ~h_, 0, 0});
       int rc = r_.proc_.start_allreduce(NbcAllreduce::recursive_doubling, [&] {
         return MPI_Iallreduce(io_.get(), io_.get() + 2, 2, MPI_UINT64_T, MPI_MAX, r_.data_, &req_);
       });
@@ -714,10 +813,24 @@ class MpiRunner final : public HostRunner {
     Check(const Check&) = delete;
     Check& operator=(const Check&) = delete;
 
-    bool done() const { return req_ == MPI_REQUEST_NULL; }
+    bool done() const { return r_.area_ ? next_ >= r_.n_ : req_ == MPI_REQUEST_NULL; }
 
     // Whether it has ended and found a mismatch.
     bool test() {
+      if (r_.area_) {
+        // The ranks in order, this one skipped; each read once it has posted.
+        while (next_ < r_.n_) {
+          const auto& theirs = r_.area_->slot(next_, k_);
+          if (theirs.number.load(std::memory_order_acquire) != k_ + 1) return false;
+          if (!std::equal(std::begin(desc_), std::end(desc_), theirs.desc)) {
+            wrong_ = next_;
+            next_ = r_.n_;
+            return true;
+          }
+          if (++next_ == r_.me_) ++next_;
+        }
+        return false;
+      }
       int flag = 0;
       int rc;
       {
@@ -739,6 +852,7 @@ class MpiRunner final : public HostRunner {
     }
 
     [[noreturn]] void mismatch(Deadline dl) {
+      if (wrong_ >= 0) mismatched(wrong_, r_.area_->slot(wrong_, k_).desc);
       std::vector<uint64_t> all(6 * static_cast<size_t>(r_.n_));
       r_.run(d_, dl, nullptr, [&](MPI_Request* r) {
         auto lk = r_.proc_.lock();
@@ -746,31 +860,41 @@ class MpiRunner final : public HostRunner {
       });
       for (int q = 0; q < r_.n_; ++q) {
         const uint64_t* o = &all[6 * static_cast<size_t>(q)];
-        if (std::equal(o, o + 6, desc_)) continue;
-        OpDesc theirs;
-        theirs.op = static_cast<OpKind>(o[0]);
-        theirs.dtype = static_cast<DType>(o[1] < kNumDTypes ? o[1] : 0);
-        theirs.redop = static_cast<ReduceOp>(o[2] < kNumReduceOps ? o[2] : 0);
-        theirs.seq = static_cast<uint32_t>(o[3]);
-        theirs.count = o[4];
-        theirs.tag = static_cast<int32_t>(o[5]);
-        throw Error(ErrorCode::mismatch,
-                    r_.what(d_) + " does not match " + r_.names_(q) + ", which called " +
-                        theirs.describe() +
-                        ": every rank must issue the same collectives in the same order with the "
-                        "same counts, dtypes and ops");
+        if (!std::equal(o, o + 6, desc_)) mismatched(q, o);
       }
       throw Error(ErrorCode::mismatch,
                   r_.what(d_) + " does not match every other rank's collective");
     }
 
    private:
+    // Rank q called the collective `o` describes.
+    [[noreturn]] void mismatched(int q, const uint64_t* o) {
+      OpDesc theirs;
+      theirs.op = static_cast<OpKind>(o[0]);
+      theirs.dtype = static_cast<DType>(o[1] < kNumDTypes ? o[1] : 0);
+      theirs.redop = static_cast<ReduceOp>(o[2] < kNumReduceOps ? o[2] : 0);
+      theirs.seq = static_cast<uint32_t>(o[3]);
+      theirs.count = o[4];
+      theirs.tag = static_cast<int32_t>(o[5]);
+      throw Error(ErrorCode::mismatch,
+                  r_.what(d_) + " does not match " + r_.names_(q) + ", which called " +
+                      theirs.describe() +
+                      ": every rank must issue the same collectives in the same order with the "
+                      "same counts, dtypes and ops");
+    }
+
     MpiRunner& r_;
     const OpDesc& d_;
     const uint64_t desc_[6];
     const uint64_t h_;
-    std::unique_ptr<uint64_t[]> io_;  // this rank's (h, ~h), then the maxima
+    // By MPI: this rank's (h, ~h), then the maxima, and the all-reduce.
+    std::unique_ptr<uint64_t[]> io_;
     MPI_Request req_ = MPI_REQUEST_NULL;
+    // Through area_: the check's number, the next rank to read, and the
+    // rank found different (-1: none).
+    uint64_t k_ = 0;
+    int next_ = 0;
+    int wrong_ = -1;
   };
 
   Process& proc_;
@@ -779,7 +903,9 @@ class MpiRunner final : public HostRunner {
   const RankNames names_;
   std::shared_ptr<FailureLatch> failure_;
   const std::chrono::milliseconds timeout_;
-  bool check_ = true;
+  int check_ = 1;                    // config::MpiSettings::check
+  std::unique_ptr<CheckArea> area_;  // the check's shared memory, or null
+  uint64_t checks_ = 0;              // checks started through area_
   std::chrono::microseconds spin_{0};
   int tag_ub_ = -1;
   std::atomic<bool> woken_{false};
