@@ -3,8 +3,10 @@
 # the anchors' program) on the same Open MPI paths: shared memory (vader)
 # and TCP over loopback. Same sweep, schedule and statistic (bench/schedule.h),
 # interleaved REPS times; per-size medians as a markdown table, with the
-# mpi backend both with its cross-rank check of each collective (the
-# default) and without (COLLIE_MPI_CHECK=0).
+# mpi backend with its cross-rank check of each collective as it comes
+# (the default: through shared memory, all ranks being on this host), by
+# MPI messages as across hosts (COLLIE_MPI_CHECK=2), and without
+# (COLLIE_MPI_CHECK=0).
 #   bench/mpi_compare.sh [REPS] [NP] [-- sweep args (-b, -e, -f, -n)]
 # Without sweep args: 8 B to 32 KiB with 500 samples per size, then
 # 128 KiB to 256 MiB with 20.
@@ -28,6 +30,8 @@ for r in $(seq 1 "$REPS"); do
       "${MPIRUN[@]}" "${mca[@]}" "$MPI_BENCH" "${sweep[@]}" > "$tmp/raw_$name.$r.$i"
       "${MPIRUN[@]}" "${mca[@]}" -x COLLIE_BACKEND=mpi "$BUILD/bench/collie-bench" "${sweep[@]}" \
         > "$tmp/collie_$name.$r.$i"
+      "${MPIRUN[@]}" "${mca[@]}" -x COLLIE_BACKEND=mpi -x COLLIE_MPI_CHECK=2 \
+        "$BUILD/bench/collie-bench" "${sweep[@]}" > "$tmp/msgcheck_$name.$r.$i"
       "${MPIRUN[@]}" "${mca[@]}" -x COLLIE_BACKEND=mpi -x COLLIE_MPI_CHECK=0 \
         "$BUILD/bench/collie-bench" "${sweep[@]}" > "$tmp/nocheck_$name.$r.$i"
     done
@@ -41,16 +45,18 @@ n, tmp, reps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 print(f"{n} ranks, f32 sum, out of place; per-size median over {reps} interleaved runs; time in us; "
       "ratio = raw MPI time / collie time (above 1: collie faster)")
 for path in ("sm", "tcp"):
-    raw, col, nochk = (load(f"{tmp}/{k}_{path}.*.*") for k in ("raw", "collie", "nocheck"))
+    raw, col, msg, nochk = (load(f"{tmp}/{k}_{path}.*.*")
+                            for k in ("raw", "collie", "msgcheck", "nocheck"))
     print()
     print(f"Open MPI {path}:")
     print()
-    print("| size | raw MPI_Allreduce us | collie mpi us | ratio | collie mpi, COLLIE_MPI_CHECK=0 us | ratio | wrong |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| size | raw MPI_Allreduce us | collie mpi us | ratio | COLLIE_MPI_CHECK=2 us | ratio "
+          "| COLLIE_MPI_CHECK=0 us | ratio | wrong |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     nan = (float("nan"), 0)
     for s in sorted(raw):
-        r, c, k = raw[s], col.get(s, nan), nochk.get(s, nan)
-        print(f"| {size(s)} | {r[0]:.1f} | {c[0]:.1f} | {r[0] / c[0]:.2f}x | {k[0]:.1f} | "
-              f"{r[0] / k[0]:.2f}x | {r[1] + c[1] + k[1]} |")
+        r, c, m, k = raw[s], col.get(s, nan), msg.get(s, nan), nochk.get(s, nan)
+        print(f"| {size(s)} | {r[0]:.1f} | {c[0]:.1f} | {r[0] / c[0]:.2f}x | {m[0]:.1f} | "
+              f"{r[0] / m[0]:.2f}x | {k[0]:.1f} | {r[0] / k[0]:.2f}x | {r[1] + c[1] + m[1] + k[1]} |")
 PY
 rm -rf "$tmp"

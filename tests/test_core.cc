@@ -314,6 +314,22 @@ TEST(Config, MpiSettingsCheckIsOnUnlessTurnedOff) {
   EXPECT_THROW(config::mpi_settings(fake({{"COLLIE_MPI_CHECK", "3"}})), Error);
 }
 
+// Open MPI's btl list as mpirun --mca btl passes it: shared memory unless
+// the list leaves out vader and sm (or excludes one of them with ^).
+TEST(Config, MpiSharedMemoryFollowsOpenMpisBtlList) {
+  auto shm = [](const char* btl) {
+    return config::mpi_settings(fake({{"OMPI_MCA_btl", btl}})).shared_memory_btl;
+  };
+  EXPECT_TRUE(config::mpi_settings(fake({})).shared_memory_btl);
+  EXPECT_TRUE(shm("self,vader"));
+  EXPECT_TRUE(shm("tcp,sm,self"));
+  EXPECT_TRUE(shm("^tcp"));
+  EXPECT_FALSE(shm("self,tcp"));
+  EXPECT_FALSE(shm("^vader"));
+  EXPECT_FALSE(shm("^tcp,sm"));
+  EXPECT_FALSE(shm("self,vaderx"));
+}
+
 // Whether waits may spin: Open MPI's verdict wins over the CPU count (1
 // under mpirun's binding), for tcp and shm as for mpi; without it, ranks
 // against CPUs. (Reading the CPU count alone, every op of the mpi backend

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string_view>
 
 namespace collie::config {
@@ -327,6 +328,16 @@ MpiSettings mpi_settings(const Env& raw) {
   }
   if (const char* v = env("OMPI_MCA_coll_libnbc_iallreduce_algorithm"); v && *v)
     m.choose_algorithms = false;
+  if (const char* v = env("OMPI_MCA_btl"); v && *v) {
+    // "a,b": only those; "^a,b": all but those.
+    std::string list = v;
+    const bool exclude = list[0] == '^';
+    bool named = false;
+    std::istringstream in(exclude ? list.substr(1) : list);
+    for (std::string b; std::getline(in, b, ',');)
+      if (b == "vader" || b == "sm") named = true;
+    m.shared_memory_btl = exclude ? !named : named;
+  }
   return m;
 }
 

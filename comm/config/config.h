@@ -84,6 +84,10 @@ struct MpiSettings {
   // its own algorithm. Also off when Open MPI's own setting is given
   // (OMPI_MCA_coll_libnbc_iallreduce_algorithm: the user chose).
   bool choose_algorithms = true;
+  // Whether Open MPI may use shared memory between ranks of one host: false
+  // when the user's btl list (OMPI_MCA_btl, which `mpirun --mca btl ...`
+  // sets) leaves out vader and sm.
+  bool shared_memory_btl = true;
 };
 
 MpiSettings mpi_settings(const Env& env);

@@ -294,9 +294,16 @@ void user_op(void* in, void* inout, int* len, MPI_Datatype* type) {
 // bandwidth counts: a ring under 4 ranks (2 ranks on shared memory: 1 MiB
 // in 330 us, the binomial tree's 506 us, the blocking MPI_Allreduce's 580
 // us), Rabenseifner's halving and doubling from 4 (Open MPI's own pick
-// there, which it drops for in-place calls, the reducer's kind).
-NbcAllreduce allreduce_algorithm(size_t bytes, size_t count, int n) {
-  if (bytes < 16384) return NbcAllreduce::recursive_doubling;
+// there, which it drops for in-place calls, the reducer's kind). Over a
+// network (`network`: ranks on several hosts, or Open MPI told not to use
+// shared memory), where a message costs more than its bytes, recursive
+// doubling holds under 4 ranks up to 32 KiB: one exchange, not a ring's
+// two (2 ranks over TCP, 32 KiB: 23 us against 31 us, raw MPI_Allreduce
+// 27 to 30 us). From 64 KiB its one message passes Open MPI's TCP eager
+// limit (64 KiB) and waits for a rendezvous round trip: 50 us against the
+// ring's 37 us.
+NbcAllreduce allreduce_algorithm(size_t bytes, size_t count, int n, bool network) {
+  if (bytes < (network && n < 4 ? 65536 - 1024 : 16384)) return NbcAllreduce::recursive_doubling;
   if (n < 4) return NbcAllreduce::ring;
   size_t pof2 = 1;
   while (pof2 * 2 <= static_cast<size_t>(n)) pof2 *= 2;
@@ -318,17 +325,10 @@ class CheckArea {
     uint64_t desc[6];              // written before number, read after it
   };
 
-  // Collective over `comm` (of `n` ranks, this one `me`): the area, or null
-  // on every rank when the ranks are on more than one host or any of them
-  // cannot map rank 0's memory (another PID namespace, say).
+  // Collective over `comm` (of `n` ranks, this one `me`, all on one host):
+  // the area, or null on every rank when any of them cannot map rank 0's
+  // memory (another PID namespace, say).
   static std::unique_ptr<CheckArea> make(MPI_Comm comm, int me, int n) {
-    MPI_Comm node;
-    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
-      return nullptr;
-    int local = 0;
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    if (local != n) return nullptr;  // the same answer on every rank
     const size_t bytes = 2 * static_cast<size_t>(n) * sizeof(Slot);
     char where[128] = {0};
     int fd = -1;
@@ -412,7 +412,15 @@ class MpiRunner final : public HostRunner {
     MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
     MPI_Comm_dup(data_, &ctrl_);
     MPI_Comm_set_errhandler(ctrl_, MPI_ERRORS_RETURN);
-    if (check_ == 1 && n_ > 1) area_ = CheckArea::make(data_, me_, n_);
+    // Whether every rank is on this host (the same answer on every rank).
+    MPI_Comm node;
+    int local = 0;
+    if (MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+      MPI_Comm_size(node, &local);
+      MPI_Comm_free(&node);
+    }
+    network_ = local != n_ || !s.shared_memory_btl;
+    if (check_ == 1 && n_ > 1 && local == n_) area_ = CheckArea::make(data_, me_, n_);
     if (n_ > 1)
       log::info(names_(me_) + ": the mpi backend checks each collective " +
                 (!check_ ? std::string("not at all (COLLIE_MPI_CHECK=0)")
@@ -446,7 +454,7 @@ class MpiRunner final : public HostRunner {
         auto* in = static_cast<const uint8_t*>(op.in.data);
         auto* out = static_cast<uint8_t*>(op.out.data);
         const bool in_place = op.in.data == op.out.data;
-        const NbcAllreduce alg = allreduce_algorithm(d.count * esz, d.count, n_);
+        const NbcAllreduce alg = allreduce_algorithm(d.count * esz, d.count, n_, network_);
         in_pieces(d.count, [&](size_t at, int c_) {
           run(d, dl, c, [&](MPI_Request* r) {
             return proc_.start_allreduce(alg, [&] {
@@ -906,6 +914,7 @@ class MpiRunner final : public HostRunner {
   int check_ = 1;                    // config::MpiSettings::check
   std::unique_ptr<CheckArea> area_;  // the check's shared memory, or null
   uint64_t checks_ = 0;              // checks started through area_
+  bool network_ = true;              // see allreduce_algorithm()
   std::chrono::microseconds spin_{0};
   int tag_ub_ = -1;
   std::atomic<bool> woken_{false};
