@@ -9,8 +9,9 @@
 // the deadline passes, or a peer aborts. All-reduce picks Open MPI's
 // non-blocking algorithm per call (COLLIE_MPI_ALGORITHMS=0 leaves it to
 // MPI). With each collective the ranks check that they all issue the same
-// one (one 16-byte all-reduce beside it; COLLIE_MPI_CHECK=0 skips it),
-// since MPI with different counts on different ranks hangs or fails.
+// one (through shared memory where they share a host, else one 16-byte
+// all-reduce beside it; COLLIE_MPI_CHECK=0 skips it), since MPI with
+// different counts on different ranks hangs or fails.
 //
 // MPI is initialised here (MPI_THREAD_MULTIPLE) unless the program did it
 // first, and then finalised at exit, unless an operation never finished
