@@ -71,7 +71,7 @@ struct Layout {
   size_t chunk = 0;  // bytes per rank per round (large collectives)
   size_t small = 0;  // bytes per rank per small slot
   size_t p2p_slot = 0, p2p_slots = 0;
-  size_t off_counters = 0, off_desc = 0, off_info = 0, off_bell = 0, off_mail = 0, off_small = 0,
+  size_t off_gate = 0, off_counters = 0, off_desc = 0, off_info = 0, off_bell = 0, off_mail = 0, off_small = 0,
          off_big = 0, total = 0;
   static Layout make(int n, size_t chunk, size_t small);
 };
@@ -102,6 +102,9 @@ class Segment {
   int size() const { return n_; }
   const Layout& layout() const { return lay_; }
 
+  // Where waiters for every rank sleep: its value is the lowest phase all
+  // ranks have reached, as last seen by a rank that moved it.
+  Counter& gate() { return at<Counter>(lay_.off_gate); }
   Counter& progress(int r) { return at<Counter>(lay_.off_counters + r * sizeof(Counter)); }
   DescSlot& desc(int r, uint32_t seq) {
     return at<DescSlot>(lay_.off_desc + (r * 2 + (seq & 1)) * sizeof(DescSlot));
@@ -177,6 +180,7 @@ class Segment {
   uint8_t* base_ = nullptr;
   std::vector<int> pidfds_;
   std::vector<int32_t> pids_;
+  std::vector<int> others_;  // every rank but this one
   uint32_t phase_ = 0;
   std::atomic<uint32_t>* abort_word_ = nullptr;
 };
