@@ -85,6 +85,7 @@ struct Args {
   int warmup = 5;
   int check = 1;
   int in_place = 0;
+  int comm_memory = 0;  // buffers from Communicator::allocate
   collie::DType dtype = collie::DType::f32;
   collie::ReduceOp op = collie::ReduceOp::sum;
   std::string algo = "auto";
@@ -110,6 +111,9 @@ constexpr const char* kUsage =
     "  -d, --datatype T         f32 f64 f16 bf16 i32 i64 u8 (default f32)\n"
     "  -o, --op OP              sum avg min max prod (default sum)\n"
     "  -i, --inplace 0|1        in place (default 0: out of place)\n"
+    "  -M, --comm-memory 0|1    buffers from the communicator's own memory\n"
+    "                           (Communicator::allocate; on shm an in-place all-reduce\n"
+    "                           then reads the peers' buffers directly; default 0)\n"
     "  -a, --algo A             auto ring rd (default auto: the cost model picks)\n"
     "  -B, --backend NAME       auto tcp ... (default auto)\n"
     "      --plot FILE.png      draw busbw and time against size (needs gnuplot)\n"
@@ -210,6 +214,8 @@ Args parse(int argc, char** argv) {
           parse_int(f, value(), 0, 1 << 30, "a whole number of warm-up operations, 0 or more");
     } else if (f == "-c" || f == "--check") {
       a.check = parse_int(f, value(), 0, 1, "0 (do not check) or 1 (check every result)");
+    } else if (f == "-M" || f == "--comm-memory") {
+      a.comm_memory = parse_int(f, value(), 0, 1, "0 (ordinary memory) or 1 (the communicator's)");
     } else if (f == "-i" || f == "--inplace") {
       a.in_place = parse_int(f, value(), 0, 1, "0 (out of place) or 1 (in place)");
     } else if (f == "-d" || f == "--datatype") {
@@ -479,7 +485,9 @@ int main(int argc, char** argv) {
                   collie::config::bind(collie::config::process_env()).c_str(), bindings.c_str());
       std::printf("# collie-bench: %s, %d ranks, backend %s, %s, %s, %s\n", name(a.coll), n,
                   comm->backend().c_str(), dtype.c_str(), redop.c_str(),
-                  a.in_place ? "in place" : "out of place");
+                  a.in_place
+                      ? (a.comm_memory ? "in place, communicator memory" : "in place")
+                      : (a.comm_memory ? "out of place, communicator memory" : "out of place"));
       std::printf(
           "# %d warm-up ops, then %d samples per size (a barrier and 10 back-to-back ops up to "
           "64 KiB, else 1); time = median sample of the slowest rank, best = fastest sample; "
@@ -497,7 +505,20 @@ int main(int argc, char** argv) {
     }
     // Room for the largest size, and for n elements at the smallest.
     const size_t room = std::max(a.max_bytes / es, static_cast<size_t>(n)) * es + es;
-    std::vector<uint8_t> in(room), out(room);
+    std::vector<uint8_t> in_vec, out_vec;
+    std::shared_ptr<void> in_mem, out_mem;
+    uint8_t *in, *out;
+    if (a.comm_memory) {
+      in_mem = comm->allocate(room);
+      out_mem = comm->allocate(room);
+      in = static_cast<uint8_t*>(in_mem.get());
+      out = static_cast<uint8_t*>(out_mem.get());
+    } else {
+      in_vec.resize(room);
+      out_vec.resize(room);
+      in = in_vec.data();
+      out = out_vec.data();
+    }
     const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
     double bw_sum = 0;
     int bw_count = 0;
@@ -517,8 +538,8 @@ int main(int argc, char** argv) {
       const size_t block = split ? std::max<size_t>(1, bytes / es / n) : 0;
       const size_t count = split ? block * n : std::max<size_t>(1, bytes / es);
       const size_t nbytes = count * es;
-      auto view = [&](std::vector<uint8_t>& v, size_t first, size_t len) {
-        return collie::TensorView{v.data() + first * es, a.dtype, len, collie::Device::cpu()};
+      auto view = [&](uint8_t* v, size_t first, size_t len) {
+        return collie::TensorView{v + first * es, a.dtype, len, collie::Device::cpu()};
       };
       // Where this rank's input is and where its result lands, in place
       // (nccl-tests' layout: the all-gather's input is this rank's block of

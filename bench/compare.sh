@@ -27,6 +27,7 @@ for r in $(seq 1 "$REPS"); do
   for i in "${!SWEEPS[@]}"; do
     read -r -a sweep <<< "${SWEEPS[$i]}"
     "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B shm "${sweep[@]}" > "$tmp/collie_shm.$r.$i"
+    "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B shm -i 1 -M 1 "${sweep[@]}" > "$tmp/collie_mem.$r.$i"
     "${MPIRUN[@]}" --mca btl self,vader "$MPI_BENCH" "${sweep[@]}" > "$tmp/mpi_sm.$r.$i"
     "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B tcp "${sweep[@]}" > "$tmp/collie_tcp.$r.$i"
     "${MPIRUN[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo "$MPI_BENCH" "${sweep[@]}" > "$tmp/mpi_tcp.$r.$i"
@@ -40,21 +41,22 @@ import subprocess, sys
 sys.path.insert(0, "bench")
 from runs import allreduce_busbw, load, size_label as size
 n, tmp, reps, plot = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-cfgs = {c: load(f"{tmp}/{c}.*.*") for c in ["collie_shm", "mpi_sm", "collie_tcp", "mpi_tcp", "gloo"]}
+cfgs = {c: load(f"{tmp}/{c}.*.*") for c in ["collie_shm", "mpi_sm", "collie_tcp", "mpi_tcp", "gloo", "collie_mem"]}
 bw = lambda s, t: allreduce_busbw(s, t, n)
-print(f"{n} ranks, f32 sum, out of place; per-size median over {reps} interleaved runs; time in us, busbw in GB/s")
+print(f"{n} ranks, f32 sum, out of place (shm mem: in place in communicator memory, -i 1 -M 1); "
+      f"per-size median over {reps} interleaved runs; time in us, busbw in GB/s")
 print()
-print("| size | collie shm us | busbw | Open MPI sm us | busbw | shm / MPI sm | collie tcp us | busbw | Open MPI tcp us | busbw | tcp / MPI tcp | Gloo us | tcp / Gloo | wrong |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| size | collie shm us | busbw | Open MPI sm us | busbw | shm / MPI sm | shm mem us | busbw | mem / MPI sm | collie tcp us | busbw | Open MPI tcp us | busbw | tcp / MPI tcp | Gloo us | tcp / Gloo | wrong |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for s in sorted(cfgs["collie_shm"]):
     c = [cfgs[k].get(s, (float("nan"), 0)) for k in cfgs]
     wrong = sum(x[1] for x in c)
     print(f"| {size(s)} | {c[0][0]:.1f} | {bw(s, c[0][0]):.3f} | {c[1][0]:.1f} | {bw(s, c[1][0]):.3f} | "
-          f"{c[1][0] / c[0][0]:.2f}x | {c[2][0]:.1f} | {bw(s, c[2][0]):.3f} | {c[3][0]:.1f} | {bw(s, c[3][0]):.3f} | "
+          f"{c[1][0] / c[0][0]:.2f}x | {c[5][0]:.1f} | {bw(s, c[5][0]):.3f} | {c[1][0] / c[5][0]:.2f}x | {c[2][0]:.1f} | {bw(s, c[2][0]):.3f} | {c[3][0]:.1f} | {bw(s, c[3][0]):.3f} | "
           f"{c[3][0] / c[2][0]:.2f}x | {c[4][0]:.1f} | {c[4][0] / c[2][0]:.2f}x | {wrong} |")
 if plot:
     names = {"collie_shm": "collie shm", "mpi_sm": "Open MPI sm", "collie_tcp": "collie tcp",
-             "mpi_tcp": "Open MPI tcp", "gloo": "Gloo"}
+             "mpi_tcp": "Open MPI tcp", "gloo": "Gloo", "collie_mem": "collie shm, comm memory"}
     series = [(names[k], v) for k, v in cfgs.items() if v]
     script = ["set terminal pngcairo size 1000,900 font ',10'", f"set output '{plot}'",
               f"set multiplot layout 2,1 title '{n} ranks, f32 sum: per-size medians of {reps} runs'",

@@ -111,6 +111,9 @@ class Backend {
   // Once, by the owner: ops not started fail, the running one ends, the
   // peers are told goodbye, threads are joined.
   virtual void shutdown() = 0;
+  // Host memory this backend moves best (Communicator::allocate). The
+  // default: zeroed, 64-byte aligned host memory.
+  virtual std::shared_ptr<void> allocate(size_t bytes);
 };
 
 // Waits until the store holds keys[q] for every rank q whose key is not

@@ -190,6 +190,7 @@ class Front final : public Communicator {
   std::optional<Error> error() const override { return core_->ctx.failure->get(); }
 
   std::shared_ptr<Communicator> share() override { return std::make_shared<Front>(core_, false); }
+  std::shared_ptr<void> allocate(size_t bytes) override { return core_->backend->allocate(bytes); }
 
  private:
   std::string where(const char* op) const { return std::string(op) + " on " + rank_str(rank()); }

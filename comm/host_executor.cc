@@ -375,6 +375,10 @@ class HostBackend final : public Backend {
   }
   void abort(const Error& e) override { exec_->abort(e); }
   void shutdown() override { exec_->shutdown(); }
+  std::shared_ptr<void> allocate(size_t bytes) override {
+    if (auto p = runner_->allocate(bytes)) return p;
+    return Backend::allocate(bytes);
+  }
 
  private:
   const std::string name_;

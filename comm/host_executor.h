@@ -54,6 +54,9 @@ class HostRunner {
   // Interrupts a run in progress from another thread, so that it takes in
   // queued point-to-point ops or notices an abort in the latch.
   virtual void wake() noexcept = 0;
+  // Memory this runner reduces in place (Communicator::allocate), or
+  // nullptr: the backend's default.
+  virtual std::shared_ptr<void> allocate(size_t) { return nullptr; }
 };
 
 class HostExecutor : public std::enable_shared_from_this<HostExecutor> {

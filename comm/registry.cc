@@ -1,6 +1,9 @@
 // comm/registry.cc: every backend collie knows of, built or not, in the
 // order `auto` prefers them. This is the one file that names a backend's
 // folder: a backend is added with a line here (see docs/architecture.md).
+#include <cstring>
+#include <new>
+
 #include "comm/backend.h"
 #include "comm/hier/hier_backend.h"
 #include "comm/mpi/mpi_backend.h"
@@ -8,6 +11,17 @@
 #include "comm/tcp/tcp_backend.h"
 
 namespace collie {
+
+std::shared_ptr<void> Backend::allocate(size_t bytes) {
+  constexpr size_t kAlign = 64;
+  if (bytes == 0) bytes = 1;
+  void* p = ::operator new(bytes, std::align_val_t(kAlign), std::nothrow);
+  if (!p)
+    throw Error(ErrorCode::unavailable,
+                "could not allocate " + std::to_string(bytes) + " bytes of host memory");
+  std::memset(p, 0, bytes);
+  return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t(kAlign)); });
+}
 
 const std::vector<BackendEntry>& backend_registry() {
   static const std::vector<BackendEntry> registry = {

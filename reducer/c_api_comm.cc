@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "reducer/c_api_internal.h"
@@ -255,6 +258,51 @@ collie_status collie_comm_abort(collie_comm* c, const char* reason) {
 collie_status collie_comm_get_async_error(collie_comm* c) {
   COLLIE_REQUIRE(c, "comm");
   if (auto e = c->comm->error()) return fail(static_cast<collie_status>(e->code()), e->what());
+  return COLLIE_OK;
+}
+
+namespace {
+
+// What collie_comm_mem_alloc handed out, by address: the memory lives until
+// collie_mem_free, whatever happens to the communicator.
+struct Allocations {
+  std::mutex mu;
+  std::map<void*, std::shared_ptr<void>> live;
+};
+Allocations& allocations() {
+  static auto* a = new Allocations;  // never destroyed: freed at exit is fine
+  return *a;
+}
+
+}  // namespace
+
+collie_status collie_comm_mem_alloc(collie_comm* c, size_t bytes, void** out) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(out, "out");
+  *out = nullptr;
+  return guarded([&] {
+    std::shared_ptr<void> p = c->comm->allocate(bytes);
+    Allocations& a = allocations();
+    std::lock_guard lk(a.mu);
+    a.live[p.get()] = p;
+    *out = p.get();
+  });
+}
+
+collie_status collie_mem_free(void* ptr) {
+  if (!ptr) return COLLIE_OK;
+  std::shared_ptr<void> gone;  // released outside the lock
+  {
+    Allocations& a = allocations();
+    std::lock_guard lk(a.mu);
+    auto it = a.live.find(ptr);
+    if (it == a.live.end())
+      return fail(COLLIE_ERR_INVALID_ARGUMENT,
+                  "collie_mem_free: this pointer did not come from collie_comm_mem_alloc, or "
+                  "was freed already");
+    gone = std::move(it->second);
+    a.live.erase(it);
+  }
   return COLLIE_OK;
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "comm/config/config.h"
 #include "comm/core/fingerprint.h"
@@ -10,6 +12,38 @@
 #include "comm/core/state_bytes.h"
 
 namespace collie {
+
+namespace {
+
+// Host buckets in the communicator's own memory (Communicator::allocate): on
+// shm every rank's peers map it, and a bucket's all-reduce reads and writes
+// it in place instead of copying it through the segment.
+class CommAllocator final : public BucketAllocator {
+ public:
+  explicit CommAllocator(Communicator& comm) : comm_(comm) {}
+  void* allocate(size_t bytes, DType t, Device device) override {
+    if (!device.is_cpu()) return host_bucket_allocator()->allocate(bytes, t, device);  // throws
+    std::shared_ptr<void> p = comm_.allocate(bytes);
+    std::lock_guard lk(mu_);
+    held_[p.get()] = p;
+    return p.get();
+  }
+  void release(void* ptr, size_t, Device) noexcept override {
+    std::lock_guard lk(mu_);
+    held_.erase(ptr);
+  }
+
+ private:
+  Communicator& comm_;  // used only while the reducer is built
+  std::mutex mu_;
+  std::map<void*, std::shared_ptr<void>> held_;
+};
+
+std::shared_ptr<BucketAllocator> communicator_allocator(Communicator& comm) {
+  return std::make_shared<CommAllocator>(comm);
+}
+
+}  // namespace
 
 namespace {
 
@@ -60,7 +94,8 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
   // Every rank must hold the same parameters and build the same buckets:
   // compare counts, shapes and the bucket plan (it also depends on the
   // bucket sizes, which a rank could be given differently).
-  memory_ = std::make_unique<BucketMemory>(specs_, opt_.bucket_allocator);
+  memory_ = std::make_unique<BucketMemory>(
+      specs_, opt_.bucket_allocator ? opt_.bucket_allocator : communicator_allocator(comm_));
   stale_view_.assign(params_.size(), nullptr);
   build_buckets({});
   uint64_t plan_hash = kFnvBasis;

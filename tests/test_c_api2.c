@@ -115,6 +115,31 @@ int main(void) {
     OK(collie_comm_barrier(comm, NULL));
   }
 
+  /* communicator memory: zeroed, aligned, reduced in place, freed once. */
+  {
+    const uint64_t n = 100003;
+    void* mem = NULL;
+    OK(collie_comm_mem_alloc(comm, n * sizeof(float), &mem));
+    CHECK(mem != NULL && (uintptr_t)mem % 64 == 0, "mem_alloc gave %p", mem);
+    float* x = (float*)mem;
+    int nonzero = 0;
+    for (uint64_t i = 0; i < n; ++i) nonzero += x[i] != 0.0f;
+    CHECK(nonzero == 0, "%d elements not zeroed", nonzero);
+    for (uint64_t i = 0; i < n; ++i) x[i] = (float)(rank + (int)(i % 5));
+    OK(collie_comm_allreduce(comm, f32(x, n), f32(x, n), COLLIE_SUM, NULL));
+    int wrong = 0;
+    for (uint64_t i = 0; i < n; ++i)
+      wrong += x[i] != (float)(size * (size - 1) / 2 + size * (int)(i % 5));
+    CHECK(wrong == 0, "%d wrong sums in communicator memory", wrong);
+    OK(collie_mem_free(mem));
+    CHECK(collie_mem_free(mem) == COLLIE_ERR_INVALID_ARGUMENT, "a second free was accepted");
+    CHECK(strstr(collie_last_error(), "collie_comm_mem_alloc") != NULL, "message: %s",
+          collie_last_error());
+    float local = 0;
+    CHECK(collie_mem_free(&local) == COLLIE_ERR_INVALID_ARGUMENT, "a stack pointer was freed");
+    OK(collie_mem_free(NULL));
+  }
+
   /* split by parity; then abort the odd-free group on rank 0 and see every
    * member fail with the cause, while the world goes on. */
   {

@@ -125,6 +125,78 @@ TEST(Allreduce, ResultsAreBitIdenticalOnEveryRank) {
   }
 }
 
+// Buffers from Communicator::allocate: on shm the peers map them and the
+// all-reduce runs in place in them, without the segment. Every rank puts its
+// buffer at a different offset of its allocation, and in one round only
+// some ranks use such memory at all: every rank must still agree on how to
+// run the op and get the exact reference.
+TEST(Allreduce, InPlaceInCommunicatorMemoryMatchesSerialReference) {
+  const int n = comm().size(), r = comm().rank();
+  uint64_t salt = 1000;
+  for (int mixed = 0; mixed < 2; ++mixed)
+    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::i32})
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        if (!supports(op, t)) continue;
+        for (size_t count : {size_t{3}, size_t{4099}, size_t{65537}, size_t{300007}}) {
+          ++salt;
+          const size_t es = dtype_size(t), skip = static_cast<size_t>(r) * 3 * es;
+          std::shared_ptr<void> mem;
+          std::vector<uint8_t> plain;
+          uint8_t* base;
+          if (mixed && r % 2 == 1) {
+            plain.resize(count * es + skip + 1);
+            base = plain.data();
+          } else {
+            mem = comm().allocate(count * es + skip);
+            base = static_cast<uint8_t*>(mem.get());
+          }
+          uint8_t* buf = base + skip;
+          for (size_t i = 0; i < count; ++i) put(t, buf, i, exact_value(op, r, i, salt));
+          comm().allreduce(TensorView{buf, t, count, Device::cpu()}, op).wait();
+          size_t wrong = 0;
+          double first_got = 0, first_want = 0;
+          for (size_t i = 0; i < count; ++i) {
+            double want = exact_value(op, 0, i, salt);
+            for (int q = 1; q < n; ++q) want = combine(op, want, exact_value(op, q, i, salt));
+            if (op == ReduceOp::avg) want = testing::rounded(t, want / n);
+            double got = get(t, buf, i);
+            if (got != want && wrong++ == 0) {
+              first_got = got;
+              first_want = want;
+            }
+          }
+          EXPECT_EQ(wrong, 0u) << label(t, op, count, true) << (mixed ? " (some ranks)" : "")
+                               << ": first wrong value " << first_got << ", expected "
+                               << first_want;
+        }
+      }
+}
+
+// The memory is zeroed, aligned, and outlives the communicator that handed
+// it out; memory from one communicator serves another's all-reduce.
+TEST(Allreduce, CommunicatorMemoryOutlivesItsCommunicator) {
+  const int n = comm().size(), r = comm().rank();
+  const size_t count = 100003;
+  std::shared_ptr<void> mem;
+  {
+    auto sub = comm().split(0, r);
+    ASSERT_NE(sub, nullptr);
+    mem = sub->allocate(count * sizeof(double));
+  }
+  ASSERT_NE(mem, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(mem.get()) % 64, 0u);
+  auto* x = static_cast<double*>(mem.get());
+  size_t nonzero = 0;
+  for (size_t i = 0; i < count; ++i) nonzero += x[i] != 0.0;
+  EXPECT_EQ(nonzero, 0u);
+  for (size_t i = 0; i < count; ++i) x[i] = r + 1.0 + static_cast<double>(i % 7);
+  comm().allreduce(TensorView{x, DType::f64, count, Device::cpu()}, ReduceOp::sum).wait();
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i)
+    wrong += x[i] != n * (n + 1) / 2.0 + n * static_cast<double>(i % 7);
+  EXPECT_EQ(wrong, 0u);
+}
+
 TEST(Allreduce, ManyOutstandingOpsCompleteInAnyWaitOrder) {
   const int n = comm().size(), r = comm().rank();
   constexpr int kOps = 16;

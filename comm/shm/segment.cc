@@ -25,7 +25,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMagic = 0x434c5348;  // "CLSH"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 // How often a sleeping waiter looks at the peer's process and its deadline.
 constexpr auto kSlice = std::chrono::milliseconds(5);
 

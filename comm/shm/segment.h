@@ -47,6 +47,13 @@ struct alignas(kLine) DescSlot {
   uint8_t op, dtype, redop, pad;
   int32_t tag;
   uint64_t count;
+  // An all-reduce in place over memory from allocate_region: where peers
+  // find it (its id 0 otherwise). Not compared by the check: ranks may
+  // differ here, and then every rank copies.
+  uint64_t reg_id;
+  uint64_t reg_bytes;
+  uint64_t reg_offset;
+  int32_t reg_fd;
 };
 
 struct alignas(kLine) RankInfo {
@@ -71,8 +78,8 @@ struct Layout {
   size_t chunk = 0;  // bytes per rank per round (large collectives)
   size_t small = 0;  // bytes per rank per small slot
   size_t p2p_slot = 0, p2p_slots = 0;
-  size_t off_gate = 0, off_counters = 0, off_desc = 0, off_info = 0, off_bell = 0, off_mail = 0, off_small = 0,
-         off_big = 0, total = 0;
+  size_t off_gate = 0, off_counters = 0, off_desc = 0, off_info = 0, off_bell = 0, off_mail = 0,
+         off_small = 0, off_big = 0, total = 0;
   static Layout make(int n, size_t chunk, size_t small);
 };
 

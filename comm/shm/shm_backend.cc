@@ -9,13 +9,19 @@
 // data areas are free again without a separate "done reading" phase.
 #include "comm/shm/shm_backend.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <map>
 
 #include "comm/core/reduce.h"
 #include "comm/core/topology.h"
 #include "comm/host_executor.h"
+#include "comm/shm/region.h"
 #include "comm/shm/segment.h"
 
 namespace collie::shm {
@@ -66,8 +72,14 @@ class ShmRunner final : public HostRunner {
     throw Error(ErrorCode::internal, what.str() + " is not a collective the shm backend runs");
   }
 
-  void announce(const OpDesc& d) {
+  void announce(const OpDesc& d, const RegionRef* reg = nullptr) {
     DescSlot& s = seg_.desc(me_, d.seq);
+    s.reg_id = reg ? reg->id : 0;
+    if (reg) {
+      s.reg_bytes = reg->bytes;
+      s.reg_offset = reg->offset;
+      s.reg_fd = reg->fd;
+    }
     s.seq = d.seq;
     s.op = static_cast<uint8_t>(d.op);
     s.dtype = static_cast<uint8_t>(d.dtype);
@@ -89,8 +101,8 @@ class ShmRunner final : public HostRunner {
     }
   }
 
-  void arrive(const OpDesc& d, const What& what, Deadline dl) {
-    announce(d);
+  void arrive(const OpDesc& d, const What& what, Deadline dl, const RegionRef* reg = nullptr) {
+    announce(d, reg);
     seg_.advance();
     seg_.wait_all(what, dl);
     verify(d, what);
@@ -134,7 +146,12 @@ class ShmRunner final : public HostRunner {
       reduce_into(op.out.data, srcs, count, t, d.redop);
       return;
     }
-    arrive(d, what, dl);
+    // In place over memory every rank's peers can map (Communicator::
+    // allocate): no copies in or out of the segment.
+    const std::optional<RegionRef> reg =
+        op.in.data == op.out.data ? find_region(op.in.data, bytes) : std::nullopt;
+    arrive(d, what, dl, reg ? &*reg : nullptr);
+    if (reg && everyone_shared(d.seq)) return allreduce_shared(op, what, dl);
     // Rounds of `per_round` elements: copy in, reduce own slice of
     // everyone's round in place, copy every slice out.
     const size_t per_round = std::max<size_t>(seg_.layout().chunk / es, 1);
@@ -164,6 +181,91 @@ class ShmRunner final : public HostRunner {
       }
       seg_.advance();
     }
+  }
+
+  bool everyone_shared(uint32_t seq) {
+    for (int r = 0; r < n_; ++r)
+      if (seg_.desc(r, seq).reg_id == 0) return false;
+    return true;
+  }
+
+  // Rank r's buffer of this op, mapped here (opened through /proc on the
+  // first op that names its region, then kept until the runner goes).
+  uint8_t* peer_buffer(int r, const DescSlot& s, const What& what) {
+    Mapping& m = mapped_[{r, s.reg_id}];
+    m.used = ++uses_;
+    if (!m.base) {
+      // A peer's freed region stays alive while it is mapped here: keep at
+      // most kMaxMapped, dropping the one used longest ago (reopened if it
+      // comes back).
+      if (mapped_.size() > kMaxMapped) {
+        auto old = mapped_.begin();
+        for (auto it = mapped_.begin(); it != mapped_.end(); ++it)
+          if (it->second.used < old->second.used) old = it;
+        mapped_.erase(old);
+      }
+      const std::string path =
+          "/proc/" + std::to_string(seg_.info(r).pid) + "/fd/" + std::to_string(s.reg_fd);
+      int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0)
+        throw system_error(ErrorCode::unavailable,
+                           names_(me_) + ": opening " + names_(r) + "'s shared buffer of " +
+                               what.str() + " at " + path,
+                           errno);
+      void* p = mmap(nullptr, s.reg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      int err = errno;
+      ::close(fd);
+      if (p == MAP_FAILED)
+        throw system_error(
+            ErrorCode::unavailable,
+            names_(me_) + ": mapping " + names_(r) + "'s shared buffer of " + what.str(), err);
+      m.base = static_cast<uint8_t*>(p);
+      m.bytes = s.reg_bytes;
+    }
+    return m.base + s.reg_offset;
+  }
+
+  // Every rank's buffer is mapped by every other: in rounds of n slices,
+  // each rank reduces its own slice of every rank's buffer
+  // into its own buffer, in place, and after one wait copies the others'
+  // reduced slices from their buffers into its own while they are still in
+  // the shared cache. Each slice is reduced once, so every rank ends with
+  // the same bits. The last wait keeps every buffer unchanged until no rank
+  // reads it any more.
+  void allreduce_shared(const Op& op, const What& what, Deadline dl) {
+    const OpDesc& d = op.desc;
+    const DType t = op.in.dtype;
+    const size_t es = dtype_size(t), count = op.in.numel;
+    std::vector<uint8_t*> buf(n_);
+    for (int r = 0; r < n_; ++r)
+      buf[r] =
+          r == me_ ? static_cast<uint8_t*>(op.in.data) : peer_buffer(r, seg_.desc(r, d.seq), what);
+    // Slices of 4 segment rounds (1 MiB by default) per rank per round: no
+    // segment space limits them here, and with slices of one round (256 KiB)
+    // the waits cost 2 MiB to 256 MiB a fifth to two fifths of their speed
+    // (bench/RESULTS.md).
+    const size_t per_round = std::max<size_t>(4 * seg_.layout().chunk / es, 1) * n_;
+    const size_t align = std::max<size_t>(64 / es, 1);
+    std::vector<const void*> srcs(n_);
+    for (size_t off = 0; off < count; off += per_round) {
+      const size_t m = std::min(per_round, count - off);
+      size_t per = (m + n_ - 1) / n_;
+      per = (per + align - 1) / align * align;
+      auto lo = [&](int k) { return off + std::min(m, per * k); };
+      const size_t my_lo = lo(me_), my_len = lo(me_ + 1) - my_lo;
+      if (my_len) {
+        for (int i = 0; i < n_; ++i) srcs[i] = buf[(me_ + i) % n_] + my_lo * es;
+        reduce_into(buf[me_] + my_lo * es, srcs, my_len, t, d.redop);
+      }
+      seg_.advance();
+      seg_.wait_all(what, dl);
+      for (int k = 0; k < n_; ++k) {
+        const size_t klo = lo(k), klen = lo(k + 1) - klo;
+        if (k != me_ && klen) std::memcpy(buf[me_] + klo * es, buf[k] + klo * es, klen * es);
+      }
+    }
+    seg_.advance();
+    seg_.wait_all(what, dl);
   }
 
   void broadcast(const Op& op, const What& what, Deadline dl) {
@@ -337,6 +439,8 @@ class ShmRunner final : public HostRunner {
     }
   }
 
+  std::shared_ptr<void> allocate(size_t bytes) override { return allocate_region(bytes); }
+
   void abort_peers(const Error& e) noexcept override { seg_.abort(e); }
   void close() noexcept override { seg_.close(); }
   // A point-to-point batch sleeps until its bell changes: ring it, so that
@@ -348,8 +452,23 @@ class ShmRunner final : public HostRunner {
     seg_.wake_all();
   }
 
+  struct Mapping {
+    uint8_t* base = nullptr;
+    size_t bytes = 0;
+    uint64_t used = 0;
+    Mapping() = default;
+    Mapping(const Mapping&) = delete;
+    Mapping& operator=(const Mapping&) = delete;
+    ~Mapping() {
+      if (base) munmap(base, bytes);
+    }
+  };
+
   const config::ShmTuning tuning_;
   Segment seg_;
+  static constexpr size_t kMaxMapped = 64;
+  std::map<std::pair<int, uint64_t>, Mapping> mapped_;  // (rank, region id): peers' buffers
+  uint64_t uses_ = 0;
   const int me_, n_;
   const RankNames names_;  // for messages
 };

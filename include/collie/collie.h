@@ -168,6 +168,17 @@ collie_status collie_comm_abort(collie_comm* comm, const char* reason);
  * failure's status, with its message in collie_last_error(). Never blocks. */
 collie_status collie_comm_get_async_error(collie_comm* comm);
 
+/* Zeroed host memory of `bytes` bytes, 64-byte aligned, that the
+ * communicator's backend reduces in place: on shm the peers map it, and an
+ * all-reduce whose buffer is such memory on every rank copies nothing
+ * through the shared segment; elsewhere it is ordinary host memory. Not
+ * collective. Give it back with collie_mem_free, before or after the
+ * communicator is destroyed. */
+collie_status collie_comm_mem_alloc(collie_comm* comm, size_t bytes, void** out);
+/* Frees what collie_comm_mem_alloc returned; NULL is allowed. Memory that
+ * did not come from there is refused (COLLIE_ERR_INVALID_ARGUMENT). */
+collie_status collie_mem_free(void* ptr);
+
 /* ---- operations in flight ---- */
 
 collie_status collie_work_wait(collie_work* work); /* the op's status */

@@ -86,6 +86,15 @@ class Communicator {
   // touching freed memory. Comm hooks whose continuations issue operations
   // later (PowerSGD's second all-reduce) hold one of these.
   virtual std::shared_ptr<Communicator> share() = 0;
+
+  // Zeroed host memory of `bytes` bytes, 64-byte aligned, that this
+  // communicator's backend reduces in place without copying it in or out:
+  // on shm, pages every rank of the host maps (an all-reduce whose buffer is
+  // such memory on every rank reads the peers' buffers directly); elsewhere,
+  // ordinary host memory. The reducer keeps its buckets in it. Not
+  // collective. The memory lives until the last copy of the pointer goes,
+  // even after the communicator is destroyed.
+  virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
 };
 
 std::unique_ptr<Communicator> connect(const Options& options = {});

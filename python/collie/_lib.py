@@ -132,6 +132,8 @@ def _load():
         "collie_comm_split": (c_int, [c_void_p, c_int, c_int, pc]),
         "collie_comm_abort": (c_int, [c_void_p, c_char_p]),
         "collie_comm_get_async_error": (c_int, [c_void_p]),
+        "collie_comm_mem_alloc": (c_int, [c_void_p, c_size_t, POINTER(c_void_p)]),
+        "collie_mem_free": (c_int, [c_void_p]),
         "collie_work_wait": (c_int, [c_void_p]),
         "collie_work_wait_for": (c_int, [c_void_p, c_double]),
         "collie_work_query": (c_int, [c_void_p]),

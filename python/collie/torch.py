@@ -29,6 +29,7 @@ return a torch Future, a collie Work, a tensor, or None (left in place).
 import contextlib
 import ctypes
 import inspect
+import weakref
 
 import torch
 
@@ -46,11 +47,15 @@ _MiB = 1 << 20
 
 
 class _Arenas:
-    """PyTorch's allocator behind collie's bucket allocator: bucket memory is
-    torch tensors, so param.grad can be a view of it and a hook gets the
-    bucket as a tensor on its device."""
+    """Bucket memory as torch tensors, so param.grad can be a view of it and a
+    hook gets the bucket as a tensor on its device. Host buckets come from
+    the communicator (collie_comm_mem_alloc: on shm the peers map them and
+    the all-reduce runs in place, with no copy through the segment), wrapped
+    by torch.frombuffer; the memory is freed when the last tensor over it
+    goes. Device buckets come from PyTorch's allocator."""
 
-    def __init__(self):
+    def __init__(self, comm=None):
+        self.comm = comm
         self.live = {}  # aligned address -> (uint8 tensor, offset of the address in it)
         self._allocate_cb = _lib.ALLOCATE_FN(self._allocate)
         self._release_cb = _lib.RELEASE_FN(self._release)
@@ -59,6 +64,14 @@ class _Arenas:
 
     def _allocate(self, _user, nbytes, _dtype, device_type, device_index):
         try:
+            if device_type == _lib.CPU and self.comm is not None:
+                ptr = ctypes.c_void_p()
+                check(lib.collie_comm_mem_alloc(self.comm.handle, nbytes, ctypes.byref(ptr)))
+                buf = (ctypes.c_uint8 * nbytes).from_address(ptr.value)
+                weakref.finalize(buf, lib.collie_mem_free, ptr.value)
+                t = torch.frombuffer(buf, dtype=torch.uint8)  # zeroed and 64-byte aligned
+                self.live[ptr.value] = (t, 0)
+                return ptr.value
             device = "cpu" if device_type == _lib.CPU else f"cuda:{device_index}"
             t = torch.zeros(nbytes + 64, dtype=torch.uint8, device=device)
             off = (-t.data_ptr()) % 64
@@ -208,7 +221,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._index_of = {p.data_ptr(): i for i, p in enumerate(self._params)}
         tensors = (_lib.Tensor * n)(*[as_tensor(p.data) for p in self._params])
         rows = (ctypes.c_uint64 * n)(*[p.shape[0] if p.dim() >= 2 else 0 for p in self._params])
-        self._arenas = _Arenas()
+        self._arenas = _Arenas(self._comm)
         opts = _lib.ReducerOptions(
             ctypes.sizeof(_lib.ReducerOptions), _lib.STRUCT_TAG, int(first_bucket_cap_mb * _MiB),
             int(bucket_cap_mb * _MiB), int(self._bucket_view), 0, 0, int(bool(init_sync)),
