@@ -41,10 +41,28 @@ std::string label(DType t, ReduceOp op, size_t count, bool in_place) {
          std::to_string(count) + (in_place ? " in place" : " out of place");
 }
 
+// "" when `got` holds the all-reduce of every rank's exact_value inputs,
+// else how many elements differ and the first of them.
+std::string wrong_sums(DType t, ReduceOp op, const void* got, size_t count, uint64_t salt) {
+  const int n = comm().size();
+  size_t wrong = 0;
+  std::string first;
+  for (size_t i = 0; i < count; ++i) {
+    double want = exact_value(op, 0, i, salt);
+    for (int q = 1; q < n; ++q) want = combine(op, want, exact_value(op, q, i, salt));
+    if (op == ReduceOp::avg) want = testing::rounded(t, want / n);
+    const double v = get(t, got, i);
+    if (v != want && wrong++ == 0)
+      first = "element " + std::to_string(i) + " is " + std::to_string(v) + ", expected " +
+              std::to_string(want);
+  }
+  return wrong ? std::to_string(wrong) + " wrong; first: " + first : "";
+}
+
 // Every dtype, op, awkward count, in place and out of place, against the
 // exact reference (the inputs are chosen so that every result is exact).
 TEST(Allreduce, EveryDtypeOpAndCountMatchesSerialReference) {
-  const int n = comm().size(), r = comm().rank();
+  const int r = comm().rank();
   uint64_t salt = 0;
   for (DType t : kDTypes)
     for (ReduceOp op : kOps) {
@@ -58,20 +76,8 @@ TEST(Allreduce, EveryDtypeOpAndCountMatchesSerialReference) {
           TensorView vin{in.data(), t, count, Device::cpu()};
           TensorView vout{in_place ? in.data() : out.data(), t, count, Device::cpu()};
           comm().allreduce(vin, vout, op).wait();
-          size_t wrong = 0;
-          double first_got = 0, first_want = 0;
-          for (size_t i = 0; i < count; ++i) {
-            double want = exact_value(op, 0, i, salt);
-            for (int q = 1; q < n; ++q) want = combine(op, want, exact_value(op, q, i, salt));
-            if (op == ReduceOp::avg) want = testing::rounded(t, want / n);
-            double got = get(t, vout.data, i);
-            if (got != want && wrong++ == 0) {
-              first_got = got;
-              first_want = want;
-            }
-          }
-          EXPECT_EQ(wrong, 0u) << label(t, op, count, in_place) << ": first wrong value "
-                               << first_got << ", expected " << first_want;
+          EXPECT_EQ(wrong_sums(t, op, vout.data, count, salt), "")
+              << label(t, op, count, in_place);
         }
     }
 }
@@ -131,7 +137,7 @@ TEST(Allreduce, ResultsAreBitIdenticalOnEveryRank) {
 // some ranks use such memory at all: every rank must still agree on how to
 // run the op and get the exact reference.
 TEST(Allreduce, InPlaceInCommunicatorMemoryMatchesSerialReference) {
-  const int n = comm().size(), r = comm().rank();
+  const int r = comm().rank();
   uint64_t salt = 1000;
   for (int mixed = 0; mixed < 2; ++mixed)
     for (DType t : {DType::f32, DType::f64, DType::bf16, DType::i32})
@@ -153,21 +159,8 @@ TEST(Allreduce, InPlaceInCommunicatorMemoryMatchesSerialReference) {
           uint8_t* buf = base + skip;
           for (size_t i = 0; i < count; ++i) put(t, buf, i, exact_value(op, r, i, salt));
           comm().allreduce(TensorView{buf, t, count, Device::cpu()}, op).wait();
-          size_t wrong = 0;
-          double first_got = 0, first_want = 0;
-          for (size_t i = 0; i < count; ++i) {
-            double want = exact_value(op, 0, i, salt);
-            for (int q = 1; q < n; ++q) want = combine(op, want, exact_value(op, q, i, salt));
-            if (op == ReduceOp::avg) want = testing::rounded(t, want / n);
-            double got = get(t, buf, i);
-            if (got != want && wrong++ == 0) {
-              first_got = got;
-              first_want = want;
-            }
-          }
-          EXPECT_EQ(wrong, 0u) << label(t, op, count, true) << (mixed ? " (some ranks)" : "")
-                               << ": first wrong value " << first_got << ", expected "
-                               << first_want;
+          EXPECT_EQ(wrong_sums(t, op, buf, count, salt), "")
+              << label(t, op, count, true) << (mixed ? " (some ranks)" : "");
         }
       }
 }
