@@ -76,8 +76,7 @@ TEST(Allreduce, EveryDtypeOpAndCountMatchesSerialReference) {
           TensorView vin{in.data(), t, count, Device::cpu()};
           TensorView vout{in_place ? in.data() : out.data(), t, count, Device::cpu()};
           comm().allreduce(vin, vout, op).wait();
-          EXPECT_EQ(wrong_sums(t, op, vout.data, count, salt), "")
-              << label(t, op, count, in_place);
+          EXPECT_EQ(wrong_sums(t, op, vout.data, count, salt), "") << label(t, op, count, in_place);
         }
     }
 }
