@@ -5,10 +5,8 @@
 
 #if COLLIE_HAVE_MPI
 
-#include <fcntl.h>
 #include <mpi.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +27,7 @@
 #include "comm/core/fingerprint.h"
 #include "comm/core/log.h"
 #include "comm/core/reduce.h"
+#include "comm/core/shared_file.h"
 #include "comm/core/topology.h"
 #include "comm/host_executor.h"
 
@@ -331,16 +330,14 @@ class CheckArea {
   static std::unique_ptr<CheckArea> make(MPI_Comm comm, int me, int n) {
     const size_t bytes = 2 * static_cast<size_t>(n) * sizeof(Slot);
     char where[128] = {0};
-    int fd = -1;
+    shared_file::Made made;  // rank 0's; the others' fd stays -1
     if (me == 0) {
-      fd = static_cast<int>(syscall(SYS_memfd_create, "collie-mpi-check", MFD_CLOEXEC));
-      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-        ::close(fd);
-        fd = -1;
-      }
-      if (fd >= 0)
-        std::snprintf(where, sizeof where, "%ld %d %s", static_cast<long>(getpid()), fd,
+      try {
+        made = shared_file::create("collie-mpi-check", bytes, "mpi", "the check area");
+        std::snprintf(where, sizeof where, "%ld %d %s", static_cast<long>(getpid()), made.fd,
                       topology::boot_id().c_str());
+      } catch (const Error&) {  // the check goes by messages
+      }
     }
     MPI_Bcast(where, sizeof where, MPI_CHAR, 0, comm);
     if (me != 0 && where[0]) {
@@ -349,17 +346,18 @@ class CheckArea {
       char boot[64] = {0};
       if (std::sscanf(where, "%ld %d %63s", &pid, &theirs, boot) >= 2 &&
           (!boot[0] || topology::boot_id() == boot)) {
-        const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(theirs);
-        fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+        try {
+          made.base = shared_file::open(pid, theirs, bytes, "mpi", "the check area");
+        } catch (const Error&) {  // every rank falls back to messages, below
+        }
       }
     }
-    void* p =
-        fd >= 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-    int ok = p != MAP_FAILED, all = 0;
+    void* p = made.base;
+    int ok = p != nullptr, all = 0;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
-    if (fd >= 0) ::close(fd);  // every rank has it mapped, or gives up
+    if (made.fd >= 0) ::close(made.fd);  // every rank has it mapped, or gives up
     if (!all) {
-      if (p != MAP_FAILED) munmap(p, bytes);
+      if (p) munmap(p, bytes);
       return nullptr;
     }
     return std::unique_ptr<CheckArea>(new CheckArea(static_cast<Slot*>(p), bytes));

@@ -2,15 +2,12 @@
 #include "comm/shm/region.h"
 
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <map>
 #include <mutex>
-#include <string>
 
-#include "collie/error.h"
+#include "comm/core/shared_file.h"
 
 namespace collie::shm {
 
@@ -33,22 +30,7 @@ std::shared_ptr<void> allocate_region(size_t bytes) {
   if (bytes == 0) bytes = 1;
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t len = (bytes + page - 1) / page * page;
-  int fd = static_cast<int>(syscall(SYS_memfd_create, "collie-buf", MFD_CLOEXEC));
-  if (fd < 0)
-    throw system_error(ErrorCode::unavailable, "shm: memfd_create for shared memory", errno);
-  if (ftruncate(fd, static_cast<off_t>(len)) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw system_error(ErrorCode::unavailable,
-                       "shm: sizing shared memory to " + std::to_string(len) + " bytes", err);
-  }
-  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    int err = errno;
-    ::close(fd);
-    throw system_error(ErrorCode::unavailable,
-                       "shm: mapping " + std::to_string(len) + " bytes of shared memory", err);
-  }
+  const auto [fd, p] = shared_file::create("collie-buf", len, "shm", "shared memory");
   Table& t = table();
   {
     std::lock_guard lk(t.mu);

@@ -1,7 +1,6 @@
 // comm/shm/segment.cc: creating and sharing the segment; waiting in it.
 #include "comm/shm/segment.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
@@ -17,6 +16,7 @@
 #include <span>
 #include <sstream>
 
+#include "comm/core/shared_file.h"
 #include "comm/core/topology.h"
 
 namespace collie::shm {
@@ -106,17 +106,12 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spi
       failure_(ctx.failure) {
   const std::string who = names_(me_);
   const std::string key = ctx.key + "/shm";
-  int fd = -1;
+  int fd = -1;  // rank 0's, open until every rank has mapped the segment
   if (me_ == 0) {
-    fd = static_cast<int>(syscall(SYS_memfd_create, "collie-shm", MFD_CLOEXEC));
-    if (fd < 0) throw system_error(ErrorCode::unavailable, who + ": memfd_create", errno);
-    if (ftruncate(fd, static_cast<off_t>(lay_.total)) != 0) {
-      int err = errno;
-      ::close(fd);
-      throw system_error(
-          ErrorCode::unavailable,
-          who + ": sizing the shared segment to " + std::to_string(lay_.total) + " bytes", err);
-    }
+    shared_file::Made made =
+        shared_file::create("collie-shm", lay_.total, who, "the shared segment");
+    fd = made.fd;
+    base_ = static_cast<uint8_t*>(made.base);
     std::string where = std::to_string(getpid()) + " " + std::to_string(fd) + " " +
                         std::to_string(lay_.total) + " " + topology::boot_id();
     if (n_ > 1) ctx.store->set(key, to_bytes(where));
@@ -139,22 +134,11 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spi
                   who +
                       " is not on rank 0's host (another kernel): the shm backend needs every "
                       "rank on one host; use tcp, or auto");
-    std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(rfd);
-    fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-      throw system_error(ErrorCode::unavailable,
-                         who + ": opening rank 0's shared segment at " + path +
-                             " (ranks in different PID namespaces or containers cannot share "
-                             "memory this way; use tcp)",
-                         errno);
+    base_ = static_cast<uint8_t*>(shared_file::open(
+        pid, static_cast<int>(rfd), lay_.total, who, "rank 0's shared segment",
+        " (ranks in different PID namespaces or containers cannot share memory this way; use "
+        "tcp)"));
   }
-  void* p = mmap(nullptr, lay_.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    int err = errno;
-    ::close(fd);
-    throw system_error(ErrorCode::unavailable, who + ": mapping the shared segment", err);
-  }
-  base_ = static_cast<uint8_t*>(p);
   auto& h = at<Header>(0);
   abort_word_ = &h.abort_word;
   if (me_ == 0) {
@@ -172,12 +156,12 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spi
   try {
     if (n_ > 1) wait_for_ranks(*ctx.store, up, Clock::now() + timeout_, timeout_, who, names_);
   } catch (...) {
-    ::close(fd);
+    if (fd >= 0) ::close(fd);
     munmap(base_, lay_.total);
     base_ = nullptr;
     throw;
   }
-  ::close(fd);  // the mappings keep the memory; nothing has a name
+  if (fd >= 0) ::close(fd);  // the mappings keep the memory; nothing has a name
   if (h.magic != kMagic || h.version != kVersion || h.n != static_cast<uint32_t>(n_)) {
     munmap(base_, lay_.total);
     base_ = nullptr;

@@ -9,9 +9,7 @@
 // data areas are free again without a separate "done reading" phase.
 #include "comm/shm/shm_backend.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -19,6 +17,7 @@
 #include <map>
 
 #include "comm/core/reduce.h"
+#include "comm/core/shared_file.h"
 #include "comm/core/topology.h"
 #include "comm/host_executor.h"
 #include "comm/shm/region.h"
@@ -204,22 +203,9 @@ class ShmRunner final : public HostRunner {
           if (it->second.used < old->second.used) old = it;
         mapped_.erase(old);
       }
-      const std::string path =
-          "/proc/" + std::to_string(seg_.info(r).pid) + "/fd/" + std::to_string(s.reg_fd);
-      int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0)
-        throw system_error(ErrorCode::unavailable,
-                           names_(me_) + ": opening " + names_(r) + "'s shared buffer of " +
-                               what.str() + " at " + path,
-                           errno);
-      void* p = mmap(nullptr, s.reg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      int err = errno;
-      ::close(fd);
-      if (p == MAP_FAILED)
-        throw system_error(
-            ErrorCode::unavailable,
-            names_(me_) + ": mapping " + names_(r) + "'s shared buffer of " + what.str(), err);
-      m.base = static_cast<uint8_t*>(p);
+      m.base = static_cast<uint8_t*>(
+          shared_file::open(seg_.info(r).pid, s.reg_fd, s.reg_bytes, names_(me_),
+                            names_(r) + "'s shared buffer of " + what.str()));
       m.bytes = s.reg_bytes;
     }
     return m.base + s.reg_offset;
