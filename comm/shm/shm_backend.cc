@@ -124,6 +124,32 @@ class ShmRunner final : public HostRunner {
     }
   }
 
+  // A round of m elements cut into one slice per rank, each a whole number
+  // of 64-byte lines (the last may be shorter, or empty): rank k's slice is
+  // [lo(k), lo(k + 1)).
+  struct Slices {
+    size_t m, per;
+    size_t lo(int k) const { return std::min(m, per * static_cast<size_t>(k)); }
+  };
+  Slices slices(size_t m, size_t es) const {
+    const size_t align = std::max<size_t>(64 / es, 1);
+    const size_t per = (m + n_ - 1) / n_;
+    return {m, (per + align - 1) / align * align};
+  }
+
+  // Reduces this rank's slice of every rank's round (base(q): where rank
+  // q's round starts) into its own round, in place, starting from its own
+  // data. Each slice is reduced once, by one rank, so every rank that copies
+  // it gets the same bits.
+  template <class Base>
+  void reduce_own_slice(Base base, const Slices& sl, size_t es, DType t, ReduceOp op,
+                        std::vector<const void*>& srcs) {
+    const size_t lo = sl.lo(me_), len = sl.lo(me_ + 1) - lo;
+    if (!len) return;
+    for (int i = 0; i < n_; ++i) srcs[i] = base((me_ + i) % n_) + lo * es;
+    reduce_into(base(me_) + lo * es, srcs, len, t, op);
+  }
+
   void allreduce(const Op& op, const What& what, Deadline dl) {
     const OpDesc& d = op.desc;
     const DType t = op.in.dtype;
@@ -154,28 +180,21 @@ class ShmRunner final : public HostRunner {
     // Rounds of `per_round` elements: copy in, reduce own slice of
     // everyone's round in place, copy every slice out.
     const size_t per_round = std::max<size_t>(seg_.layout().chunk / es, 1);
-    const size_t align = std::max<size_t>(64 / es, 1);
     const auto* in = static_cast<const uint8_t*>(op.in.data);
     auto* out = static_cast<uint8_t*>(op.out.data);
     std::vector<const void*> srcs(n_);
     for (size_t off = 0, r = 0; off < count; off += per_round, ++r) {
       const int b = static_cast<int>(r & 1);
       const size_t m = std::min(per_round, count - off);
-      size_t per = (m + n_ - 1) / n_;
-      per = (per + align - 1) / align * align;
-      auto lo = [&](int k) { return std::min(m, per * k); };
+      const Slices sl = slices(m, es);
       std::memcpy(seg_.big(me_, b), in + off * es, m * es);
       seg_.advance();
       seg_.wait_all(what, dl);
-      const size_t my_lo = lo(me_), my_len = lo(me_ + 1) - my_lo;
-      if (my_len) {
-        for (int i = 0; i < n_; ++i) srcs[i] = seg_.big((me_ + i) % n_, b) + my_lo * es;
-        reduce_into(seg_.big(me_, b) + my_lo * es, srcs, my_len, t, d.redop);
-      }
+      reduce_own_slice([&](int q) { return seg_.big(q, b); }, sl, es, t, d.redop, srcs);
       seg_.advance();
       seg_.wait_all(what, dl);
       for (int k = 0; k < n_; ++k) {
-        const size_t klo = lo(k), klen = lo(k + 1) - klo;
+        const size_t klo = sl.lo(k), klen = sl.lo(k + 1) - klo;
         if (klen) std::memcpy(out + (off + klo) * es, seg_.big(k, b) + klo * es, klen * es);
       }
       seg_.advance();
@@ -231,22 +250,14 @@ class ShmRunner final : public HostRunner {
     // the waits cost 2 MiB to 256 MiB a fifth to two fifths of their speed
     // (bench/RESULTS.md).
     const size_t per_round = std::max<size_t>(4 * seg_.layout().chunk / es, 1) * n_;
-    const size_t align = std::max<size_t>(64 / es, 1);
     std::vector<const void*> srcs(n_);
     for (size_t off = 0; off < count; off += per_round) {
-      const size_t m = std::min(per_round, count - off);
-      size_t per = (m + n_ - 1) / n_;
-      per = (per + align - 1) / align * align;
-      auto lo = [&](int k) { return off + std::min(m, per * k); };
-      const size_t my_lo = lo(me_), my_len = lo(me_ + 1) - my_lo;
-      if (my_len) {
-        for (int i = 0; i < n_; ++i) srcs[i] = buf[(me_ + i) % n_] + my_lo * es;
-        reduce_into(buf[me_] + my_lo * es, srcs, my_len, t, d.redop);
-      }
+      const Slices sl = slices(std::min(per_round, count - off), es);
+      reduce_own_slice([&](int q) { return buf[q] + off * es; }, sl, es, t, d.redop, srcs);
       seg_.advance();
       seg_.wait_all(what, dl);
       for (int k = 0; k < n_; ++k) {
-        const size_t klo = lo(k), klen = lo(k + 1) - klo;
+        const size_t klo = off + sl.lo(k), klen = sl.lo(k + 1) - sl.lo(k);
         if (k != me_ && klen) std::memcpy(buf[me_] + klo * es, buf[k] + klo * es, klen * es);
       }
     }
