@@ -43,10 +43,6 @@ std::shared_ptr<BucketAllocator> communicator_allocator(Communicator& comm) {
   return std::make_shared<CommAllocator>(comm);
 }
 
-}  // namespace
-
-namespace {
-
 using Clock = std::chrono::steady_clock;
 
 double us_between(Clock::time_point a, Clock::time_point b) {

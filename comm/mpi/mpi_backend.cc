@@ -795,8 +795,7 @@ class MpiRunner final : public HostRunner {
                     : 0,
                 d.seq,
                 d.count,
-                static_cast<uint64_t>(static_cast<uint32_t>(d.tag))},
-          h_(fnv1a(kFnvBasis, desc_, sizeof desc_)) {
+                static_cast<uint64_t>(static_cast<uint32_t>(d.tag))} {
       if (r_.area_) {
         k_ = r_.checks_++;
         auto& mine = r_.area_->slot(r_.me_, k_);
@@ -805,6 +804,7 @@ class MpiRunner final : public HostRunner {
         next_ = r_.me_ == 0 ? 1 : 0;
         return;
       }
+      h_ = fnv1a(kFnvBasis, desc_, sizeof desc_);  // only this path compares fingerprints
       io_.reset(new uint64_t[4]{h_, ~h_, 0, 0});
       int rc = r_.proc_.start_allreduce(NbcAllreduce::recursive_doubling, [&] {
         return MPI_Iallreduce(io_.get(), io_.get() + 2, 2, MPI_UINT64_T, MPI_MAX, r_.data_, &req_);
@@ -892,7 +892,7 @@ class MpiRunner final : public HostRunner {
     MpiRunner& r_;
     const OpDesc& d_;
     const uint64_t desc_[6];
-    const uint64_t h_;
+    uint64_t h_ = 0;  // by MPI: the descriptor's fingerprint
     // By MPI: this rank's (h, ~h), then the maxima, and the all-reduce.
     std::unique_ptr<uint64_t[]> io_;
     MPI_Request req_ = MPI_REQUEST_NULL;
