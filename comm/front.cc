@@ -93,30 +93,30 @@ class Front final : public Communicator {
   std::chrono::milliseconds timeout() const override { return core_->ctx.launch.timeout; }
 
   Work allreduce(TensorView in, TensorView out, ReduceOp op) override {
-    std::string what = where("allreduce");
+    const validate::Where what = where("allreduce");
     check_in_out(in, out, what);
     validate::op_on(op, in.dtype, what);
     validate::same_or_disjoint(in, out, what);
     if (in.numel != out.numel)
-      throw Error(ErrorCode::invalid_argument, what + ": input has " + std::to_string(in.numel) +
+      throw Error(ErrorCode::invalid_argument, what.str() + ": input has " + std::to_string(in.numel) +
                                                    " elements but output has " +
                                                    std::to_string(out.numel));
     return submit(OpKind::allreduce, in, out, op, 0, in.numel);
   }
 
   Work broadcast(TensorView buf, int root) override {
-    std::string what = where("broadcast");
+    const validate::Where what = where("broadcast");
     check(buf, what, "buffer");
     validate::rank_in(root, size(), what, "root");
     return submit(OpKind::broadcast, buf, buf, ReduceOp::sum, root, buf.numel);
   }
 
   Work allgather(TensorView in, TensorView out) override {
-    std::string what = where("allgather");
+    const validate::Where what = where("allgather");
     check_in_out(in, out, what);
     if (out.numel != in.numel * static_cast<size_t>(size()))
       throw Error(ErrorCode::invalid_argument,
-                  what + ": output has " + std::to_string(out.numel) +
+                  what.str() + ": output has " + std::to_string(out.numel) +
                       " elements; it must hold size() x input = " +
                       std::to_string(in.numel * static_cast<size_t>(size())));
     TensorView mine = out.slice(in.numel * static_cast<size_t>(rank()), in.numel);
@@ -126,12 +126,12 @@ class Front final : public Communicator {
   }
 
   Work reduce_scatter(TensorView in, TensorView out, ReduceOp op) override {
-    std::string what = where("reduce_scatter");
+    const validate::Where what = where("reduce_scatter");
     check_in_out(in, out, what);
     validate::op_on(op, in.dtype, what);
     if (in.numel != out.numel * static_cast<size_t>(size()))
       throw Error(ErrorCode::invalid_argument,
-                  what + ": input has " + std::to_string(in.numel) +
+                  what.str() + ": input has " + std::to_string(in.numel) +
                       " elements; it must hold size() x output = " +
                       std::to_string(out.numel * static_cast<size_t>(size())));
     validate::same_or_disjoint(in.slice(out.numel * static_cast<size_t>(rank()), out.numel), out,
@@ -193,13 +193,13 @@ class Front final : public Communicator {
   std::shared_ptr<void> allocate(size_t bytes) override { return core_->backend->allocate(bytes); }
 
  private:
-  std::string where(const char* op) const { return std::string(op) + " on " + rank_str(rank()); }
+  validate::Where where(const char* op) const { return {op, rank()}; }
 
-  void check(const TensorView& t, const std::string& what, const char* name) const {
+  void check(const TensorView& t, const validate::Where& what, const char* name) const {
     validate::tensor(t, what, name);
     validate::device(t, core_->backend->accepts(t.device), core_->backend->name(), what, name);
   }
-  void check_in_out(const TensorView& in, const TensorView& out, const std::string& what) const {
+  void check_in_out(const TensorView& in, const TensorView& out, const validate::Where& what) const {
     check(in, what, "input");
     check(out, what, "output");
     validate::same_dtype(in, out, what);
@@ -214,11 +214,11 @@ class Front final : public Communicator {
   }
 
   Work p2p(TensorView buf, int peer, int tag, bool is_send) {
-    std::string what = where(is_send ? "send" : "recv");
+    const validate::Where what = where(is_send ? "send" : "recv");
     check(buf, what, "buffer");
     validate::rank_in(peer, size(), what, "peer");
     if (peer == rank())
-      throw Error(ErrorCode::invalid_argument, what + ": peer is this rank itself");
+      throw Error(ErrorCode::invalid_argument, what.str() + ": peer is this rank itself");
     Op op;
     op.desc = {OpKind::p2p, buf.dtype, ReduceOp::sum, 0, tag, buf.numel};
     op.in = op.out = buf;

@@ -7,12 +7,12 @@
 namespace collie::validate {
 
 namespace {
-Error bad(const std::string& what, const std::string& msg) {
-  return Error(ErrorCode::invalid_argument, what + ": " + msg);
+Error bad(const Where& what, const std::string& msg) {
+  return Error(ErrorCode::invalid_argument, what.str() + ": " + msg);
 }
 }  // namespace
 
-void tensor(const TensorView& t, const std::string& what, const char* name) {
+void tensor(const TensorView& t, const Where& what, const char* name) {
   if (static_cast<unsigned>(t.dtype) >= static_cast<unsigned>(kNumDTypes))
     throw bad(what, std::string(name) + " has an unknown dtype code " +
                         std::to_string(static_cast<int>(t.dtype)));
@@ -21,7 +21,7 @@ void tensor(const TensorView& t, const std::string& what, const char* name) {
                         " elements but a null data pointer");
 }
 
-void device(const TensorView& t, bool accepted, const std::string& backend, const std::string& what,
+void device(const TensorView& t, bool accepted, const std::string& backend, const Where& what,
             const char* name) {
   if (accepted) return;
   if (t.device.is_cpu())
@@ -31,13 +31,13 @@ void device(const TensorView& t, bool accepted, const std::string& backend, cons
                       " moves CPU memory only (CUDA tensors need the nccl backend)");
 }
 
-void same_dtype(const TensorView& a, const TensorView& b, const std::string& what) {
+void same_dtype(const TensorView& a, const TensorView& b, const Where& what) {
   if (a.dtype != b.dtype)
     throw bad(what, "input is " + std::string(to_string(a.dtype)) + " but output is " +
                         std::string(to_string(b.dtype)) + "; they must match");
 }
 
-void op_on(ReduceOp op, DType t, const std::string& what) {
+void op_on(ReduceOp op, DType t, const Where& what) {
   if (static_cast<unsigned>(op) >= static_cast<unsigned>(kNumReduceOps))
     throw bad(what, "unknown reduce op code " + std::to_string(static_cast<int>(op)));
   if (!supports(op, t))
@@ -45,13 +45,13 @@ void op_on(ReduceOp op, DType t, const std::string& what) {
                         " (it would truncate); use sum and divide, or a floating dtype");
 }
 
-void rank_in(int r, int size, const std::string& what, const char* name) {
+void rank_in(int r, int size, const Where& what, const char* name) {
   if (r < 0 || r >= size)
     throw bad(what, std::string(name) + " " + std::to_string(r) + " is not a rank of this " +
                         "communicator (0.." + std::to_string(size - 1) + ")");
 }
 
-void same_or_disjoint(const TensorView& a, const TensorView& b, const std::string& what) {
+void same_or_disjoint(const TensorView& a, const TensorView& b, const Where& what) {
   auto a0 = reinterpret_cast<uintptr_t>(a.data), a1 = a0 + a.nbytes();
   auto b0 = reinterpret_cast<uintptr_t>(b.data), b1 = b0 + b.nbytes();
   if (a0 == b0 || a0 >= b1 || b0 >= a1 || a.nbytes() == 0 || b.nbytes() == 0) return;

@@ -45,7 +45,8 @@ class ShmRunner final : public HostRunner {
         seg_(ctx, Layout::make(ctx.launch.world_size, t.chunk_bytes, t.small_bytes), spin),
         me_(ctx.launch.rank),
         n_(ctx.launch.world_size),
-        names_(ctx.names) {}
+        names_(ctx.names),
+        srcs_(static_cast<size_t>(n_)) {}
 
  private:
   // ---- collectives -------------------------------------------------------
@@ -166,9 +167,8 @@ class ShmRunner final : public HostRunner {
       // every rank).
       std::memcpy(seg_.small_slot(me_, d.seq), op.in.data, bytes);
       arrive(d, what, dl);
-      std::vector<const void*> srcs(n_);
-      for (int r = 0; r < n_; ++r) srcs[r] = seg_.small_slot(r, d.seq);
-      reduce_into(op.out.data, srcs, count, t, d.redop);
+      for (int r = 0; r < n_; ++r) srcs_[r] = seg_.small_slot(r, d.seq);
+      reduce_into(op.out.data, srcs_, count, t, d.redop);
       return;
     }
     // In place over memory every rank's peers can map (Communicator::
@@ -468,6 +468,9 @@ class ShmRunner final : public HostRunner {
   uint64_t uses_ = 0;
   const int me_, n_;
   const RankNames names_;  // for messages
+  // One source pointer per rank, reused: a vector per small op cost it a
+  // malloc.
+  std::vector<const void*> srcs_;
 };
 
 std::string unusable(const config::Launch& l) {
