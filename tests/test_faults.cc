@@ -396,6 +396,25 @@ TEST(Faults, WrongSecretIsRefused) {
   EXPECT_FALSE(out[0].ok()) << describe(out);
 }
 
+// Ranks that open different numbers of connections to each peer would cut
+// messages differently: the rank that accepts says so, naming the other.
+TEST(Faults, DifferentSocketCountsAreNamed) {
+  auto out = run_ranks(
+      2,
+      [](int rank, Options opt) {
+        opt.backend = "tcp";
+        setenv("COLLIE_TCP_SOCKETS", rank == 1 ? "2" : "1", 1);
+        connect(opt);
+        return std::string("joined");
+      },
+      20s);
+  for (int r = 0; r < 2; ++r) EXPECT_FALSE(out[r].ok() || out[r].hung) << describe(out);
+  EXPECT_EQ(out[0].code(), "invalid_argument") << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "rank 1 opens 2 connections")) << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "COLLIE_TCP_SOCKETS")) << describe(out);
+  EXPECT_TRUE(contains(out[1].message(), "COLLIE_TCP_SOCKETS")) << describe(out);
+}
+
 TEST(Faults, StrayClientsOnTheStorePortDoNotDisturbTheJob) {
   // The strays connect before the ranks start: one sends garbage, one sends
   // nothing and stays connected through the whole job.

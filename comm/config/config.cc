@@ -217,11 +217,11 @@ static int spin_us(const Env& env) {
 Env tuned(const Env& env) {
   const char* path = env("COLLIE_TUNING_FILE");
   if (!path || !*path) return env;
-  static const char* const kNames[] = {"COLLIE_TCP_LATENCY_US", "COLLIE_TCP_GBPS",
-                                       "COLLIE_REDUCE_GBPS",    "COLLIE_TCP_CHUNK_BYTES",
-                                       "COLLIE_SOCKET_BUFFER",  "COLLIE_SPIN_US",
-                                       "COLLIE_SHM_CHUNK",      "COLLIE_SHM_SMALL",
-                                       "COLLIE_HIER_PIECE",     "COLLIE_ALLREDUCE_ALGO"};
+  static const char* const kNames[] = {
+      "COLLIE_TCP_LATENCY_US",  "COLLIE_TCP_GBPS",      "COLLIE_REDUCE_GBPS",
+      "COLLIE_TCP_CHUNK_BYTES", "COLLIE_SOCKET_BUFFER", "COLLIE_SPIN_US",
+      "COLLIE_SHM_CHUNK",       "COLLIE_SHM_SMALL",     "COLLIE_HIER_PIECE",
+      "COLLIE_ALLREDUCE_ALGO",  "COLLIE_TCP_SOCKETS",   "COLLIE_TCP_SOCKET_MIN_BYTES"};
   std::ifstream f(path);
   if (!f)
     throw bad(std::string("COLLIE_TUNING_FILE='") + path +
@@ -285,6 +285,14 @@ TcpTuning tcp_tuning(const Env& raw) {
   t.spin_us = spin_us(env);
   if (auto v = parse_int("COLLIE_SOCKET_BUFFER", env("COLLIE_SOCKET_BUFFER")))
     t.socket_buffer_bytes = static_cast<int>(*v);
+  if (auto v = parse_int("COLLIE_TCP_SOCKETS", env("COLLIE_TCP_SOCKETS"))) {
+    if (*v < 1 || *v > 16) throw bad("COLLIE_TCP_SOCKETS must be 1 to 16 (connections per peer)");
+    t.sockets_per_peer = static_cast<int>(*v);
+  }
+  if (auto v = parse_int("COLLIE_TCP_SOCKET_MIN_BYTES", env("COLLIE_TCP_SOCKET_MIN_BYTES"))) {
+    if (*v < 4096) throw bad("COLLIE_TCP_SOCKET_MIN_BYTES must be at least 4096");
+    t.lane_min_bytes = static_cast<size_t>(*v);
+  }
   return t;
 }
 

@@ -59,6 +59,11 @@ struct TcpTuning {
   size_t chunk_bytes = 512 * 1024;      // ring pipelining granularity
   int spin_us = -1;                     // busy-poll before sleeping; -1: auto
   int socket_buffer_bytes = 0;          // 0: kernel autotuning
+  // COLLIE_TCP_SOCKETS: connections to each peer (NCCL's
+  // NCCL_NSOCKS_PERTHREAD). A message of at least 2 x lane_min_bytes is cut
+  // into one part per connection, at most, each at least lane_min_bytes.
+  int sockets_per_peer = 1;
+  size_t lane_min_bytes = 64 * 1024;  // COLLIE_TCP_SOCKET_MIN_BYTES
 };
 
 TcpTuning tcp_tuning(const Env& env);

@@ -23,39 +23,46 @@ namespace {
 using std::chrono::milliseconds;
 
 // The first bytes on every mesh connection: who is calling, for which
-// communicator, with which secret. Fixed size so that a stray client's
-// garbage is read in one bounded piece and refused.
+// communicator, which of its connections to this rank it is (`lane` of
+// `lanes`), with which secret. Fixed size so that a stray client's garbage
+// is read in one bounded piece and refused.
 struct Hello {
   uint32_t magic;
   uint32_t version;
   int32_t from;
   int32_t to;
-  char key[112];
+  int16_t lane;
+  int16_t lanes;
+  char key[108];
   char secret[128];
 };
 static_assert(sizeof(Hello) == 256);
 constexpr uint32_t kHelloMagic = 0x434c4c48;  // "CLLH"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr char kAck[4] = {'c', 'o', 'k', '1'};
 
-Hello make_hello(int from, int to, const std::string& key, const std::string& secret) {
+Hello make_hello(int from, int to, int lane, int lanes, const std::string& key,
+                 const std::string& secret) {
   Hello h{};
   h.magic = kHelloMagic;
   h.version = kVersion;
   h.from = from;
   h.to = to;
+  h.lane = static_cast<int16_t>(lane);
+  h.lanes = static_cast<int16_t>(lanes);
   std::strncpy(h.key, key.c_str(), sizeof h.key - 1);
   std::strncpy(h.secret, secret.c_str(), sizeof h.secret - 1);
   return h;
 }
 
-// Builds the full mesh: connect to lower ranks, accept higher ones.
-std::vector<net::Fd> build_mesh(const BackendContext& s) {
+// Builds the full mesh, `lanes` connections to each peer (peer-major, as
+// Mesh takes them): connect to lower ranks, accept higher ones.
+std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
   const int rank = s.launch.rank, n = s.launch.world_size;
   const RankNames& names = s.names;
   auto deadline = net::deadline_after(s.launch.timeout);
   std::string who = names(rank);
-  std::vector<net::Fd> peers(n);
+  std::vector<net::Fd> peers(static_cast<size_t>(n * lanes));
 
   net::Fd listener = net::listen_tcp(s.listen_host, 0, who + ": mesh listener");
   std::string addr = net::Endpoint{s.listen_host.empty() ? "127.0.0.1" : s.listen_host,
@@ -72,12 +79,13 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
     wait_for_ranks(*s.store, others, deadline, s.launch.timeout, who, s.names);
   }
 
-  for (int q = 0; q < rank; ++q) {
+  for (int c = 0; c < rank * lanes; ++c) {
+    const int q = c / lanes;
     auto ep =
         net::parse_endpoint(collie::to_string(s.store->get(keys[q])), "address of " + names(q));
     std::string what = who + ": connecting to " + names(q) + " at " + ep.str();
     net::Fd fd = net::connect_tcp(ep, deadline, what);
-    Hello h = make_hello(rank, q, s.key, s.launch.secret);
+    Hello h = make_hello(rank, q, c % lanes, lanes, s.key, s.launch.secret);
     net::write_full(fd.get(), &h, sizeof h, deadline, what);
     char ack[4];
     try {
@@ -86,12 +94,12 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
       if (e.code() != ErrorCode::peer_lost) throw;
       throw Error(ErrorCode::invalid_argument,
                   what +
-                      ": it refused the connection (its COLLIE_JOB_SECRET differs, or another "
-                      "job is listening at that address)");
+                      ": it refused the connection (its COLLIE_JOB_SECRET or COLLIE_TCP_SOCKETS "
+                      "differs, or another job is listening at that address)");
     }
     if (std::memcmp(ack, kAck, 4) != 0)
       throw Error(ErrorCode::mismatch, what + ": it answered with something that is not collie");
-    peers[q] = std::move(fd);
+    peers[c] = std::move(fd);
   }
 
   // Accept the higher ranks. Connections are read without blocking, each
@@ -104,7 +112,7 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
     net::Deadline deadline;
   };
   std::vector<Pending> pending;
-  int waiting_for = n - 1 - rank;
+  int waiting_for = (n - 1 - rank) * lanes;
   net::set_nonblocking(listener.get(), true);
   while (waiting_for > 0) {
     std::vector<pollfd> pfds{{listener.get(), POLLIN, 0}};
@@ -117,7 +125,11 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
     if (now >= deadline) {
       std::vector<int> missing;
       for (int q = rank + 1; q < n; ++q)
-        if (!peers[q].valid()) missing.push_back(q);
+        for (int l = 0; l < lanes; ++l)
+          if (!peers[q * lanes + l].valid()) {
+            missing.push_back(q);
+            break;
+          }
       throw Error(ErrorCode::timeout, who + ": rendezvous timed out waiting for rank" +
                                           (missing.size() > 1 ? "s " : " ") + names.list(missing) +
                                           " to connect");
@@ -141,15 +153,23 @@ std::vector<net::Fd> build_mesh(const BackendContext& s) {
       if (!drop && p.got == sizeof(Hello)) {
         const Hello& h = p.hello;
         bool ok = h.magic == kHelloMagic && h.version == kVersion && h.to == rank &&
-                  h.from > rank && h.from < n && !peers[h.from].valid() &&
+                  h.from > rank && h.from < n &&
                   std::string(h.key, strnlen(h.key, sizeof h.key)) == s.key &&
                   net::equal_secret(std::string(h.secret, strnlen(h.secret, sizeof h.secret)),
                                     s.launch.secret.substr(0, sizeof h.secret - 1));
+        // A rank of this job (it knows the key and the secret) that opens
+        // another number of connections is told so, not refused in silence.
+        if (ok && h.lanes != lanes)
+          throw Error(ErrorCode::invalid_argument,
+                      who + ": " + names(h.from) + " opens " + std::to_string(h.lanes) +
+                          " connections to each peer and this rank " + std::to_string(lanes) +
+                          ": set the same COLLIE_TCP_SOCKETS on every rank");
+        ok = ok && h.lane >= 0 && h.lane < lanes && !peers[h.from * lanes + h.lane].valid();
         if (ok) {
           net::set_nonblocking(p.fd.get(), false);
           net::write_full(p.fd.get(), kAck, 4, deadline, who + ": answering " + names(h.from));
           net::set_nodelay(p.fd.get());
-          peers[h.from] = std::move(p.fd);
+          peers[h.from * lanes + h.lane] = std::move(p.fd);
           --waiting_for;
         } else {
           log::warn(who + ": refused a connection from " + net::peer_host(p.fd.get()) +
@@ -218,11 +238,12 @@ class TcpRunner final : public HostRunner {
 }  // namespace
 
 std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
+  const int lanes = config::tcp_tuning(ctx.env).sockets_per_peer;
   std::vector<net::Fd> peers;
   if (ctx.launch.world_size > 1)
-    peers = build_mesh(ctx);
+    peers = build_mesh(ctx, lanes);
   else
-    peers.resize(1);
+    peers.resize(static_cast<size_t>(lanes));
   return std::make_unique<TcpRunner>(ctx, std::move(peers));
 }
 

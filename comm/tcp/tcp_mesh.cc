@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -33,7 +34,7 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 32);
 
-struct Mesh::Peer {
+struct Mesh::Lane {
   struct Item {
     OpDesc desc;
     uint8_t* data;
@@ -52,24 +53,29 @@ struct Mesh::Peer {
   size_t recv_got = 0;
 };
 
-Mesh::Mesh(int rank, int size, std::vector<net::Fd> peers, const config::TcpTuning& tuning,
+Mesh::Mesh(int rank, int size, std::vector<net::Fd> conns, const config::TcpTuning& tuning,
            bool spin_allowed, std::shared_ptr<FailureLatch> failure, RankNames names)
     : rank_(rank),
       names_(std::move(names)),
       size_(size),
-      peers_(static_cast<size_t>(size)),
+      lanes_(std::max(tuning.sockets_per_peer, 1)),
+      conns_(static_cast<size_t>(size * lanes_)),
       tuning_(tuning),
       spin_(SpinBudget::from_setting(tuning.spin_us, spin_allowed)),
       failure_(std::move(failure)),
       wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-      is_active_(static_cast<size_t>(size), 0) {
+      is_active_(conns_.size(), 0) {
   if (!wake_.valid()) throw system_error(ErrorCode::internal, "eventfd", errno);
-  for (int q = 0; q < size; ++q) {
-    peers_[q].fd = std::move(peers[q]);
-    if (peers_[q].fd.valid()) {
-      net::set_nonblocking(peers_[q].fd.get(), true);
+  if (conns.size() != conns_.size())
+    throw Error(ErrorCode::internal, "tcp mesh on " + names_(rank_) + ": " +
+                                         std::to_string(conns.size()) + " connections for " +
+                                         std::to_string(conns_.size()) + " lanes");
+  for (size_t c = 0; c < conns_.size(); ++c) {
+    conns_[c].fd = std::move(conns[c]);
+    if (conns_[c].fd.valid()) {
+      net::set_nonblocking(conns_[c].fd.get(), true);
       if (tuning.socket_buffer_bytes > 0)
-        net::set_buffer_sizes(peers_[q].fd.get(), tuning.socket_buffer_bytes);
+        net::set_buffer_sizes(conns_[c].fd.get(), tuning.socket_buffer_bytes);
     }
   }
 }
@@ -124,7 +130,8 @@ ErrorCode code_of(uint8_t v) {
 
 }  // namespace
 
-void Mesh::fail_from_frame(int peer, const FrameHeader& h, const OpDesc& expected) {
+void Mesh::fail_from_frame(int c, const FrameHeader& h, const OpDesc& expected) {
+  const int peer = peer_of(c);
   std::string me = names_(rank_);
   if (h.magic != kMagic)
     throw Error(ErrorCode::mismatch, expected.describe() + " on " + me + ": the connection from " +
@@ -132,7 +139,7 @@ void Mesh::fail_from_frame(int peer, const FrameHeader& h, const OpDesc& expecte
                                          " carried bytes that are not a collie frame "
                                          "(different collie versions, or a corrupted stream)");
   if (h.kind == static_cast<uint8_t>(FrameKind::abort)) {
-    std::string text = read_abort_text(peers_[peer].fd.get(), h.bytes);
+    std::string text = read_abort_text(conns_[c].fd.get(), h.bytes);
     throw Error(code_of(h.redop), names_(peer) + " aborted the communicator: " + text);
   }
   if (h.kind == static_cast<uint8_t>(FrameKind::bye))
@@ -145,12 +152,13 @@ void Mesh::fail_from_frame(int peer, const FrameHeader& h, const OpDesc& expecte
                                        "order with the same counts, dtypes and ops");
 }
 
-void Mesh::lost(int q, const OpDesc& desc, const std::string& how, bool can_read_q) {
-  // A peer that failed first tells the others why in an abort frame; look
-  // for it (skipping data frames it sent before it) so the error names the
-  // cause, not only the messenger.
-  if (can_read_q) {
-    int fd = peers_[q].fd.get();
+void Mesh::lost(int c, const OpDesc& desc, const std::string& how, bool can_read) {
+  const int q = peer_of(c);
+  // A peer that failed first tells the others why in an abort frame (on
+  // every lane); look for it (skipping data frames it sent before it) so
+  // the error names the cause, not only the messenger.
+  if (can_read) {
+    int fd = conns_[c].fd.get();
     auto until = net::deadline_after(std::chrono::milliseconds(200));
     std::vector<uint8_t> sink(64 * 1024);
     for (int frames = 0; frames < 4096; ++frames) {
@@ -180,8 +188,8 @@ void Mesh::lost(int q, const OpDesc& desc, const std::string& how, bool can_read
   std::string also;
   int n_also = 0;
   for (int r = 0; r < size_; ++r) {
-    if (r == q || r == rank_ || !peers_[r].fd.valid()) continue;
-    pollfd pf{peers_[r].fd.get(), POLLRDHUP, 0};
+    if (r == q || r == rank_ || !conns_[lane(r, 0)].fd.valid()) continue;
+    pollfd pf{conns_[lane(r, 0)].fd.get(), POLLRDHUP, 0};
     char c;
     if (::poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR)) &&
         ::recv(pf.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) <= 0) {
@@ -196,13 +204,14 @@ void Mesh::lost(int q, const OpDesc& desc, const std::string& how, bool can_read
                                       (n_also > 1 ? " are gone too" : " is gone too")));
 }
 
-void Mesh::check_hangup(int q) {
-  Peer& p = peers_[q];
+void Mesh::check_hangup(int c) {
+  const int q = peer_of(c);
+  Lane& p = conns_[c];
   FrameHeader h{};
   ssize_t n = ::recv(p.fd.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0)
-    lost(q, current_, "(its connection closed: the process died, was killed, or aborted)", false);
+    lost(c, current_, "(its connection closed: the process died, was killed, or aborted)", false);
   if (static_cast<size_t>(n) == sizeof h && h.magic == kMagic &&
       h.kind == static_cast<uint8_t>(FrameKind::abort)) {
     ::recv(p.fd.get(), &h, sizeof h, MSG_DONTWAIT);
@@ -217,33 +226,49 @@ void Mesh::check_hangup(int q) {
   p.watch = false;
 }
 
-void Mesh::activate(int q, const OpDesc& d) {
+void Mesh::activate(int c, const OpDesc& d) {
   if (closed_)
     throw Error(ErrorCode::internal, "the communicator on " + names_(rank_) + " is closed");
   if (pending_ == 0) current_ = d;
   ++pending_;
-  if (!is_active_[q]) {
-    is_active_[q] = 1;
-    active_.push_back(q);
+  if (!is_active_[c]) {
+    is_active_[c] = 1;
+    active_.push_back(c);
+  }
+}
+
+void Mesh::post(bool send, const OpDesc& d, int q, uint8_t* data, size_t bytes, Callback on_done) {
+  const size_t min = std::max<size_t>(tuning_.lane_min_bytes, 1);
+  const size_t parts = lanes_ == 1 || bytes < 2 * min ? 1 : std::min<size_t>(lanes_, bytes / min);
+  auto queue = [&](int c, uint8_t* at, size_t len, Callback done) {
+    activate(c, d);
+    (send ? conns_[c].sends : conns_[c].recvs).push_back({d, at, len, std::move(done)});
+  };
+  if (parts == 1) return queue(lane(q, 0), data, bytes, std::move(on_done));
+  // The message is done when its last part is, on whichever lane.
+  auto left = std::make_shared<std::pair<size_t, Callback>>(parts, std::move(on_done));
+  const size_t per = (bytes + parts - 1) / parts;
+  for (size_t i = 0; i < parts; ++i) {
+    const size_t lo = i * per;
+    queue(lane(q, static_cast<int>(i)), data + lo, std::min(bytes, lo + per) - lo, [left] {
+      if (--left->first == 0 && left->second) left->second();
+    });
   }
 }
 
 void Mesh::post_send(const OpDesc& d, int q, const void* data, size_t bytes, Callback on_done) {
-  activate(q, d);
-  peers_[q].sends.push_back(
-      {d, static_cast<uint8_t*>(const_cast<void*>(data)), bytes, std::move(on_done)});
+  post(true, d, q, static_cast<uint8_t*>(const_cast<void*>(data)), bytes, std::move(on_done));
 }
 
 void Mesh::post_recv(const OpDesc& d, int q, void* data, size_t bytes, Callback on_done) {
-  activate(q, d);
-  peers_[q].recvs.push_back({d, static_cast<uint8_t*>(data), bytes, std::move(on_done)});
+  post(false, d, q, static_cast<uint8_t*>(data), bytes, std::move(on_done));
 }
 
-bool Mesh::pump_send(int q) {
-  Peer& p = peers_[q];
+bool Mesh::pump_send(int c) {
+  Lane& p = conns_[c];
   bool progressed = false;
   while (!p.sends.empty()) {
-    Peer::Item& it = p.sends.front();
+    Lane::Item& it = p.sends.front();
     if (p.send_done == 0) p.send_hdr = make_header(FrameKind::data, it.desc, it.bytes);
     iovec iov[2];
     int niov = 0;
@@ -262,7 +287,7 @@ bool Mesh::pump_send(int q) {
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
-      lost(q, it.desc, std::string("while sending to it (") + std::strerror(errno) + ")",
+      lost(c, it.desc, std::string("while sending to it (") + std::strerror(errno) + ")",
            p.recv_hdr_got == 0 && p.recv_got == 0);
     }
     progressed = true;
@@ -278,18 +303,19 @@ bool Mesh::pump_send(int q) {
   return progressed;
 }
 
-bool Mesh::pump_recv(int q) {
-  Peer& p = peers_[q];
+bool Mesh::pump_recv(int c) {
+  const int q = peer_of(c);
+  Lane& p = conns_[c];
   bool progressed = false;
   while (!p.recvs.empty()) {
-    Peer::Item& it = p.recvs.front();
+    Lane::Item& it = p.recvs.front();
     if (p.recv_hdr_got < sizeof(FrameHeader)) {
       ssize_t n = ::recv(p.fd.get(), reinterpret_cast<uint8_t*>(&p.recv_hdr) + p.recv_hdr_got,
                          sizeof(FrameHeader) - p.recv_hdr_got, MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0)
-        lost(q, it.desc, "(its connection closed: the process died, was killed, or aborted)",
+        lost(c, it.desc, "(its connection closed: the process died, was killed, or aborted)",
              false);
       progressed = true;
       p.recv_hdr_got += static_cast<size_t>(n);
@@ -304,7 +330,7 @@ bool Mesh::pump_recv(int q) {
                           " sent a step of " + std::to_string(h.bytes) + " bytes where " +
                           std::to_string(it.bytes) +
                           " were expected: the ranks use different COLLIE_* algorithm settings");
-        fail_from_frame(q, h, it.desc);
+        fail_from_frame(c, h, it.desc);
       }
     }
     while (p.recv_got < it.bytes) {
@@ -312,7 +338,7 @@ bool Mesh::pump_recv(int q) {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return progressed;
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0)
-        lost(q, it.desc, "in the middle of a message (the process died or was killed)", false);
+        lost(c, it.desc, "in the middle of a message (the process died or was killed)", false);
       progressed = true;
       p.recv_got += static_cast<size_t>(n);
     }
@@ -327,13 +353,13 @@ bool Mesh::pump_recv(int q) {
 
 void Mesh::timed_out() {
   std::string who;
-  for (int q : active_) {
-    Peer& p = peers_[q];
+  for (int c : active_) {
+    Lane& p = conns_[c];
     if (!p.recvs.empty()) {
-      who = "waiting for " + names_(q) + " to send";
+      who = "waiting for " + names_(peer_of(c)) + " to send";
       break;
     }
-    if (!p.sends.empty()) who = "waiting for " + names_(q) + " to receive";
+    if (!p.sends.empty()) who = "waiting for " + names_(peer_of(c)) + " to receive";
   }
   throw Error(ErrorCode::timeout, current_.describe() + " on " + names_(rank_) + " timed out " +
                                       who +
@@ -344,10 +370,10 @@ void Mesh::timed_out() {
 void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
   if (closed_)
     throw Error(ErrorCode::internal, "the communicator on " + names_(rank_) + " is closed");
-  for (Peer& p : peers_)
+  for (Lane& p : conns_)
     if (!p.departed) p.watch = true;
   std::vector<pollfd> pfds;
-  std::vector<int> pfd_peer;
+  std::vector<int> pfd_lane;
   auto spin = spin_.get();
   auto spin_until = net::Clock::now() + spin;
   for (;;) {
@@ -369,10 +395,10 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
     if (now < spin_until) continue;  // busy-poll the sockets: ~4 us vs ~40 us to wake
 
     pfds.clear();
-    pfd_peer.clear();
-    for (int q = 0; q < size_; ++q) {
-      Peer& p = peers_[q];
-      if (q == rank_ || !p.fd.valid()) continue;
+    pfd_lane.clear();
+    for (int c = 0; c < static_cast<int>(conns_.size()); ++c) {
+      Lane& p = conns_[c];
+      if (!p.fd.valid()) continue;
       bool want_in = !p.recvs.empty();
       short ev = 0;
       if (want_in) ev |= POLLIN;
@@ -380,10 +406,10 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
       if (p.watch && !want_in) ev |= POLLRDHUP;
       if (ev == 0) continue;
       pfds.push_back({p.fd.get(), ev, 0});
-      pfd_peer.push_back(q);
+      pfd_lane.push_back(c);
     }
     pfds.push_back({wake_.get(), POLLIN, 0});
-    pfd_peer.push_back(-1);
+    pfd_lane.push_back(-1);
     const auto asleep = net::Clock::now();
     int n = ::poll(pfds.data(), pfds.size(), net::poll_timeout_ms(deadline));
     if (n < 0 && errno != EINTR)
@@ -391,16 +417,16 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
     if (n == 0 && net::Clock::now() >= deadline) timed_out();
     bool answered = false;  // by a peer, not by wake()
     for (size_t i = 0; i < pfds.size(); ++i) {
-      int q = pfd_peer[i];
-      answered |= q >= 0 && pfds[i].revents != 0;
-      if (q < 0) {
+      int c = pfd_lane[i];
+      answered |= c >= 0 && pfds[i].revents != 0;
+      if (c < 0) {
         uint64_t count;
         if (pfds[i].revents & POLLIN) [[maybe_unused]]
           ssize_t r = ::read(wake_.get(), &count, sizeof count);
         continue;
       }
-      if (peers_[q].recvs.empty() && (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
-        check_hangup(q);
+      if (conns_[c].recvs.empty() && (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+        check_hangup(c);
     }
     if (answered) {
       spin_.slept(net::Clock::now() - asleep);
@@ -408,7 +434,7 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
     }
     spin_until = net::Clock::now() + spin;
   }
-  for (int q : active_) is_active_[q] = 0;
+  for (int c : active_) is_active_[c] = 0;
   active_.clear();
 }
 
@@ -418,7 +444,7 @@ void Mesh::wake() noexcept {
 }
 
 void Mesh::send_last_frame(uint8_t kind, uint8_t code, const std::string& text) noexcept {
-  for (Peer& p : peers_) {
+  for (Lane& p : conns_) {
     if (!p.fd.valid()) continue;
     // Only at a frame boundary: in the middle of a frame the peer would read
     // this as payload; there the half-close below tells it instead.
@@ -446,18 +472,18 @@ void Mesh::abort(const Error& e) noexcept {
                     std::string(e.what()).substr(0, kMaxAbortText));
   // Whatever was posted belongs to an operation that has failed: its
   // callbacks point into state that is gone, and never run.
-  for (Peer& p : peers_) {
+  for (Lane& p : conns_) {
     p.sends.clear();
     p.recvs.clear();
   }
   pending_ = 0;
-  for (int q : active_) is_active_[q] = 0;
+  for (int c : active_) is_active_[c] = 0;
   active_.clear();
 }
 
 void Mesh::close() noexcept {
   if (!closed_) send_last_frame(static_cast<uint8_t>(FrameKind::bye), 0, "");
-  for (Peer& p : peers_) p.fd.reset();
+  for (Lane& p : conns_) p.fd.reset();
 }
 
 }  // namespace collie::tcp

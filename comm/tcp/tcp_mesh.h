@@ -8,6 +8,14 @@
 // naming the rank that differs, never bytes read as something else. Abort
 // frames carry an error to peers; a bye frame says a peer left cleanly.
 //
+// A peer may have several connections (COLLIE_TCP_SOCKETS, NCCL's
+// NCCL_NSOCKS_PERTHREAD): each is a lane with its own frames and queues. A
+// message of at least twice COLLIE_TCP_SOCKET_MIN_BYTES is cut into one part
+// per lane (each at least that long, parts on lanes 0, 1, ...), a smaller
+// one goes whole on lane 0. The cut depends on the size alone, so both sides
+// put every part on the same lane in the same order, and a size that
+// differs between them still shows up as a frame that does not match.
+//
 // Sockets are non-blocking; run() moves all of them on one thread, spinning
 // briefly on the sockets before sleeping in poll() (for a budget that adapts:
 // comm/core/spin.h), and watches every other
@@ -36,7 +44,9 @@ struct FrameHeader;  // the wire header, in tcp_mesh.cc
 
 class Mesh final : public Transport {
  public:
-  Mesh(int rank, int size, std::vector<net::Fd> peers, const config::TcpTuning& tuning,
+  // `conns`: tuning.sockets_per_peer connections per peer, peer-major
+  // (peer q's lane l at q x sockets_per_peer + l); none for this rank.
+  Mesh(int rank, int size, std::vector<net::Fd> conns, const config::TcpTuning& tuning,
        bool spin_allowed, std::shared_ptr<FailureLatch> failure, RankNames names = {});
   ~Mesh() override;
 
@@ -58,31 +68,37 @@ class Mesh final : public Transport {
   void close() noexcept;
 
  private:
-  struct Peer;
-  bool pump_send(int q);
-  bool pump_recv(int q);
-  void activate(int q, const OpDesc& d);
+  struct Lane;
+  // Lanes are numbered peer-major: lane `l` of peer `q` is q x lanes_ + l.
+  int lane(int q, int l) const { return q * lanes_ + l; }
+  int peer_of(int c) const { return c / lanes_; }
+  void post(bool send, const OpDesc& d, int q, uint8_t* data, size_t bytes, Callback on_done);
+  bool pump_send(int c);
+  bool pump_recv(int c);
+  void activate(int c, const OpDesc& d);
   [[noreturn]] void timed_out();
-  void check_hangup(int peer);
-  // Throws the error for losing `peer`: its abort frame's, when it sent one
-  // (`can_read_peer`: this rank's read side of it is at a frame boundary),
-  // else peer_lost naming it and any other rank whose connection has closed.
-  [[noreturn]] void lost(int peer, const OpDesc& desc, const std::string& how, bool can_read_peer);
+  void check_hangup(int c);
+  // Throws the error for losing the peer on lane `c`: its abort frame's,
+  // when it sent one (`can_read`: this rank's read side of the lane is at a
+  // frame boundary), else peer_lost naming it and any other rank whose
+  // connection has closed.
+  [[noreturn]] void lost(int c, const OpDesc& desc, const std::string& how, bool can_read);
   // Sends `kind` (abort or bye) to every peer where a frame boundary allows,
   // then half-closes every socket.
   void send_last_frame(uint8_t kind, uint8_t code, const std::string& text) noexcept;
-  [[noreturn]] void fail_from_frame(int peer, const FrameHeader& h, const OpDesc& expected);
+  [[noreturn]] void fail_from_frame(int c, const FrameHeader& h, const OpDesc& expected);
 
   const int rank_;
   const RankNames names_;  // for messages
   const int size_;
-  std::vector<Peer> peers_;
+  const int lanes_;  // connections per peer
+  std::vector<Lane> conns_;
   config::TcpTuning tuning_;
   SpinBudget spin_;
   std::shared_ptr<FailureLatch> failure_;
   net::Fd wake_;
   bool closed_ = false;
-  // The current run: posted and not yet completed, the peers with work, and
+  // The current run: posted and not yet completed, the lanes with work, and
   // the operation messages name.
   size_t pending_ = 0;
   std::vector<int> active_;
