@@ -98,9 +98,9 @@ class Front final : public Communicator {
     validate::op_on(op, in.dtype, what);
     validate::same_or_disjoint(in, out, what);
     if (in.numel != out.numel)
-      throw Error(ErrorCode::invalid_argument, what.str() + ": input has " + std::to_string(in.numel) +
-                                                   " elements but output has " +
-                                                   std::to_string(out.numel));
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": input has " + std::to_string(in.numel) +
+                      " elements but output has " + std::to_string(out.numel));
     return submit(OpKind::allreduce, in, out, op, 0, in.numel);
   }
 
@@ -199,7 +199,8 @@ class Front final : public Communicator {
     validate::tensor(t, what, name);
     validate::device(t, core_->backend->accepts(t.device), core_->backend->name(), what, name);
   }
-  void check_in_out(const TensorView& in, const TensorView& out, const validate::Where& what) const {
+  void check_in_out(const TensorView& in, const TensorView& out,
+                    const validate::Where& what) const {
     check(in, what, "input");
     check(out, what, "output");
     validate::same_dtype(in, out, what);
