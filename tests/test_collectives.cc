@@ -7,6 +7,7 @@
 // collectives so that a failing rank still issues the same calls as the rest.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -202,6 +203,35 @@ TEST(Allreduce, ManyOutstandingOpsCompleteInAnyWaitOrder) {
   for (int k = 0; k < kOps; ++k)
     for (size_t i = 0; i < 1000; i += 97)
       EXPECT_EQ(bufs[k][i], (k + 1) * n * (n + 1) / 2 + n * static_cast<int64_t>(i));
+}
+
+// Thousands of tiny all-reduces back to back, ranks running ahead of each
+// other in turn: each must reduce its own op's inputs, never a slot that a
+// faster rank has already refilled for a later op (shm keeps the smallest
+// inline in two lines per rank, reused every other op).
+TEST(Allreduce, ABurstOfTinyOpsEachReducesItsOwnInputs) {
+  const int n = comm().size(), r = comm().rank();
+  constexpr int kOps = 3000;
+  std::vector<Work> works;
+  std::vector<std::array<int64_t, 3>> bufs(kOps);
+  for (int k = 0; k < kOps; ++k) {
+    // A different rank dawdles in each stretch of 100 ops, so the others run
+    // ahead of it by as much as the protocol allows.
+    if ((k / 100) % n == r) {
+      auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    }
+    for (int i = 0; i < 3; ++i) bufs[k][i] = int64_t{1000003} * k + 1009 * i + r;
+    works.push_back(comm().allreduce(view_of(bufs[k].data(), 3), ReduceOp::sum));
+    if (k % 7 == 0) works.back().wait();  // some waited at once, some in a batch
+  }
+  wait_all(works);
+  int wrong = 0;
+  for (int k = 0; k < kOps; ++k)
+    for (int i = 0; i < 3; ++i)
+      wrong += bufs[k][i] != n * (int64_t{1000003} * k + 1009 * i) + n * (n - 1) / 2;
+  EXPECT_EQ(wrong, 0);
 }
 
 TEST(Broadcast, EveryRootAndCount) {

@@ -25,7 +25,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMagic = 0x434c5348;  // "CLSH"
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 // How often a sleeping waiter looks at the peer's process and its deadline.
 constexpr auto kSlice = std::chrono::milliseconds(5);
 
@@ -331,6 +331,19 @@ void Segment::wait_all_at(uint32_t target, const What& what, Deadline deadline) 
       if (q != me_ && !reached(progress(q).value.load(), target)) late.push_back(q);
     timed_out(late, what);
   }
+}
+
+void Segment::wait_all_ready(uint32_t seq, const What& what, Deadline deadline) {
+  auto all = [&] {
+    for (int r = 0; r < n_; ++r)
+      if (r != me_ && desc(r, seq).ready.load(std::memory_order_acquire) != seq) return false;
+    return true;
+  };
+  if (all()) return;
+  // Each rank moves its counter after its line is ready, so the gate moves
+  // (and wakes sleepers) once every line is.
+  wait_on(gate(), others_, all, what, deadline);
+  if (!all()) wait_all(what, deadline);  // names the late ranks
 }
 
 void Segment::wait_bell(uint32_t seen, const std::vector<int>& peers, const What& what,

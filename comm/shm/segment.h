@@ -54,7 +54,14 @@ struct alignas(kLine) DescSlot {
   uint64_t reg_bytes;
   uint64_t reg_offset;
   int32_t reg_fd;
+  // An all-reduce of at most sizeof inline_data bytes carries its input
+  // here, and says `ready` = its seq once the line is written: a peer then
+  // finds the call, its check and its data in one cache line, one miss per
+  // peer (the slot path takes two: the counter, then the data).
+  std::atomic<uint32_t> ready;
+  alignas(64) uint8_t inline_data[64];
 };
+static_assert(sizeof(DescSlot) == kLine);
 
 struct alignas(kLine) RankInfo {
   int32_t pid;
@@ -144,6 +151,9 @@ class Segment {
   // `what` names the operation for errors.
   void wait_all(const What& what, Deadline deadline) { wait_all_at(phase_, what, deadline); }
   void wait_all_at(uint32_t target, const What& what, Deadline deadline);
+  // Waits until every other rank's descriptor for `seq` says ready (an
+  // inline all-reduce), with the checks and errors of wait_all.
+  void wait_all_ready(uint32_t seq, const What& what, Deadline deadline);
   // Waits until rank r's counter reaches `target`.
   void wait_rank(int r, uint32_t target, const What& what, Deadline deadline);
   // Waits until this rank's doorbell moves from `seen`, with the same checks

@@ -161,6 +161,19 @@ class ShmRunner final : public HostRunner {
       if (count) reduce_into(op.out.data, one, count, t, d.redop);
       return;
     }
+    if (bytes <= std::min(tuning_.small_bytes, sizeof(DescSlot::inline_data))) {
+      // The smallest: input, call and flag in one line per rank.
+      DescSlot& mine = seg_.desc(me_, d.seq);
+      std::memcpy(mine.inline_data, op.in.data, bytes);
+      announce(d);
+      mine.ready.store(d.seq, std::memory_order_release);
+      seg_.advance();
+      seg_.wait_all_ready(d.seq, what, dl);
+      verify(d, what);
+      for (int r = 0; r < n_; ++r) srcs_[r] = seg_.desc(r, d.seq).inline_data;
+      reduce_into(op.out.data, srcs_, count, t, d.redop);
+      return;
+    }
     if (bytes <= std::min(tuning_.small_bytes, seg_.layout().small)) {
       // One step: everyone's input in its slot, then every rank reduces
       // every slot into its own output, in rank order (the same bits on
