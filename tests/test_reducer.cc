@@ -34,7 +34,13 @@ Communicator& comm() {
   return testing::world();
 }
 
-constexpr int kSamples = 48, kSteps = 6;
+// Each rank trains on its own kPerRank samples (a multiple of the 4 no_sync
+// micro-batches), and the reference on all of them: with a fixed total the
+// shards left samples out at world sizes that do not divide it (5 ranks).
+constexpr int kPerRank = 12, kSteps = 6;
+int samples() {
+  return kPerRank * comm().size();
+}
 constexpr double kLr = 0.05;
 
 struct Config {
@@ -58,7 +64,8 @@ bool uses_e(const Config& c, int step) {
 
 std::vector<std::vector<double>> reference(const Config& c) {
   auto p = testing::init_params<double>(7);
-  auto data = testing::make_dataset(kSamples, 11);
+  const int total = samples();
+  auto data = testing::make_dataset(total, 11);
   for (int step = 0; step < kSteps; ++step) {
     std::vector<std::vector<double>> g;
     for (auto& v : p) g.emplace_back(v.size(), 0.0);
@@ -68,7 +75,7 @@ std::vector<std::vector<double>> reference(const Config& c) {
       pp.push_back(p[i].data());
       gp.push_back(g[i].data());
     }
-    testing::backward<double>(pp, gp, data, 0, kSamples, kSamples, uses_e(c, step), [](size_t) {});
+    testing::backward<double>(pp, gp, data, 0, total, total, uses_e(c, step), [](size_t) {});
     for (size_t i = 0; i < p.size(); ++i)
       for (size_t k = 0; k < p[i].size(); ++k) p[i][k] -= kLr * g[i][k];
   }
@@ -78,7 +85,7 @@ std::vector<std::vector<double>> reference(const Config& c) {
 void train_and_compare(const Config& c) {
   const int n = comm().size(), r = comm().rank();
   auto params = testing::init_params<float>(r == 0 ? 7 : 1000 + r);  // rank 0's values win
-  auto data = testing::make_dataset(kSamples, 11);
+  auto data = testing::make_dataset(samples(), 11);
   std::vector<std::vector<float>> own_grads;
   for (auto& v : params) own_grads.emplace_back(v.size(), 0.0f);
   std::vector<Parameter> ps;
@@ -93,7 +100,7 @@ void train_and_compare(const Config& c) {
   opt.find_unused_parameters = c.unused;
   Reducer red(comm(), ps, opt);
 
-  const int shard = kSamples / n, first = r * shard;
+  const int shard = kPerRank, first = r * shard;
   const int micro = c.no_sync ? 4 : 1;
   for (int step = 0; step < kSteps; ++step) {
     std::vector<float*> grads;
