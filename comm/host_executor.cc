@@ -1,6 +1,5 @@
 #include "comm/host_executor.h"
 
-#include "comm/core/clock.h"
 #include "comm/core/log.h"
 
 namespace collie {
@@ -267,7 +266,7 @@ std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
     return std::nullopt;
   }
   try {
-    const Deadline deadline = coarse_deadline(timeout_);
+    const Deadline deadline = Deadline::clock::now() + timeout_;
     if (!batch[0].op.p2p()) {
       runner_.run_collective(batch[0].op, deadline);
       return std::nullopt;

@@ -19,7 +19,6 @@
 #include "collie_build_config.h"
 #include "comm/backend.h"
 #include "comm/config/config.h"
-#include "comm/core/clock.h"
 #include "comm/core/reduce.h"
 #include "comm/core/spin.h"
 #include "comm/core/topology.h"
@@ -581,24 +580,6 @@ TEST(SpinBudget, GrowsOnWakeUpsItCouldHaveSpunThroughAndShrinksOnLatePeers) {
   unset.slept(1us);
   EXPECT_EQ(unset.get(), 100us);
   EXPECT_EQ(SpinBudget::from_setting(-1, false).get(), 0us);
-}
-
-// A coarse deadline is never earlier than the precise one (a wait must not
-// give up early) and later by at most one tick of the coarse clock.
-TEST(Clock, CoarseDeadlineIsNeverEarlierThanThePreciseOneAndAtMostATickLater) {
-  timespec res{};
-  ASSERT_EQ(clock_getres(CLOCK_MONOTONIC_COARSE, &res), 0);
-  const auto tick = std::chrono::seconds(res.tv_sec) + std::chrono::nanoseconds(res.tv_nsec);
-  for (auto timeout :
-       {std::chrono::nanoseconds(0), std::chrono::nanoseconds(std::chrono::seconds(30))}) {
-    for (int i = 0; i < 20000; ++i) {
-      const auto before = std::chrono::steady_clock::now();
-      const auto d = collie::coarse_deadline(timeout);
-      const auto after = std::chrono::steady_clock::now();
-      ASSERT_GE(d, before + timeout) << "sample " << i;
-      ASSERT_LE(d, after + timeout + 2 * tick) << "sample " << i;
-    }
-  }
 }
 
 TEST(WorkHandle, CompletionErrorAndTimeout) {

@@ -3,8 +3,6 @@
 #include <optional>
 #include <utility>
 
-#include "comm/core/clock.h"
-
 namespace collie {
 
 Completion::Completion(std::string description, std::chrono::milliseconds default_timeout)
@@ -23,7 +21,7 @@ bool Completion::wait_until(Clock::time_point deadline) {
 void Completion::wait_on(void* /*stream*/) {
   // Nothing runs on a stream for a host operation: the stream may go on once
   // the host has seen the end.
-  if (!wait_until(coarse_deadline(default_timeout_)))
+  if (!wait_until(Clock::now() + default_timeout_))
     throw Error(ErrorCode::timeout, description() + " did not complete within " +
                                         std::to_string(default_timeout_.count()) + " ms");
 }
@@ -121,7 +119,7 @@ void Work::wait() const {
 }
 
 void Work::wait(std::chrono::milliseconds timeout) const {
-  if (!c_->wait_until(coarse_deadline(timeout)))
+  if (!c_->wait_until(Completion::Clock::now() + timeout))
     throw Error(ErrorCode::timeout, c_->description() + " did not complete within " +
                                         std::to_string(timeout.count()) + " ms");
   if (auto e = c_->error()) throw *e;
