@@ -143,12 +143,11 @@ class ShmRunner final : public HostRunner {
   // data. Each slice is reduced once, by one rank, so every rank that copies
   // it gets the same bits.
   template <class Base>
-  void reduce_own_slice(Base base, const Slices& sl, size_t es, DType t, ReduceOp op,
-                        std::vector<const void*>& srcs) {
+  void reduce_own_slice(Base base, const Slices& sl, size_t es, DType t, ReduceOp op) {
     const size_t lo = sl.lo(me_), len = sl.lo(me_ + 1) - lo;
     if (!len) return;
-    for (int i = 0; i < n_; ++i) srcs[i] = base((me_ + i) % n_) + lo * es;
-    reduce_into(base(me_) + lo * es, srcs, len, t, op);
+    for (int i = 0; i < n_; ++i) srcs_[i] = base((me_ + i) % n_) + lo * es;
+    reduce_into(base(me_) + lo * es, srcs_, len, t, op);
   }
 
   void allreduce(const Op& op, const What& what, Deadline dl) {
@@ -195,7 +194,6 @@ class ShmRunner final : public HostRunner {
     const size_t per_round = std::max<size_t>(seg_.layout().chunk / es, 1);
     const auto* in = static_cast<const uint8_t*>(op.in.data);
     auto* out = static_cast<uint8_t*>(op.out.data);
-    std::vector<const void*> srcs(n_);
     for (size_t off = 0, r = 0; off < count; off += per_round, ++r) {
       const int b = static_cast<int>(r & 1);
       const size_t m = std::min(per_round, count - off);
@@ -203,7 +201,7 @@ class ShmRunner final : public HostRunner {
       std::memcpy(seg_.big(me_, b), in + off * es, m * es);
       seg_.advance();
       seg_.wait_all(what, dl);
-      reduce_own_slice([&](int q) { return seg_.big(q, b); }, sl, es, t, d.redop, srcs);
+      reduce_own_slice([&](int q) { return seg_.big(q, b); }, sl, es, t, d.redop);
       seg_.advance();
       seg_.wait_all(what, dl);
       for (int k = 0; k < n_; ++k) {
@@ -263,10 +261,9 @@ class ShmRunner final : public HostRunner {
     // the waits cost 2 MiB to 256 MiB a fifth to two fifths of their speed
     // (bench/RESULTS.md).
     const size_t per_round = std::max<size_t>(4 * seg_.layout().chunk / es, 1) * n_;
-    std::vector<const void*> srcs(n_);
     for (size_t off = 0; off < count; off += per_round) {
       const Slices sl = slices(std::min(per_round, count - off), es);
-      reduce_own_slice([&](int q) { return buf[q] + off * es; }, sl, es, t, d.redop, srcs);
+      reduce_own_slice([&](int q) { return buf[q] + off * es; }, sl, es, t, d.redop);
       seg_.advance();
       seg_.wait_all(what, dl);
       for (int k = 0; k < n_; ++k) {
@@ -326,7 +323,6 @@ class ShmRunner final : public HostRunner {
     const size_t per_round = std::max<size_t>(seg_.layout().chunk / (es * n_), 1);
     const auto* in = static_cast<const uint8_t*>(op.in.data);
     auto* out = static_cast<uint8_t*>(op.out.data);
-    std::vector<const void*> srcs(n_);
     for (size_t off = 0, r = 0; off < cnt; off += per_round, ++r) {
       const int b = static_cast<int>(r & 1);
       const size_t m = std::min(per_round, cnt - off);
@@ -334,8 +330,8 @@ class ShmRunner final : public HostRunner {
         std::memcpy(seg_.big(me_, b) + k * m * es, in + (k * cnt + off) * es, m * es);
       seg_.advance();
       seg_.wait_all(what, dl);
-      for (int k = 0; k < n_; ++k) srcs[k] = seg_.big(k, b) + me_ * m * es;
-      reduce_into(out + off * es, srcs, m, t, d.redop);
+      for (int k = 0; k < n_; ++k) srcs_[k] = seg_.big(k, b) + me_ * m * es;
+      reduce_into(out + off * es, srcs_, m, t, d.redop);
       seg_.advance();
     }
   }
@@ -481,8 +477,8 @@ class ShmRunner final : public HostRunner {
   uint64_t uses_ = 0;
   const int me_, n_;
   const RankNames names_;  // for messages
-  // One source pointer per rank, reused: a vector per small op cost it a
-  // malloc.
+  // One source pointer per rank, reused by every reduction: a vector per
+  // small op cost it a malloc.
   std::vector<const void*> srcs_;
 };
 
