@@ -190,8 +190,8 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
 
 class TcpRunner final : public HostRunner {
  public:
-  TcpRunner(const BackendContext& ctx, std::vector<net::Fd> peers)
-      : tuning_(config::tcp_tuning(ctx.env)),
+  TcpRunner(const BackendContext& ctx, const config::TcpTuning& tuning, std::vector<net::Fd> peers)
+      : tuning_(tuning),
         mesh_(
             ctx.launch.rank, ctx.launch.world_size, std::move(peers), tuning_,
             config::ranks_fit_cores(ctx.launch.local_world_size, topology::usable_cpus(), ctx.env),
@@ -238,13 +238,16 @@ class TcpRunner final : public HostRunner {
 }  // namespace
 
 std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
-  const int lanes = config::tcp_tuning(ctx.env).sockets_per_peer;
+  // Read once: the connections per peer shape the mesh, and the rest tunes
+  // the runner (parsing may read COLLIE_TUNING_FILE).
+  const config::TcpTuning tuning = config::tcp_tuning(ctx.env);
+  const int lanes = tuning.sockets_per_peer;
   std::vector<net::Fd> peers;
   if (ctx.launch.world_size > 1)
     peers = build_mesh(ctx, lanes);
   else
     peers.resize(static_cast<size_t>(lanes));
-  return std::make_unique<TcpRunner>(ctx, std::move(peers));
+  return std::make_unique<TcpRunner>(ctx, tuning, std::move(peers));
 }
 
 BackendEntry backend_entry() {
