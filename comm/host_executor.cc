@@ -44,77 +44,17 @@ class HostExecutor::Queued final : public Completion {
   const uint64_t ticket_;
 };
 
-// One thread that runs continuations in the order their operations ended.
-// Started on first use: communicators whose operations nobody chains to
-// never start it.
-class HostExecutor::Continuations {
- public:
-  void post(std::vector<std::function<void()>> fns) {
-    {
-      std::lock_guard lk(mu_);
-      if (!stopped_) {
-        for (auto& f : fns) q_.push_back(std::move(f));
-        if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-        cv_.notify_one();
-        return;
-      }
-    }
-    for (auto& f : fns) f();  // after shutdown: run here
-  }
-
-  // Runs what is queued, then ends the thread.
-  void stop() {
-    std::thread t;
-    {
-      std::lock_guard lk(mu_);
-      stopped_ = true;
-      cv_.notify_one();
-      t = std::move(thread_);
-    }
-    if (!t.joinable()) return;
-    // A continuation that destroys its own communicator ends up here on the
-    // continuation thread: it cannot join itself, and the thread ends on its
-    // own once the queue is empty.
-    if (t.get_id() == std::this_thread::get_id())
-      t.detach();
-    else
-      t.join();
-  }
-
- private:
-  void loop() {
-    std::unique_lock lk(mu_);
-    for (;;) {
-      cv_.wait(lk, [&] { return stopped_ || !q_.empty(); });
-      if (q_.empty()) return;
-      auto fn = std::move(q_.front());
-      q_.pop_front();
-      lk.unlock();
-      fn();
-      lk.lock();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> q_;
-  bool stopped_ = false;
-  std::thread thread_;
-};
-
 HostExecutor::HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> failure, int rank,
                            std::chrono::milliseconds timeout)
     : runner_(runner),
       failure_(std::move(failure)),
       rank_(rank),
       timeout_(timeout),
-      continuations_(std::make_shared<Continuations>()),
+      continuations_(std::make_shared<ContinuationThread>()),
       poll_(kGrace) {
   // The continuation thread is shared with the dispatch function, which
   // completions may still call after this executor is gone.
-  dispatch_ = [c = continuations_](std::vector<std::function<void()>> fns) {
-    c->post(std::move(fns));
-  };
+  dispatch_ = ContinuationThread::dispatch_to(continuations_);
 }
 
 std::shared_ptr<HostExecutor> HostExecutor::start(HostRunner& runner,

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/core/continuations.h"
 #include "comm/transport.h"
 
 namespace collie {
@@ -79,7 +80,6 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
 
  private:
   class Queued;
-  class Continuations;
   struct Task {
     Op op;
     std::shared_ptr<Queued> done;
@@ -101,7 +101,7 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   std::shared_ptr<FailureLatch> failure_;
   const int rank_;
   const std::chrono::milliseconds timeout_;
-  std::shared_ptr<Continuations> continuations_;
+  std::shared_ptr<ContinuationThread> continuations_;
   Dispatch dispatch_;
 
   std::mutex mu_;
