@@ -136,6 +136,8 @@ struct BackendEntry {
   std::unique_ptr<Backend> (*create)(const BackendContext& ctx);
   // Whether it rendezvouses through the store (mpi has MPI's own).
   bool needs_store = true;
+  // Whether `auto` may pick it (nccl moves CUDA tensors only: not on its own).
+  bool automatic = true;
 };
 
 // Every backend collie knows of, in the order `auto` prefers them.

@@ -1,6 +1,7 @@
 #include "comm/front.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <mutex>
 #include <vector>
 
@@ -149,13 +150,12 @@ class Front final : public Communicator {
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     const int n = size();
-    std::vector<int64_t> mine{color, key}, all(2 * static_cast<size_t>(n));
-    allgather(view_of(mine.data(), 2), view_of(all.data(), all.size())).wait();
     int split_no;
     {
       std::lock_guard lk(core_->mu);
       split_no = ++core_->splits;
     }
+    std::vector<int64_t> all = colors_and_keys(color, key, split_no);
     SplitPlan plan;
     plan.color = color;
     plan.key = key;
@@ -194,6 +194,33 @@ class Front final : public Communicator {
 
  private:
   validate::Where where(const char* op) const { return {op, rank()}; }
+
+  // Every rank's (color, key), by an all-gather; through the store where
+  // the backend moves device memory only (nccl).
+  std::vector<int64_t> colors_and_keys(int color, int key, int split_no) {
+    const size_t n = static_cast<size_t>(size());
+    std::vector<int64_t> mine{color, key}, all(2 * n);
+    Store* store = core_->ctx.store.get();
+    if (core_->backend->accepts(Device::cpu()) || !store || n == 1) {
+      if (n == 1) return mine;
+      allgather(view_of(mine.data(), 2), view_of(all.data(), all.size())).wait();
+      return all;
+    }
+    const std::string prefix = core_->ctx.key + "/split" + std::to_string(split_no) + "/";
+    store->set(prefix + std::to_string(rank()),
+               to_bytes(std::to_string(color) + " " + std::to_string(key)));
+    for (size_t q = 0; q < n; ++q) {
+      std::string v = to_string(store->get(prefix + std::to_string(q)));
+      long long c = 0, k = 0;
+      if (std::sscanf(v.c_str(), "%lld %lld", &c, &k) != 2)
+        throw Error(ErrorCode::mismatch, "split on " + rank_str(rank()) + ": rank " +
+                                             std::to_string(q) + " published '" + v +
+                                             "' instead of its color and key");
+      all[2 * q] = c;
+      all[2 * q + 1] = k;
+    }
+    return all;
+  }
 
   void check(const TensorView& t, const validate::Where& what, const char* name) const {
     validate::tensor(t, what, name);

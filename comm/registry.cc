@@ -7,6 +7,7 @@
 #include "comm/backend.h"
 #include "comm/hier/hier_backend.h"
 #include "comm/mpi/mpi_backend.h"
+#include "comm/nccl/nccl_backend.h"
 #include "comm/shm/shm_backend.h"
 #include "comm/tcp/tcp_backend.h"
 
@@ -25,8 +26,7 @@ std::shared_ptr<void> Backend::allocate(size_t bytes) {
 
 const std::vector<BackendEntry>& backend_registry() {
   static const std::vector<BackendEntry> registry = {
-      {"nccl", false, "the NCCL backend is not part of this version of collie yet", nullptr,
-       nullptr},
+      nccl::backend_entry(),
       shm::backend_entry(),
       // Under mpirun across hosts: MPI's interconnect before TCP.
       mpi::backend_entry(),
@@ -55,7 +55,7 @@ const BackendEntry& pick_backend(const std::string& requested, const config::Lau
   const auto& all = backend_registry();
   if (requested == "auto") {
     for (const auto& b : all)
-      if (b.built && unusable(b, launch).empty()) return b;
+      if (b.built && b.automatic && unusable(b, launch).empty()) return b;
     throw Error(ErrorCode::unavailable, "no backend of this build can serve " +
                                             std::to_string(launch.world_size) +
                                             " ranks (built: " + names(true) + ")");

@@ -99,6 +99,14 @@ class Communicator {
 
 std::unique_ptr<Communicator> connect(const Options& options = {});
 
+// The CUDA stream (a cudaStream_t) that this thread's operations on CUDA
+// tensors are ordered after, as PyTorch's current stream: each starts once
+// the work the thread queued on that stream before the call has finished.
+// nullptr, the default, is the legacy default stream. Their Work's
+// wait_on(stream) orders a stream after them in turn.
+void set_cuda_stream(void* stream);
+void* cuda_stream();
+
 // Backends this build has, by name.
 std::vector<std::string> available_backends();
 

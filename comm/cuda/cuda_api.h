@@ -1,0 +1,57 @@
+// comm/cuda/cuda_api.h: every CUDA runtime call collie makes, behind one
+// interface (as torchcomms puts NCCL behind NcclApi).
+//
+// The NCCL backend and the staging of CUDA tensors through host memory are
+// written against this interface, not against cudart: CI, which has no GPU,
+// runs their logic (stream and event ordering, error polling, abort on a
+// deadline) against a fake (tests/fake_device.h), and the GPU machine runs
+// it against runtime() below. Handles are opaque (a cudaStream_t or
+// cudaEvent_t behind a void*), so that no CUDA header leaks past
+// comm/cuda/cuda_runtime.cc. A failing call throws collie::Error naming the
+// call and CUDA's message.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace collie::cuda {
+
+using Stream = void*;  // cudaStream_t; nullptr is the legacy default stream
+using Event = void*;   // cudaEvent_t
+
+class Api {
+ public:
+  virtual ~Api() = default;
+  // How many devices this process sees; 0, with the reason in `why`, when
+  // none can be used (no driver, none visible).
+  virtual int device_count(std::string* why) = 0;
+  // The calling thread's current device.
+  virtual void set_device(int device) = 0;
+  // A stream that does not synchronise with the legacy default stream.
+  virtual Stream create_stream() = 0;
+  virtual void destroy_stream(Stream s) noexcept = 0;
+  // An event without timing (the cheapest to record and query).
+  virtual Event create_event() = 0;
+  virtual void destroy_event(Event e) noexcept = 0;
+  virtual void record(Event e, Stream s) = 0;
+  // Whether the work before the event's last record has finished; throws
+  // when the device reports an error.
+  virtual bool query(Event e) = 0;
+  // Work queued on `s` after this call starts once `e` has happened.
+  virtual void stream_wait(Stream s, Event e) = 0;
+  virtual void synchronize(Stream s) = 0;
+  virtual void* device_alloc(size_t bytes) = 0;
+  virtual void device_free(void* p) noexcept = 0;
+  // Page-locked host memory, which copies to and from the device can
+  // overlap with other work.
+  virtual void* host_alloc(size_t bytes) = 0;
+  virtual void host_free(void* p) noexcept = 0;
+  // Any direction (cudaMemcpyDefault), ordered on `s`.
+  virtual void copy_async(void* dst, const void* src, size_t bytes, Stream s) = 0;
+};
+
+// The CUDA runtime, when this build has it (COLLIE_HAVE_CUDA); else nullptr.
+std::shared_ptr<Api> runtime();
+
+}  // namespace collie::cuda
