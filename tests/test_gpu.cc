@@ -1,0 +1,179 @@
+// The GPU suite: the CUDA kernels against their CPU twins and the nccl
+// backend on a real device, at as many ranks as collie-run starts (two
+// ranks may share one GPU: each then tells NCCL it is a host of its own
+// through NCCL_HOSTID). Every test skips, with the reason, where this build
+// has no CUDA or NCCL or the machine has no GPU (CI); the GPU machine runs
+// it (docs/architecture.md, "GPUs").
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "collie/comm.h"
+#include "comm/core/reduce.h"
+#include "comm/cuda/cuda_api.h"
+#include "comm/nccl/nccl_api.h"
+#include "kernels/kernels.h"
+
+using namespace collie;
+
+namespace {
+
+// The CUDA runtime when a device can be used; else skips the test.
+#define REQUIRE_GPU(api)                                                         \
+  auto api = cuda::runtime();                                                    \
+  if (!api || !gpu::built()) GTEST_SKIP() << "this build of collie has no CUDA"; \
+  {                                                                              \
+    std::string why;                                                             \
+    if (api->device_count(&why) <= 0) GTEST_SKIP() << "no GPU: " << why;         \
+  }
+
+// Device memory that frees itself.
+struct DeviceBuf {
+  DeviceBuf(cuda::Api& api, size_t bytes) : api(api), bytes(bytes), p(api.device_alloc(bytes)) {}
+  ~DeviceBuf() { api.device_free(p); }
+  void put(const void* host) {
+    api.copy_async(p, host, bytes, nullptr);
+    api.synchronize(nullptr);
+  }
+  std::vector<unsigned char> get() {
+    std::vector<unsigned char> h(bytes);
+    api.copy_async(h.data(), p, bytes, nullptr);
+    api.synchronize(nullptr);
+    return h;
+  }
+  cuda::Api& api;
+  size_t bytes;
+  void* p;
+};
+
+std::vector<unsigned char> random_floats(DType t, size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.f, 100.f);
+  std::vector<float> f(n);
+  for (float& x : f) x = d(gen);
+  std::vector<unsigned char> out(n * dtype_size(t));
+  kernels::convert(DType::f32, f.data(), t, out.data(), n);
+  return out;
+}
+
+TEST(Kernels, ConvertMatchesItsCpuTwinBitForBit) {
+  REQUIRE_GPU(api);
+  const DType types[] = {DType::f32, DType::f16, DType::bf16, DType::f64};
+  for (size_t n : {size_t(1), size_t(7), size_t(1000003)}) {
+    for (size_t offset : {size_t(0), size_t(1)}) {  // 1: unaligned, the scalar kernel
+      for (DType st : types) {
+        for (DType dt : types) {
+          for (int divisor : {1, 3}) {
+            auto host_in = random_floats(st, n + offset, static_cast<uint32_t>(n + divisor));
+            DeviceBuf in(*api, host_in.size()), out(*api, (n + offset) * dtype_size(dt));
+            in.put(host_in.data());
+            std::vector<unsigned char> poison(out.bytes, 0xFF);
+            out.put(poison.data());
+            const size_t so = offset * dtype_size(st), d_o = offset * dtype_size(dt);
+            gpu::convert(st, static_cast<char*>(in.p) + so, dt, static_cast<char*>(out.p) + d_o,
+                         n, divisor, nullptr);
+            auto got = out.get();
+            std::vector<unsigned char> want(n * dtype_size(dt));
+            kernels::convert(st, host_in.data() + so, dt, want.data(), n, divisor);
+            ASSERT_EQ(std::memcmp(got.data() + d_o, want.data(), want.size()), 0)
+                << to_string(st) << " -> " << to_string(dt) << " / " << divisor << ", n " << n
+                << ", offset " << offset;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Kernels, CopyAllPacksAndUnpacksAsItsCpuTwin) {
+  REQUIRE_GPU(api);
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<size_t> size(0, 70000), off(0, 15);
+  const size_t pieces = 300;
+  std::vector<size_t> sizes(pieces), offs(pieces);
+  size_t total = 0;
+  for (size_t i = 0; i < pieces; ++i) {
+    sizes[i] = size(gen);
+    offs[i] = total + off(gen);  // some pieces unaligned
+    total = offs[i] + sizes[i];
+  }
+  std::vector<unsigned char> src(total);
+  for (auto& b : src) b = static_cast<unsigned char>(gen());
+  DeviceBuf dsrc(*api, total), dbucket(*api, total + 64);
+  dsrc.put(src.data());
+  std::vector<unsigned char> poison(total + 64, 0xEE);
+  dbucket.put(poison.data());
+  // Pack: piece i to the bucket at a packed offset; the twin on the host.
+  std::vector<gpu::Copy> dev(pieces), host(pieces);
+  std::vector<unsigned char> host_bucket(total + 64, 0xEE);
+  size_t at = 0;
+  for (size_t i = 0; i < pieces; ++i) {
+    dev[i] = {static_cast<char*>(dsrc.p) + offs[i], static_cast<char*>(dbucket.p) + at, sizes[i]};
+    host[i] = {src.data() + offs[i], host_bucket.data() + at, sizes[i]};
+    at += sizes[i];
+  }
+  DeviceBuf dcopies(*api, pieces * sizeof(gpu::Copy));
+  dcopies.put(dev.data());
+  gpu::copy_all(static_cast<const gpu::Copy*>(dcopies.p), pieces, nullptr);
+  gpu::copy_all_cpu(host.data(), pieces);
+  EXPECT_EQ(dbucket.get(), host_bucket);
+}
+
+// The communicator on the nccl backend, or a skip saying why there is none.
+std::unique_ptr<Communicator> nccl_comm() {
+  int devices = 0;
+  if (auto api = cuda::runtime()) devices = api->device_count(nullptr);
+  const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+  const char* rank = std::getenv("RANK");
+  // More ranks than GPUs on this host: each rank a host of its own to NCCL.
+  if (lws && rank && devices > 0 && std::atoi(lws) > devices)
+    setenv("NCCL_HOSTID", (std::string("collie-test-rank-") + rank).c_str(), 1);
+  Options o;
+  o.backend = "nccl";
+  return connect(o);
+}
+
+TEST(NcclOnGpu, EveryCollectiveMatchesASerialReference) {
+  REQUIRE_GPU(api);
+  if (!nccl::library()) GTEST_SKIP() << "this build of collie has no NCCL";
+  auto comm = nccl_comm();
+  const int n = comm->size(), r = comm->rank();
+  const size_t count = 1 << 20;
+  std::vector<float> h(count);
+  for (size_t i = 0; i < count; ++i) h[i] = static_cast<float>((i % 13) + r);
+  DeviceBuf d(*api, count * sizeof(float));
+  d.put(h.data());
+  TensorView v{d.p, DType::f32, count, Device::cuda(0)};
+  comm->allreduce(v, ReduceOp::sum).wait();
+  auto floats = [&] {
+    auto b = d.get();
+    std::vector<float> f(count);
+    std::memcpy(f.data(), b.data(), b.size());
+    return f;
+  };
+  std::vector<float> g = floats();
+  for (size_t i = 0; i < count; ++i)
+    ASSERT_EQ(g[i], static_cast<float>(n * (i % 13) + n * (n - 1) / 2)) << i;
+  comm->allreduce(v, ReduceOp::avg).wait();
+  g = floats();
+  for (size_t i = 0; i < count; ++i)
+    ASSERT_FLOAT_EQ(g[i], static_cast<float>(n * (i % 13) + n * (n - 1) / 2) / n) << i;
+  // all-gather and broadcast
+  DeviceBuf all(*api, count * sizeof(float) * n);
+  comm->allgather(v, {all.p, DType::f32, count * n, Device::cuda(0)}).wait();
+  comm->broadcast(v, n - 1).wait();
+  comm->barrier().wait();
+  if (n > 1) {
+    DeviceBuf peer(*api, 64 * sizeof(float));
+    TensorView pv{peer.p, DType::f32, 64, Device::cuda(0)};
+    Work s = comm->send(v.slice(0, 64), (r + 1) % n);
+    Work q = comm->recv(pv, (r + n - 1) % n);
+    wait_all({s, q});
+  }
+}
+
+}  // namespace
