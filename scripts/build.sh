@@ -6,6 +6,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=$1; shift
+# Meson finds nvcc on PATH or in NVCC; the toolkit's own is under CUDA_HOME
+# (the nvcc on some PATHs is a wrapper elsewhere).
+cuda_root=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
+if [ -z "${NVCC:-}" ] && [ -x "$cuda_root/bin/nvcc" ]; then
+  export NVCC="$cuda_root/bin/nvcc"
+fi
 if [ ! -f "$build/build.ninja" ]; then
   echo "building collie in $build/ (the first build takes 1 to 3 minutes on 2 cores)"
   log=$(meson setup "$build" "$@" 2>&1) || { echo "$log" | tail -30; echo "meson setup failed"; exit 1; }
