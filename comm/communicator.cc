@@ -12,6 +12,7 @@
 #include "comm/config/config.h"
 #include "comm/core/log.h"
 #include "comm/core/topology.h"
+#include "comm/cuda/staged_backend.h"
 #include "comm/front.h"
 
 namespace collie {
@@ -98,7 +99,13 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   log::info("rank " + std::to_string(ctx.launch.rank) + " of " +
             std::to_string(ctx.launch.world_size) + ": backend " + entry.name +
             ", launch variables from " + ctx.launch.source);
-  return make_front(ctx, entry.create(ctx));
+  std::unique_ptr<Backend> backend = entry.create(ctx);
+  // A host backend takes CUDA tensors too, staged through pinned memory,
+  // where this build has CUDA (the device is touched only when one comes).
+  if (backend->accepts(Device::cpu()))
+    if (auto api = cuda::device_api())
+      backend = cuda::make_staged(std::move(backend), std::move(api), ctx);
+  return make_front(ctx, std::move(backend));
 }
 
 }  // namespace collie

@@ -312,6 +312,16 @@ ShmTuning shm_tuning(const Env& raw) {
   return t;
 }
 
+size_t cuda_chunk_bytes(const Env& env) {
+  size_t bytes = 4 << 20;
+  if (auto v = parse_int("COLLIE_CUDA_CHUNK", env("COLLIE_CUDA_CHUNK"))) {
+    if (*v < 4096 || *v > (1 << 30))
+      throw bad("COLLIE_CUDA_CHUNK must be between 4096 and 1073741824 bytes");
+    bytes = static_cast<size_t>(*v) & ~size_t{255};
+  }
+  return bytes;
+}
+
 // Open MPI's verdict on oversubscription: 1, 0, or -1 when not given.
 static int launcher_oversubscribed(const Env& env) {
   if (const char* v = env("OMPI_MCA_mpi_oversubscribe"); v && (*v == '0' || *v == '1') && !v[1])

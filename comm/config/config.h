@@ -77,6 +77,11 @@ struct ShmTuning {
 
 ShmTuning shm_tuning(const Env& env);
 
+// COLLIE_CUDA_CHUNK: the piece in which the host backends stage a CUDA
+// tensor's all-reduce and broadcast through pinned host memory (the copy of
+// one piece overlaps the transfer of the one before). Default 4 MiB.
+size_t cuda_chunk_bytes(const Env& env);
+
 // Settings of the MPI backend.
 struct MpiSettings {
   int spin_us = -1;  // COLLIE_SPIN_US: test without pausing this long; -1: auto

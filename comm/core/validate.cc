@@ -28,7 +28,8 @@ void device(const TensorView& t, bool accepted, const std::string& backend, cons
     throw bad(what, std::string(name) + " is in host memory; backend " + backend +
                         " moves device memory only");
   throw bad(what, std::string(name) + " is on " + to_string(t.device) + "; backend " + backend +
-                      " moves CPU memory only (CUDA tensors need the nccl backend)");
+                      " moves CPU memory only here (CUDA tensors need a build with CUDA and a "
+                      "device this process can use)");
 }
 
 void same_dtype(const TensorView& a, const TensorView& b, const Where& what) {

@@ -54,4 +54,9 @@ class Api {
 // The CUDA runtime, when this build has it (COLLIE_HAVE_CUDA); else nullptr.
 std::shared_ptr<Api> runtime();
 
+// What connect() stages CUDA tensors through on the host backends:
+// runtime(), unless a test has installed another (a fake device) first.
+std::shared_ptr<Api> device_api();
+void set_device_api(std::shared_ptr<Api> api);
+
 }  // namespace collie::cuda

@@ -1,5 +1,7 @@
 // comm/cuda/cuda_runtime.cc: cuda::Api over the CUDA runtime (cudart), when
 // this build has it. Without it, runtime() says there is none.
+#include <mutex>
+
 #include "collie/comm.h"
 #include "collie_build_config.h"
 #include "comm/cuda/cuda_api.h"
@@ -113,5 +115,20 @@ std::shared_ptr<Api> runtime() {
   return nullptr;
 }
 #endif
+
+namespace {
+std::mutex installed_mu;
+std::shared_ptr<Api> installed;
+}  // namespace
+
+std::shared_ptr<Api> device_api() {
+  std::lock_guard lk(installed_mu);
+  return installed ? installed : runtime();
+}
+
+void set_device_api(std::shared_ptr<Api> api) {
+  std::lock_guard lk(installed_mu);
+  installed = std::move(api);
+}
 
 }  // namespace collie::cuda

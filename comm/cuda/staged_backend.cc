@@ -1,0 +1,398 @@
+#include "comm/cuda/staged_backend.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "collie/comm.h"
+
+namespace collie::cuda {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool on_device(const Op& op) {
+  return !op.in.device.is_cpu() || !op.out.device.is_cpu();
+}
+
+// Pinned host memory that frees itself.
+class Pinned {
+ public:
+  Pinned() = default;
+  Pinned(Api& api, size_t bytes)
+      : api_(&api), p_(api.host_alloc(bytes ? bytes : 1)), bytes_(bytes) {}
+  Pinned(Pinned&& o) noexcept { swap(o); }
+  Pinned& operator=(Pinned&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  ~Pinned() {
+    if (p_) api_->host_free(p_);
+  }
+  void* get() const { return p_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  void swap(Pinned& o) noexcept {
+    std::swap(api_, o.api_);
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+  }
+  Api* api_ = nullptr;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class StagedWork final : public Completion {
+ public:
+  StagedWork(const OpDesc& desc, int rank, std::chrono::milliseconds timeout)
+      : Completion("", timeout), desc_(desc), rank_(rank) {}
+
+ protected:
+  std::string describe() const override {
+    return desc_.describe() + " on rank " + std::to_string(rank_);
+  }
+
+ private:
+  const OpDesc desc_;
+  const int rank_;
+};
+
+struct Job {
+  Op op;
+  std::shared_ptr<StagedWork> done;
+  Stream after = nullptr;  // the issuing thread's stream
+};
+
+class Staged final : public Backend {
+ public:
+  Staged(std::unique_ptr<Backend> inner, std::shared_ptr<Api> api, const BackendContext& ctx)
+      : inner_(std::move(inner)),
+        api_(std::move(api)),
+        ctx_(ctx),
+        chunk_bytes_(config::cuda_chunk_bytes(ctx.env)) {}
+
+  ~Staged() override { stop_thread(); }
+
+  std::string name() const override { return inner_->name(); }
+  // CUDA tensors where a device can be used (asked once, at the first).
+  bool accepts(const Device& d) const override {
+    if (d.is_cpu()) return inner_->accepts(d);
+    std::call_once(probed_, [&] { devices_ = api_->device_count(nullptr); });
+    return d.kind == Device::Kind::cuda && d.index < devices_;
+  }
+
+  Work start(Op op) override {
+    const bool dev = on_device(op);
+    // Until the first CUDA tensor, nothing is staged: straight through.
+    if (!dev && !used_.load(std::memory_order_acquire)) return inner_->start(std::move(op));
+    std::lock_guard lk(mu_);
+    if (!dev && queue_.empty() && !busy_) return inner_->start(renumbered(std::move(op), 0));
+    used_.store(true, std::memory_order_release);
+    auto w = std::make_shared<StagedWork>(op.desc, ctx_.launch.rank,
+                                          2 * ctx_.launch.timeout + std::chrono::seconds(1));
+    queue_.push_back({std::move(op), w, dev ? cuda_stream() : nullptr});
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    cv_.notify_one();
+    return Work(w);
+  }
+
+  std::unique_ptr<Backend> split(const SplitPlan& plan) override {
+    auto b = inner_->split(plan);
+    if (!b) return nullptr;
+    return std::make_unique<Staged>(std::move(b), api_, plan.context);
+  }
+
+  void abort(const Error& e) override {
+    inner_->abort(e);
+    fail_queued(e);
+  }
+
+  void shutdown() override {
+    stop_thread();
+    inner_->shutdown();
+    std::lock_guard lk(mu_);
+    if (stream_) {
+      api_->destroy_event(ready_);
+      api_->destroy_event(copied_);
+      for (int i = 0; i < 2; ++i) {
+        api_->destroy_event(piece_[i]);
+        api_->destroy_event(back_[i]);
+      }
+      api_->destroy_stream(stream_);
+      stream_ = nullptr;
+    }
+    bufs_[0] = Pinned();
+    bufs_[1] = Pinned();
+  }
+
+  std::shared_ptr<void> allocate(size_t bytes) override { return inner_->allocate(bytes); }
+
+ private:
+  // Collectives are numbered on from the caller's number by the pieces
+  // staged so far; `piece` is this one's place in its operation.
+  Op renumbered(Op op, uint32_t piece) const {
+    if (!op.p2p()) op.desc.seq += extra_ + piece;
+    return op;
+  }
+
+  void loop() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Job j = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lk.unlock();
+      run(j);
+      lk.lock();
+      busy_ = false;
+    }
+  }
+
+  void run(Job& j) {
+    const Op& op = j.op;
+    try {
+      if (!on_device(op)) {
+        Op inner_op;
+        {
+          std::lock_guard lk(mu_);
+          inner_op = renumbered(op, 0);
+        }
+        chain(inner_->start(std::move(inner_op)), j.done);
+        return;
+      }
+      setup();
+      switch (op.desc.op) {
+        case OpKind::allreduce:
+        case OpKind::broadcast:
+          return pieces(j);
+        case OpKind::p2p:
+          return p2p(j);
+        default:
+          return whole(j);
+      }
+    } catch (const Error& e) {
+      Error err(e.code(),
+                j.done->description() + " (a CUDA tensor staged through host memory): " + e.what());
+      // The peers may be inside the inner operation already: failing the
+      // communicator tells them, instead of leaving them to their deadline.
+      if (ctx_.failure->set(err)) inner_->abort(err);
+      j.done->finish(err);
+    }
+  }
+
+  // Ends `done` as `w` ends.
+  static void chain(const Work& w, const std::shared_ptr<StagedWork>& done) {
+    w.completion()->on_complete([w, done] { done->finish(w.error()); });
+  }
+
+  void setup() {
+    std::lock_guard lk(mu_);
+    if (stream_) return;
+    std::string why;
+    if (api_->device_count(&why) <= 0)
+      throw Error(ErrorCode::unavailable, "no CUDA device can be used: " + why);
+    stream_ = api_->create_stream();
+    ready_ = api_->create_event();
+    copied_ = api_->create_event();
+    for (int i = 0; i < 2; ++i) {
+      piece_[i] = api_->create_event();
+      back_[i] = api_->create_event();
+    }
+  }
+
+  Clock::time_point deadline() const { return Clock::now() + ctx_.launch.timeout; }
+
+  // Waits on the host until the work before `e` on its stream is done.
+  void wait_event(Event e, Clock::time_point until) {
+    auto step = std::chrono::microseconds(5);
+    while (!api_->query(e)) {
+      if (Clock::now() >= until)
+        throw Error(ErrorCode::timeout, "the device did not finish a staging copy within " +
+                                            std::to_string(ctx_.launch.timeout.count()) + " ms");
+      std::this_thread::sleep_for(step);
+      step = std::min<std::chrono::microseconds>(step * 2, std::chrono::milliseconds(1));
+    }
+  }
+
+  // The staging stream starts after what the caller queued on its stream.
+  void after_caller(const Job& j) {
+    api_->record(ready_, j.after);
+    api_->stream_wait(stream_, ready_);
+  }
+
+  // All-reduce and broadcast, piece by piece through two pinned buffers.
+  void pieces(Job& j) {
+    const Op& op = j.op;
+    const size_t es = dtype_size(op.desc.dtype);
+    const size_t per = std::max<size_t>(1, chunk_bytes_ / es);
+    const size_t n = op.in.numel;
+    const size_t count = std::max<size_t>(1, (n + per - 1) / per);
+    const size_t buf_bytes = std::min(n, per) * es;
+    for (auto& b : bufs_)
+      if (b.size() < buf_bytes) b = Pinned(*api_, buf_bytes);
+    // A broadcast's input matters only on its root.
+    const bool send_in = op.desc.op == OpKind::allreduce || op.desc.tag == ctx_.launch.rank;
+    const auto until = deadline();
+    auto len = [&](size_t k) { return std::min(per, n - k * per); };
+    auto to_host = [&](size_t k) {
+      if (!send_in || n == 0) return;
+      api_->copy_async(bufs_[k % 2].get(), static_cast<const char*>(op.in.data) + k * per * es,
+                       len(k) * es, stream_);
+      api_->record(piece_[k % 2], stream_);
+    };
+    after_caller(j);
+    to_host(0);
+    for (size_t k = 0; k < count; ++k) {
+      // Queued behind the copy back of piece k-1, which used this buffer.
+      if (k + 1 < count) to_host(k + 1);
+      if (send_in && n > 0) wait_event(piece_[k % 2], until);
+      // The copy back of piece k-2 read this buffer (a broadcast's
+      // receivers have no copy in to wait for that).
+      if (!send_in && k >= 2) wait_event(back_[k % 2], until);
+      Op piece = op;
+      piece.desc.count = n == 0 ? 0 : len(k);
+      piece.in = piece.out =
+          TensorView{bufs_[k % 2].get(), op.desc.dtype, n == 0 ? 0 : len(k), Device::cpu()};
+      {
+        std::lock_guard lk(mu_);
+        piece = renumbered(std::move(piece), static_cast<uint32_t>(k));
+      }
+      inner_->start(std::move(piece)).wait();
+      if (n > 0) {
+        api_->copy_async(static_cast<char*>(op.out.data) + k * per * es, bufs_[k % 2].get(),
+                         len(k) * es, stream_);
+        api_->record(back_[k % 2], stream_);
+      }
+    }
+    {
+      std::lock_guard lk(mu_);
+      extra_ += static_cast<uint32_t>(count - 1);
+    }
+    api_->record(copied_, stream_);
+    wait_event(copied_, until);
+    j.done->finish(std::nullopt);
+  }
+
+  // All-gather and reduce-scatter: the whole tensor, in and out.
+  void whole(Job& j) {
+    const Op& op = j.op;
+    const auto until = deadline();
+    Pinned in(*api_, op.in.nbytes()), out(*api_, op.out.nbytes());
+    after_caller(j);
+    api_->copy_async(in.get(), op.in.data, op.in.nbytes(), stream_);
+    api_->record(copied_, stream_);
+    wait_event(copied_, until);
+    Op staged = op;
+    staged.in = TensorView{in.get(), op.in.dtype, op.in.numel, Device::cpu()};
+    staged.out = TensorView{out.get(), op.out.dtype, op.out.numel, Device::cpu()};
+    {
+      std::lock_guard lk(mu_);
+      staged = renumbered(std::move(staged), 0);
+    }
+    inner_->start(std::move(staged)).wait();
+    api_->copy_async(op.out.data, out.get(), op.out.nbytes(), stream_);
+    api_->record(copied_, stream_);
+    wait_event(copied_, until);
+    j.done->finish(std::nullopt);
+  }
+
+  // A send or receive: staged, not waited for here, so that the next one
+  // joins it in the inner backend's batch.
+  void p2p(Job& j) {
+    const Op& op = j.op;
+    auto buf = std::make_shared<Pinned>(*api_, op.in.nbytes());
+    Op staged = op;
+    staged.in = staged.out = TensorView{buf->get(), op.in.dtype, op.in.numel, Device::cpu()};
+    if (op.is_send) {
+      after_caller(j);
+      api_->copy_async(buf->get(), op.in.data, op.in.nbytes(), stream_);
+      api_->record(copied_, stream_);
+      wait_event(copied_, deadline());
+      Work w = inner_->start(std::move(staged));
+      w.completion()->on_complete([w, buf, done = j.done] { done->finish(w.error()); });
+      return;
+    }
+    Work w = inner_->start(std::move(staged));
+    // The copy back runs where the receive ends (the inner backend's
+    // continuation thread, which the inner backend's shutdown drains before
+    // this backend frees the stream), with an event of its own.
+    auto api = api_;
+    Stream stream = stream_;
+    w.completion()->on_complete([w, buf, api, stream, op, done = j.done] {
+      if (auto e = w.error()) return done->finish(e);
+      Event ev = nullptr;
+      try {
+        ev = api->create_event();
+        api->copy_async(op.out.data, buf->get(), op.out.nbytes(), stream);
+        api->record(ev, stream);
+        while (!api->query(ev)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        done->finish(std::nullopt);
+      } catch (const Error& e) {
+        done->finish(Error(
+            e.code(), done->description() + ": copying the message to the device: " + e.what()));
+      }
+      if (ev) api->destroy_event(ev);
+    });
+  }
+
+  void fail_queued(const Error& e) {
+    std::deque<Job> q;
+    {
+      std::lock_guard lk(mu_);
+      q.swap(queue_);
+    }
+    for (Job& j : q)
+      j.done->finish(Error(
+          e.code(), j.done->description() + " cannot run: the communicator failed: " + e.what()));
+  }
+
+  void stop_thread() {
+    std::thread t;
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+      cv_.notify_all();
+      t = std::move(thread_);
+    }
+    fail_queued(Error(ErrorCode::unavailable, "the communicator was destroyed"));
+    if (t.joinable()) t.join();
+  }
+
+  std::unique_ptr<Backend> inner_;
+  std::shared_ptr<Api> api_;
+  const BackendContext ctx_;
+  const size_t chunk_bytes_;
+
+  mutable std::once_flag probed_;
+  mutable int devices_ = 0;
+  std::atomic<bool> used_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  uint32_t extra_ = 0;  // pieces beyond one per staged collective, so far
+  std::thread thread_;
+
+  // The staging thread's (made at the first CUDA tensor).
+  Stream stream_ = nullptr;
+  Event ready_ = nullptr, copied_ = nullptr;
+  Event piece_[2] = {nullptr, nullptr};  // after each buffer's copy in
+  Event back_[2] = {nullptr, nullptr};   // after each buffer's copy back
+  Pinned bufs_[2];
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_staged(std::unique_ptr<Backend> inner, std::shared_ptr<Api> api,
+                                     const BackendContext& ctx) {
+  return std::make_unique<Staged>(std::move(inner), std::move(api), ctx);
+}
+
+}  // namespace collie::cuda

@@ -1,0 +1,32 @@
+// comm/cuda/staged_backend.h: CUDA tensors on the host backends (tcp, shm,
+// hier, mpi), staged through pinned host memory.
+//
+// connect() puts this around a host backend whenever a CUDA API is there
+// (a build with CUDA, or a test's fake device); it touches the device only
+// when the first CUDA tensor comes. Host tensors go straight to the inner
+// backend, unchanged, until then; afterwards they keep their place in
+// order behind the staged operations.
+//
+// An all-reduce or broadcast of a CUDA tensor runs in pieces of
+// COLLIE_CUDA_CHUNK bytes through two pinned buffers: the device-to-host
+// copy of piece k+1 runs on the staging stream while the inner backend
+// moves piece k, and each result is copied back on the same stream. Every
+// piece is an operation of the inner backend, numbered on from the
+// caller's (every rank cuts the same pieces, so the numbers agree). The
+// other collectives stage the whole tensor at once; sends and receives
+// stage theirs and do not hold the queue, so a pairwise exchange still
+// progresses as one batch. The Work is a host completion: wait_on(stream)
+// waits on the host.
+#pragma once
+
+#include <memory>
+
+#include "comm/backend.h"
+#include "comm/cuda/cuda_api.h"
+
+namespace collie::cuda {
+
+std::unique_ptr<Backend> make_staged(std::unique_ptr<Backend> inner, std::shared_ptr<Api> api,
+                                     const BackendContext& ctx);
+
+}  // namespace collie::cuda
