@@ -42,6 +42,7 @@
 #include "comm/core/element.h"
 #include "comm/core/reduce.h"
 #include "comm/core/topology.h"
+#include "comm/cuda/cuda_api.h"
 #include "schedule.h"
 
 namespace {
@@ -86,6 +87,7 @@ struct Args {
   int check = 1;
   int in_place = 0;
   int comm_memory = 0;  // buffers from Communicator::allocate
+  bool cuda = false;    // --device cuda: buffers in device memory
   collie::DType dtype = collie::DType::f32;
   collie::ReduceOp op = collie::ReduceOp::sum;
   std::string algo = "auto";
@@ -114,6 +116,9 @@ constexpr const char* kUsage =
     "  -M, --comm-memory 0|1    buffers from the communicator's own memory\n"
     "                           (Communicator::allocate; on shm an in-place all-reduce\n"
     "                           then reads the peers' buffers directly; default 0)\n"
+    "  -D, --device cpu|cuda    where the buffers are (default cpu); cuda: device memory\n"
+    "                           on GPU rank % GPUs, moved by nccl (-B nccl) or staged\n"
+    "                           through pinned host memory by the host backends\n"
     "  -a, --algo A             auto ring rd (default auto: the cost model picks)\n"
     "  -B, --backend NAME       auto tcp ... (default auto)\n"
     "      --plot FILE.png      draw busbw and time against size (needs gnuplot)\n"
@@ -216,6 +221,10 @@ Args parse(int argc, char** argv) {
       a.check = parse_int(f, value(), 0, 1, "0 (do not check) or 1 (check every result)");
     } else if (f == "-M" || f == "--comm-memory") {
       a.comm_memory = parse_int(f, value(), 0, 1, "0 (ordinary memory) or 1 (the communicator's)");
+    } else if (f == "-D" || f == "--device") {
+      const std::string d = value();
+      if (d != "cpu" && d != "cuda") throw UsageError(f + " '" + d + "' is not cpu or cuda");
+      a.cuda = d == "cuda";
     } else if (f == "-i" || f == "--inplace") {
       a.in_place = parse_int(f, value(), 0, 1, "0 (out of place) or 1 (in place)");
     } else if (f == "-d" || f == "--datatype") {
@@ -483,11 +492,11 @@ int main(int argc, char** argv) {
       std::printf("# host: %s; COLLIE_BIND=%s; CPUs per rank: %s\n",
                   collie::topology::describe_host().c_str(),
                   collie::config::bind(collie::config::process_env()).c_str(), bindings.c_str());
-      std::printf("# collie-bench: %s, %d ranks, backend %s, %s, %s, %s\n", name(a.coll), n,
-                  comm->backend().c_str(), dtype.c_str(), redop.c_str(),
-                  a.in_place
-                      ? (a.comm_memory ? "in place, communicator memory" : "in place")
-                      : (a.comm_memory ? "out of place, communicator memory" : "out of place"));
+      std::printf(
+          "# collie-bench: %s, %d ranks, backend %s%s, %s, %s, %s\n", name(a.coll), n,
+          comm->backend().c_str(), a.cuda ? ", CUDA buffers" : "", dtype.c_str(), redop.c_str(),
+          a.in_place ? (a.comm_memory ? "in place, communicator memory" : "in place")
+                     : (a.comm_memory ? "out of place, communicator memory" : "out of place"));
       std::printf(
           "# %d warm-up ops, then %d samples per size (a barrier and 10 back-to-back ops up to "
           "64 KiB, else 1); time = median sample of the slowest rank, best = fastest sample; "
@@ -508,7 +517,30 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> in_vec, out_vec;
     std::shared_ptr<void> in_mem, out_mem;
     uint8_t *in, *out;
-    if (a.comm_memory) {
+    // --device cuda: the buffers on the device; in_vec and out_vec mirror
+    // them on the host, for filling and checking (outside the timing).
+    collie::Device device = collie::Device::cpu();
+    std::shared_ptr<collie::cuda::Api> gpu;
+    if (a.cuda) {
+      gpu = collie::cuda::device_api();
+      if (!gpu)
+        throw collie::Error(collie::ErrorCode::unavailable,
+                            "--device cuda: this build of collie has no CUDA");
+      std::string why;
+      const int devices = gpu->device_count(&why);
+      if (devices <= 0)
+        throw collie::Error(collie::ErrorCode::unavailable,
+                            "--device cuda: no GPU can be used: " + why);
+      device = collie::Device::cuda(rank % devices);
+      gpu->set_device(device.index);
+      collie::cuda::Api* g = gpu.get();
+      in_mem = std::shared_ptr<void>(g->device_alloc(room), [g](void* p) { g->device_free(p); });
+      out_mem = std::shared_ptr<void>(g->device_alloc(room), [g](void* p) { g->device_free(p); });
+      in = static_cast<uint8_t*>(in_mem.get());
+      out = static_cast<uint8_t*>(out_mem.get());
+      in_vec.resize(room);
+      out_vec.resize(room);
+    } else if (a.comm_memory) {
       in_mem = comm->allocate(room);
       out_mem = comm->allocate(room);
       in = static_cast<uint8_t*>(in_mem.get());
@@ -539,7 +571,23 @@ int main(int argc, char** argv) {
       const size_t count = split ? block * n : std::max<size_t>(1, bytes / es);
       const size_t nbytes = count * es;
       auto view = [&](uint8_t* v, size_t first, size_t len) {
-        return collie::TensorView{v + first * es, a.dtype, len, collie::Device::cpu()};
+        return collie::TensorView{v + first * es, a.dtype, len, device};
+      };
+      // The host mirror of a view's memory (the view itself on the CPU).
+      auto host_of = [&](const collie::TensorView& t) -> uint8_t* {
+        auto* p = static_cast<uint8_t*>(t.data);
+        if (!a.cuda) return p;
+        return p >= out && p < out + room ? out_vec.data() + (p - out) : in_vec.data() + (p - in);
+      };
+      auto to_device = [&](const collie::TensorView& t) {
+        if (!a.cuda) return;
+        gpu->copy_async(t.data, host_of(t), t.nbytes(), nullptr);
+        gpu->synchronize(nullptr);
+      };
+      auto to_host = [&](const collie::TensorView& t) {
+        if (!a.cuda) return;
+        gpu->copy_async(host_of(t), t.data, t.nbytes(), nullptr);
+        gpu->synchronize(nullptr);
       };
       // Where this rank's input is and where its result lands, in place
       // (nccl-tests' layout: the all-gather's input is this rank's block of
@@ -556,7 +604,8 @@ int main(int argc, char** argv) {
       // The inputs: each rank's contribution(rank, i) at element i.
       auto fill = [&] {
         for (size_t i = 0; i < source.numel; ++i)
-          collie::put_element(a.dtype, source.data, i, contribution(rank, i));
+          collie::put_element(a.dtype, host_of(source), i, contribution(rank, i));
+        to_device(source);
       };
       auto run_once = [&]() -> collie::Work {
         switch (a.coll) {
@@ -596,6 +645,7 @@ int main(int argc, char** argv) {
       if (a.check) {
         fill();
         run_once().wait();
+        to_host(result);
         // What this rank must hold at element i of its result.
         auto want_at = [&](size_t i) -> double {
           switch (a.coll) {
@@ -618,7 +668,7 @@ int main(int argc, char** argv) {
               reduces(a.coll) && collie::is_floating(a.dtype) && a.op == collie::ReduceOp::avg
                   ? std::abs(want) * (a.dtype == collie::DType::bf16 ? 8e-3 : 1e-3)
                   : 0;
-          if (std::abs(collie::get_element(a.dtype, result.data, i) - want) > tol) ++wrong;
+          if (std::abs(collie::get_element(a.dtype, host_of(result), i) - want) > tol) ++wrong;
         }
         comm->allreduce(collie::view_of(&wrong, 1), collie::ReduceOp::sum).wait();
       }

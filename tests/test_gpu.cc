@@ -74,8 +74,8 @@ TEST(Kernels, ConvertMatchesItsCpuTwinBitForBit) {
             std::vector<unsigned char> poison(out.bytes, 0xFF);
             out.put(poison.data());
             const size_t so = offset * dtype_size(st), d_o = offset * dtype_size(dt);
-            gpu::convert(st, static_cast<char*>(in.p) + so, dt, static_cast<char*>(out.p) + d_o,
-                         n, divisor, nullptr);
+            gpu::convert(st, static_cast<char*>(in.p) + so, dt, static_cast<char*>(out.p) + d_o, n,
+                         divisor, nullptr);
             auto got = out.get();
             std::vector<unsigned char> want(n * dtype_size(dt));
             kernels::convert(st, host_in.data() + so, dt, want.data(), n, divisor);

@@ -28,6 +28,15 @@ expect_usage_error "-d 'f8' is not a dtype: f32 f64 f16 bf16 i32 i64 u8" -d f8
 expect_usage_error "-o avg is not defined on -d i32" -d i32 -o avg
 expect_usage_error "unknown option '--bogus'" --bogus
 expect_usage_error "-c '2': 0 (do not check) or 1 (check every result)" -c 2
+expect_usage_error "-D 'gpu' is not cpu or cuda" -D gpu
+# --device cuda without a GPU (here, and in CI) says why, on every rank.
+out=$("$run" -n 2 "$bench" --device cuda -b 8 -e 64 -n 1 2>&1); rc=$?
+if [ $rc = 0 ]; then
+  grep -q "CUDA buffers" <<<"$out" || fail "--device cuda ran without saying so: $out"
+else
+  grep -qE "unavailable error: --device cuda: (no GPU can be used|this build of collie has no CUDA)" \
+    <<<"$out" || fail "--device cuda without a GPU: $out"
+fi
 
 out=$("$bench" --help 2>/tmp/collie_bench_help_err.$$); rc=$?
 [ $rc = 0 ] || fail "--help exited $rc"
