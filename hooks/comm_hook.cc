@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "comm/core/reduce.h"
+#include "comm/cuda/cuda_api.h"
 #include "hooks/post_local_sgd.h"
 #include "hooks/powersgd.h"
+#include "kernels/kernels.h"
 
 namespace collie {
 
@@ -27,6 +29,12 @@ Error bad_spec(const std::string& msg) {
 
 // --- arithmetic ------------------------------------------------------------
 
+void check_pair(const TensorView& a, const TensorView& b) {
+  if (a.numel != b.numel) throw bad_spec("compression buffers differ in size");
+  if (!is_floating(a.dtype) || !is_floating(b.dtype))
+    throw bad_spec("compression needs floating-point gradients");
+}
+
 class CpuHookMath final : public HookMath {
  public:
   void compress(TensorView src, TensorView dst, int divisor) override {
@@ -40,12 +48,26 @@ class CpuHookMath final : public HookMath {
 
  private:
   static void check(const TensorView& a, const TensorView& b) {
-    if (a.numel != b.numel) throw bad_spec("compression buffers differ in size");
-    if (!is_floating(a.dtype) || !is_floating(b.dtype))
-      throw bad_spec("compression needs floating-point gradients");
+    check_pair(a, b);
     if (!a.device.is_cpu() || !b.device.is_cpu())
-      throw Error(ErrorCode::unavailable,
-                  "comm hook: CUDA buffers need the CUDA hook math (not built)");
+      throw Error(ErrorCode::invalid_argument, "comm hook: the CPU hook math got a CUDA buffer");
+  }
+};
+
+// On CUDA buffers, with the kernels (kernels/): queued on the calling
+// thread's current stream, which the collective that follows is ordered
+// after; decompress, the last step, waits for its kernel, so that the
+// bucket holds the result when the hook's Work ends.
+class CudaHookMath final : public HookMath {
+ public:
+  void compress(TensorView src, TensorView dst, int divisor) override {
+    check_pair(src, dst);
+    gpu::convert(src.dtype, src.data, dst.dtype, dst.data, src.numel, divisor, cuda_stream());
+  }
+  void decompress(TensorView src, TensorView dst) override {
+    check_pair(src, dst);
+    gpu::convert(src.dtype, src.data, dst.dtype, dst.data, src.numel, 1, cuda_stream());
+    if (auto api = cuda::device_api()) api->synchronize(cuda_stream());
   }
 };
 
@@ -83,10 +105,8 @@ class CompressHook final : public CommHook {
   }
 
   Work run(Communicator& comm, GradBucket& b) override {
-    auto& buf = scratch_[b.index];
-    buf.resize(b.buffer.numel * 2);
-    TensorView small{buf.data(), narrow_, b.buffer.numel, Device::cpu()};
-    HookMath& math = cpu_hook_math();
+    TensorView small{scratch(b), narrow_, b.buffer.numel, b.buffer.device};
+    HookMath& math = hook_math_for(b.buffer.device);
     TensorView full = b.buffer;
     Work w;
     if (!inner_) {
@@ -106,7 +126,7 @@ class CompressHook final : public CommHook {
     }
     return w.then([small, full](const Work& done) {
       if (auto e = done.error()) throw *e;
-      cpu_hook_math().decompress(small, full);
+      hook_math_for(full.device).decompress(small, full);
     });
   }
 
@@ -125,7 +145,36 @@ class CompressHook final : public CommHook {
  private:
   DType narrow_;
   std::unique_ptr<CommHook> inner_;
+  // The compressed bucket's memory, per bucket, reused every iteration: on
+  // the bucket's device.
+  void* scratch(const GradBucket& b) {
+    const size_t bytes = b.buffer.numel * 2;
+    if (b.buffer.device.is_cpu()) {
+      auto& buf = scratch_[b.index];
+      buf.resize(bytes);
+      return buf.data();
+    }
+    auto& d = device_scratch_[b.index];
+    if (d.bytes < bytes || !d.mem) {
+      auto api = cuda::device_api();
+      if (!api)
+        throw Error(ErrorCode::unavailable, "comm hook " + name() + ": bucket " +
+                                                std::to_string(b.index) +
+                                                " is on CUDA, and this build has no CUDA");
+      cuda::Api* a = api.get();
+      d.mem = std::shared_ptr<void>(a->device_alloc(bytes ? bytes : 1),
+                                    [api](void* p) { api->device_free(p); });
+      d.bytes = bytes;
+    }
+    return d.mem.get();
+  }
+
+  struct DeviceScratch {
+    std::shared_ptr<void> mem;
+    size_t bytes = 0;
+  };
   std::map<size_t, std::vector<uint8_t>> scratch_;  // per bucket, reused every iteration
+  std::map<size_t, DeviceScratch> device_scratch_;
 };
 
 // --- registry ---------------------------------------------------------------
@@ -218,6 +267,11 @@ bool hook_param_bool(const HookParams& p, const std::string& hook, const std::st
 HookMath& cpu_hook_math() {
   static CpuHookMath m;
   return m;
+}
+
+HookMath& hook_math_for(const Device& d) {
+  static CudaHookMath cuda;
+  return d.is_cpu() ? cpu_hook_math() : cuda;
 }
 
 void register_comm_hook(const std::string& name, std::vector<std::string> params,

@@ -11,7 +11,7 @@
 // (or ReducerOptions::comm_hook, or collie_reducer_options.comm_hook in C).
 // A hook owns its state and can save and load it, so a resumed job goes on
 // exactly where it stopped. The arithmetic of the built-in hooks goes through
-// HookMath, which a CUDA twin will implement for device buffers.
+// HookMath, which the CUDA kernels implement for device buffers.
 #pragma once
 
 #include <atomic>
@@ -94,5 +94,8 @@ struct HookMath {
   virtual void decompress(TensorView src, TensorView dst) = 0;
 };
 HookMath& cpu_hook_math();
+// The hook math for buffers on `d`: the CPU's, or the CUDA kernels'
+// (kernels/; Error{unavailable} from each call in a build without CUDA).
+HookMath& hook_math_for(const Device& d);
 
 }  // namespace collie

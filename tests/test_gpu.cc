@@ -6,6 +6,7 @@
 // it (docs/architecture.md, "GPUs").
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -16,6 +17,7 @@
 #include "comm/core/reduce.h"
 #include "comm/cuda/cuda_api.h"
 #include "comm/nccl/nccl_api.h"
+#include "hooks/comm_hook.h"
 #include "kernels/kernels.h"
 
 using namespace collie;
@@ -173,6 +175,63 @@ TEST(NcclOnGpu, EveryCollectiveMatchesASerialReference) {
     Work s = comm->send(v.slice(0, 64), (r + 1) % n);
     Work q = comm->recv(pv, (r + n - 1) % n);
     wait_all({s, q});
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// The fp16 hook on a CUDA bucket: the kernels compress and decompress, the
+// communicator (nccl) sums in f16; against the same steps on the host.
+TEST(HooksOnGpu, Fp16CompressionOfACudaBucketMatchesTheHostSteps) {
+  REQUIRE_GPU(api);
+  if (!nccl::library()) GTEST_SKIP() << "this build of collie has no NCCL";
+  auto comm = nccl_comm();
+  const int n = comm->size(), r = comm->rank();
+  const size_t count = 100003;
+  std::vector<float> h(count);
+  for (size_t i = 0; i < count; ++i) h[i] = static_cast<float>((i % 101) * 0.37 + r);
+  DeviceBuf d(*api, count * sizeof(float));
+  d.put(h.data());
+  GradBucket b;
+  b.buffer = TensorView{d.p, DType::f32, count, Device::cuda(0)};
+  b.grads = {b.buffer};
+  auto hook = make_comm_hook("fp16");
+  hook->run(*comm, b).wait();
+  auto got = d.get();
+  std::vector<float> g(count);
+  std::memcpy(g.data(), got.data(), got.size());
+  for (size_t i = 0; i < count; ++i) {
+    float sum = 0;  // each rank's x / n in f16, summed, then rounded to f16
+    for (int q = 0; q < n; ++q)
+      sum += kernels::half_to_float(
+          kernels::float_to_half(static_cast<float>((i % 101) * 0.37 + q) / n));
+    const float want = kernels::half_to_float(kernels::float_to_half(sum));
+    ASSERT_NEAR(g[i], want, 2e-3f * std::fabs(want) + 1e-3f) << i;
+  }
+}
+
+// Where no GPU can be used, a CUDA bucket is an error that says so, not a
+// crash in the hook's arithmetic.
+TEST(HooksOnGpu, ACudaBucketWithoutAGpuIsAnErrorThatSaysSo) {
+  if (auto api = cuda::runtime(); api && api->device_count(nullptr) > 0)
+    GTEST_SKIP() << "a GPU is here: the test above covers CUDA buckets";
+  Options o;
+  o.rank = 0;
+  o.world_size = 1;
+  o.backend = "tcp";
+  auto comm = connect(o);
+  std::vector<float> x(64, 1.f);
+  GradBucket b;
+  b.buffer = TensorView{x.data(), DType::f32, x.size(), Device::cuda(0)};
+  b.grads = {b.buffer};
+  auto hook = make_comm_hook("fp16");
+  try {
+    hook->run(*comm, b).wait();
+    FAIL() << "a CUDA bucket ran without a GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
   }
 }
 
