@@ -102,9 +102,14 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   std::unique_ptr<Backend> backend = entry.create(ctx);
   // A host backend takes CUDA tensors too, staged through pinned memory,
   // where this build has CUDA (the device is touched only when one comes).
+  // Where NCCL is built, they go to an NCCL communicator made beside it.
   if (backend->accepts(Device::cpu()))
-    if (auto api = cuda::device_api())
-      backend = cuda::make_staged(std::move(backend), std::move(api), ctx);
+    if (auto api = cuda::device_api()) {
+      cuda::DeviceFactory nccl;
+      for (const BackendEntry& e : backend_registry())
+        if (std::string_view(e.name) == "nccl" && e.built) nccl = e.create;
+      backend = cuda::make_staged(std::move(backend), std::move(api), ctx, std::move(nccl));
+    }
   return make_front(ctx, std::move(backend));
 }
 

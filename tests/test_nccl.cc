@@ -18,6 +18,7 @@
 
 #include "collie/comm.h"
 #include "comm/core/reduce.h"
+#include "comm/cuda/staged_backend.h"
 #include "comm/front.h"
 #include "comm/nccl/nccl_backend.h"
 #include "fake_device.h"
@@ -38,6 +39,11 @@ class Job {
         key("test/nccl/" + std::to_string(next_key++)) {}
 
   std::unique_ptr<Communicator> connect(int rank) {
+    BackendContext ctx = context(rank);
+    return make_front(ctx, nccl::make_backend(ctx, {cuda, nccl}));
+  }
+
+  BackendContext context(int rank) {
     BackendContext ctx;
     ctx.launch.rank = rank;
     ctx.launch.world_size = n;
@@ -49,7 +55,8 @@ class Job {
     ctx.key = key;
     ctx.failure = std::make_shared<FailureLatch>();
     ctx.env = [](const char*) -> const char* { return nullptr; };
-    return make_front(ctx, nccl::make_backend(ctx, {cuda, nccl}));
+    ctx.listen_host = "127.0.0.1";
+    return ctx;
   }
 
   // fn(rank) on n threads; an exception that escapes fails the test.
@@ -530,6 +537,70 @@ TEST(Nccl, ADeviceErrorFailsTheOperationWithCudasMessage) {
     EXPECT_NE(std::string(e.what()).find("illegal memory access"), std::string::npos) << e.what();
   }
   job.cuda->fail_queries = false;
+}
+
+// A host communicator with CUDA API there: its CUDA tensors go to an NCCL
+// communicator made beside it at the first one (COLLIE_CUDA_BACKEND=auto),
+// its host tensors to tcp; or, with COLLIE_CUDA_BACKEND=staged, everything
+// to tcp, the CUDA tensors staged through host memory.
+class Route : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Route, CudaTensorsGoToNcclOrAreStagedAndHostTensorsToTcp) {
+  const std::string route = GetParam();
+  Job job(3);
+  job.run([&](int r) {
+    BackendContext ctx = job.context(r);
+    ctx.env = [route](const char* name) -> const char* {
+      return std::string(name) == "COLLIE_CUDA_BACKEND" ? route.c_str() : nullptr;
+    };
+    auto inner = pick_backend("tcp", ctx.launch).create(ctx);
+    auto comm = make_front(
+        ctx, cuda::make_staged(std::move(inner), job.cuda, ctx, [&](const BackendContext& c) {
+          return nccl::make_backend(c, {job.cuda, job.nccl});
+        }));
+    EXPECT_EQ(comm->backend(), "tcp");
+    // Host and CUDA tensors back to back, waited for at the end.
+    std::vector<std::vector<double>> bufs(6, std::vector<double>(3000));
+    std::vector<Work> works;
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      for (size_t i = 0; i < bufs[k].size(); ++i) bufs[k][i] = value(r, i + k);
+      TensorView t = view_of(bufs[k].data(), bufs[k].size());
+      if (k % 2 == 0) t.device = Device::cuda(0);
+      works.push_back(comm->allreduce(t, ReduceOp::sum));
+    }
+    wait_all(works);
+    for (size_t k = 0; k < bufs.size(); ++k)
+      for (size_t i = 0; i < bufs[k].size(); ++i)
+        ASSERT_EQ(bufs[k][i], reference(ReduceOp::sum, 3, i + k)) << "buffer " << k;
+  });
+  if (route == "staged") {
+    EXPECT_EQ(job.nccl->inits.load(), 0);
+  } else {
+    EXPECT_EQ(job.nccl->inits.load(), 3) << "one NCCL communicator per rank";
+    EXPECT_EQ(job.nccl->launches.load(), 9) << "the three CUDA all-reduces of each rank";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Nccl, Route, ::testing::Values("auto", "nccl", "staged"));
+
+TEST(Nccl, AskingForNcclWhereThereIsNoneIsAnErrorAtTheFirstCudaTensor) {
+  Job job(1);
+  BackendContext ctx = job.context(0);
+  ctx.env = [](const char* name) -> const char* {
+    return std::string(name) == "COLLIE_CUDA_BACKEND" ? "nccl" : nullptr;
+  };
+  auto inner = pick_backend("tcp", ctx.launch).create(ctx);
+  auto comm = make_front(ctx, cuda::make_staged(std::move(inner), job.cuda, ctx, {}));
+  std::vector<float> x(4, 1.f);
+  TensorView t = view_of(x.data(), x.size());
+  comm->allreduce(t, ReduceOp::sum).wait();  // host tensors are fine
+  t.device = Device::cuda(0);
+  Work w = comm->allreduce(t, ReduceOp::sum);
+  ASSERT_TRUE(w.error());
+  EXPECT_NE(
+      std::string(w.error()->what()).find("COLLIE_CUDA_BACKEND=nccl, but this build has no NCCL"),
+      std::string::npos)
+      << w.error()->what();
 }
 
 }  // namespace

@@ -312,6 +312,14 @@ ShmTuning shm_tuning(const Env& raw) {
   return t;
 }
 
+std::string cuda_route(const Env& env) {
+  const char* v = env("COLLIE_CUDA_BACKEND");
+  std::string r = v && *v ? v : "auto";
+  if (r != "auto" && r != "nccl" && r != "staged")
+    throw bad("COLLIE_CUDA_BACKEND='" + r + "': choose auto, nccl or staged");
+  return r;
+}
+
 size_t cuda_chunk_bytes(const Env& env) {
   size_t bytes = 4 << 20;
   if (auto v = parse_int("COLLIE_CUDA_CHUNK", env("COLLIE_CUDA_CHUNK"))) {

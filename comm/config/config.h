@@ -82,6 +82,12 @@ ShmTuning shm_tuning(const Env& env);
 // one piece overlaps the transfer of the one before). Default 4 MiB.
 size_t cuda_chunk_bytes(const Env& env);
 
+// COLLIE_CUDA_BACKEND: how a host communicator moves CUDA tensors:
+// "nccl" (an NCCL communicator beside it, made at the first CUDA tensor),
+// "staged" (through pinned host memory), or "auto" (the default: nccl where
+// this build has it and the rendezvous has a store, else staged).
+std::string cuda_route(const Env& env);
+
 // Settings of the MPI backend.
 struct MpiSettings {
   int spin_us = -1;  // COLLIE_SPIN_US: test without pausing this long; -1: auto

@@ -69,11 +69,14 @@ struct Job {
 
 class Staged final : public Backend {
  public:
-  Staged(std::unique_ptr<Backend> inner, std::shared_ptr<Api> api, const BackendContext& ctx)
+  Staged(std::unique_ptr<Backend> inner, std::shared_ptr<Api> api, const BackendContext& ctx,
+         DeviceFactory make_device)
       : inner_(std::move(inner)),
         api_(std::move(api)),
         ctx_(ctx),
-        chunk_bytes_(config::cuda_chunk_bytes(ctx.env)) {}
+        chunk_bytes_(config::cuda_chunk_bytes(ctx.env)),
+        route_(config::cuda_route(ctx.env)),
+        make_device_(std::move(make_device)) {}
 
   ~Staged() override { stop_thread(); }
 
@@ -87,6 +90,7 @@ class Staged final : public Backend {
 
   Work start(Op op) override {
     const bool dev = on_device(op);
+    if (dev && to_device_backend()) return device_start(std::move(op));
     // Until the first CUDA tensor, nothing is staged: straight through.
     if (!dev && !used_.load(std::memory_order_acquire)) return inner_->start(std::move(op));
     std::lock_guard lk(mu_);
@@ -103,16 +107,18 @@ class Staged final : public Backend {
   std::unique_ptr<Backend> split(const SplitPlan& plan) override {
     auto b = inner_->split(plan);
     if (!b) return nullptr;
-    return std::make_unique<Staged>(std::move(b), api_, plan.context);
+    return std::make_unique<Staged>(std::move(b), api_, plan.context, make_device_);
   }
 
   void abort(const Error& e) override {
     inner_->abort(e);
+    if (Backend* d = device_backend()) d->abort(e);
     fail_queued(e);
   }
 
   void shutdown() override {
     stop_thread();
+    if (Backend* d = device_backend()) d->shutdown();
     inner_->shutdown();
     std::lock_guard lk(mu_);
     if (stream_) {
@@ -132,6 +138,43 @@ class Staged final : public Backend {
   std::shared_ptr<void> allocate(size_t bytes) override { return inner_->allocate(bytes); }
 
  private:
+  // Whether CUDA tensors go to a device backend (nccl) rather than staged
+  // (decided at the first, the same way on every rank).
+  bool to_device_backend() {
+    std::call_once(routed_, [&] {
+      device_route_ = route_ != "staged" && make_device_ && ctx_.store;
+      if (route_ == "nccl" && !device_route_)
+        route_error_ = make_device_ ? "COLLIE_CUDA_BACKEND=nccl, but the " + inner_->name() +
+                                          " rendezvous has no store to pass NCCL's id through"
+                                    : "COLLIE_CUDA_BACKEND=nccl, but this build has no NCCL";
+    });
+    return device_route_ || !route_error_.empty();
+  }
+
+  Backend* device_backend() {
+    std::lock_guard lk(device_mu_);
+    return device_.get();
+  }
+
+  // The device backend's start, making it at the first CUDA tensor.
+  Work device_start(Op op) {
+    try {
+      if (!route_error_.empty()) throw Error(ErrorCode::unavailable, route_error_);
+      std::lock_guard lk(device_mu_);
+      if (!device_) {
+        BackendContext c = ctx_;
+        c.key = ctx_.key + "/cuda";
+        device_ = make_device_(c);
+      }
+      return device_->start(std::move(op));
+    } catch (const Error& e) {
+      Error err(e.code(), op.desc.describe() + " on rank " + std::to_string(ctx_.launch.rank) +
+                              ": the communicator's CUDA backend could not be made: " + e.what());
+      if (ctx_.failure->set(err)) inner_->abort(err);
+      return Work::failed(err);
+    }
+  }
+
   // Collectives are numbered on from the caller's number by the pieces
   // staged so far; `piece` is this one's place in its operation.
   Op renumbered(Op op, uint32_t piece) const {
@@ -369,6 +412,13 @@ class Staged final : public Backend {
   const BackendContext ctx_;
   const size_t chunk_bytes_;
 
+  std::string route_;  // COLLIE_CUDA_BACKEND
+  DeviceFactory make_device_;
+  std::once_flag routed_;
+  bool device_route_ = false;
+  std::string route_error_;
+  std::mutex device_mu_;
+  std::unique_ptr<Backend> device_;  // nccl, made at the first CUDA tensor
   mutable std::once_flag probed_;
   mutable int devices_ = 0;
   std::atomic<bool> used_{false};
@@ -391,8 +441,8 @@ class Staged final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_staged(std::unique_ptr<Backend> inner, std::shared_ptr<Api> api,
-                                     const BackendContext& ctx) {
-  return std::make_unique<Staged>(std::move(inner), std::move(api), ctx);
+                                     const BackendContext& ctx, DeviceFactory make_device) {
+  return std::make_unique<Staged>(std::move(inner), std::move(api), ctx, std::move(make_device));
 }
 
 }  // namespace collie::cuda

@@ -17,8 +17,14 @@
 // stage theirs and do not hold the queue, so a pairwise exchange still
 // progresses as one batch. The Work is a host completion: wait_on(stream)
 // waits on the host.
+//
+// Where NCCL is built (COLLIE_CUDA_BACKEND=auto or nccl), CUDA tensors go
+// to an NCCL communicator instead, made beside the inner one when the
+// first CUDA tensor comes (every rank issues the same operations, so every
+// rank makes it at the same one), as PyTorch's "cpu:gloo,cuda:nccl" does.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "comm/backend.h"
@@ -26,7 +32,15 @@
 
 namespace collie::cuda {
 
+// Makes the backend that moves this communicator's CUDA tensors instead of
+// staging them (nccl's registry entry), from a context like the inner
+// backend's with its own key.
+using DeviceFactory = std::function<std::unique_ptr<Backend>(const BackendContext&)>;
+
+// `make_device` may be empty (this build has no NCCL): CUDA tensors are
+// then staged whatever COLLIE_CUDA_BACKEND says, except "nccl", which is an
+// error at the first CUDA tensor.
 std::unique_ptr<Backend> make_staged(std::unique_ptr<Backend> inner, std::shared_ptr<Api> api,
-                                     const BackendContext& ctx);
+                                     const BackendContext& ctx, DeviceFactory make_device = {});
 
 }  // namespace collie::cuda

@@ -75,4 +75,9 @@ class Api {
 // The NCCL library, when this build has it (COLLIE_HAVE_NCCL); else nullptr.
 std::shared_ptr<Api> library();
 
+// What the nccl backend runs on: library(), unless a test has installed
+// another (a fake) first.
+std::shared_ptr<Api> api();
+void set_api(std::shared_ptr<Api> api);
+
 }  // namespace collie::nccl

@@ -551,7 +551,7 @@ std::unique_ptr<Backend> State::split(const SplitPlan& plan) {
 }
 
 std::unique_ptr<Backend> create(const BackendContext& ctx) {
-  return make_backend(ctx, {cuda::runtime(), library()});
+  return make_backend(ctx, {cuda::device_api(), api()});
 }
 
 }  // namespace

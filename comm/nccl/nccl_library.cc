@@ -1,5 +1,7 @@
 // comm/nccl/nccl_library.cc: nccl::Api over the NCCL library, when this
 // build has it. Without it, library() says there is none.
+#include <mutex>
+
 #include "collie_build_config.h"
 #include "comm/nccl/nccl_api.h"
 
@@ -167,5 +169,20 @@ std::shared_ptr<Api> library() {
   return nullptr;
 }
 #endif
+
+namespace {
+std::mutex installed_mu;
+std::shared_ptr<Api> installed;
+}  // namespace
+
+std::shared_ptr<Api> api() {
+  std::lock_guard lk(installed_mu);
+  return installed ? installed : library();
+}
+
+void set_api(std::shared_ptr<Api> a) {
+  std::lock_guard lk(installed_mu);
+  installed = std::move(a);
+}
 
 }  // namespace collie::nccl
