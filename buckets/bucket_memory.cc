@@ -5,6 +5,7 @@
 #include <new>
 
 #include "collie/error.h"
+#include "comm/cuda/cuda_api.h"
 
 namespace collie {
 
@@ -15,10 +16,19 @@ constexpr size_t kAlign = 64;
 class HostAllocator final : public BucketAllocator {
  public:
   void* allocate(size_t bytes, DType, Device device) override {
-    if (!device.is_cpu())
-      throw Error(ErrorCode::unavailable,
-                  "bucket memory on " + to_string(device) +
-                      " needs an allocator for that device (ReducerOptions::bucket_allocator)");
+    if (!device.is_cpu()) {
+      // CUDA memory through collie's CUDA API, zeroed before it is used.
+      auto api = cuda::device_api();
+      if (!api)
+        throw Error(ErrorCode::unavailable,
+                    "bucket memory on " + to_string(device) +
+                        ": this build of collie has no CUDA; give the reducer an allocator for "
+                        "that device (ReducerOptions::bucket_allocator)");
+      void* p = api->device_alloc(bytes ? bytes : 1);
+      api->zero_async(p, bytes, nullptr);
+      api->synchronize(nullptr);
+      return p;
+    }
     void* p = ::operator new(bytes, std::align_val_t(kAlign), std::nothrow);
     if (!p)
       throw Error(ErrorCode::internal,
@@ -26,7 +36,11 @@ class HostAllocator final : public BucketAllocator {
     std::memset(p, 0, bytes);
     return p;
   }
-  void release(void* ptr, size_t, Device) noexcept override {
+  void release(void* ptr, size_t, Device device) noexcept override {
+    if (!device.is_cpu()) {
+      if (auto api = cuda::device_api()) api->device_free(ptr);
+      return;
+    }
     ::operator delete(ptr, std::align_val_t(kAlign));
   }
 };

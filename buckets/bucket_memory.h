@@ -32,7 +32,8 @@ class BucketAllocator {
   virtual void release(void* ptr, size_t bytes, Device device) noexcept = 0;
 };
 
-// Zeroed, 64-byte aligned host memory: the default.
+// The default: zeroed, 64-byte aligned host memory, or zeroed CUDA memory
+// through collie's CUDA API (comm/cuda/cuda_api.h) for a CUDA device.
 std::shared_ptr<BucketAllocator> host_bucket_allocator();
 
 class BucketMemory {

@@ -10,6 +10,7 @@
 #include "comm/core/fingerprint.h"
 #include "comm/core/log.h"
 #include "comm/core/state_bytes.h"
+#include "comm/cuda/cuda_api.h"
 
 namespace collie {
 
@@ -22,13 +23,14 @@ class CommAllocator final : public BucketAllocator {
  public:
   explicit CommAllocator(Communicator& comm) : comm_(comm) {}
   void* allocate(size_t bytes, DType t, Device device) override {
-    if (!device.is_cpu()) return host_bucket_allocator()->allocate(bytes, t, device);  // throws
+    if (!device.is_cpu()) return host_bucket_allocator()->allocate(bytes, t, device);
     std::shared_ptr<void> p = comm_.allocate(bytes);
     std::lock_guard lk(mu_);
     held_[p.get()] = p;
     return p.get();
   }
-  void release(void* ptr, size_t, Device) noexcept override {
+  void release(void* ptr, size_t bytes, Device device) noexcept override {
+    if (!device.is_cpu()) return host_bucket_allocator()->release(ptr, bytes, device);
     std::lock_guard lk(mu_);
     held_.erase(ptr);
   }
@@ -248,7 +250,7 @@ void Reducer::prepare_for_backward(const std::vector<bool>& used) {
         // Unused this iteration: contribute zeros, so every rank still
         // reduces every bucket.
         auto slot = buffers_[b].slice(buckets[b].offsets[k], specs_[p].numel);
-        std::memset(slot.data, 0, slot.nbytes());
+        cuda::zero(slot.data, slot.nbytes(), slot.device);
       }
     }
   launch_ready_buckets();
@@ -256,7 +258,9 @@ void Reducer::prepare_for_backward(const std::vector<bool>& used) {
 
 void Reducer::copy_in(size_t i) {
   auto slot = bucket_slot(i);
-  std::memcpy(slot.data, params_[i].grad.data, slot.nbytes());
+  // On a CUDA device, queued on the calling thread's stream, which the
+  // bucket's all-reduce (issued from this thread) is ordered after.
+  cuda::copy(slot.data, params_[i].grad.data, slot.nbytes(), slot.device);
 }
 
 void Reducer::mark_grad_ready(size_t i) {
@@ -356,7 +360,7 @@ void Reducer::finalize_backward() {
     for (size_t i = 0; i < params_.size(); ++i)
       if (params_[i].grad.data) {
         auto slot = bucket_slot(i);
-        std::memcpy(params_[i].grad.data, slot.data, slot.nbytes());
+        cuda::copy(params_[i].grad.data, slot.data, slot.nbytes(), slot.device);
       }
 
   stats_.iteration = iteration_;
@@ -423,23 +427,23 @@ void Reducer::apply_order(const std::vector<size_t>& new_order) {
   // new places overlap. Nothing is reallocated, so a view the engine kept
   // still points into live memory, and mark_grad_ready(i, view) recognises
   // it as stale.
+  // CUDA gradients go through the host too (a rebuild happens once), in
+  // order on the calling thread's stream, waited for before `saved` goes.
   size_t total = 0;
+  bool on_device = false;
   for (size_t i = 0; i < n; ++i) {
-    if (!old_slots[i].device.is_cpu())
-      throw Error(ErrorCode::unavailable,
-                  "reducer: rebuilding buckets on " + to_string(old_slots[i].device) +
-                      " needs device copies, which this build does not have; set "
-                      "rebuild_buckets to false");
     total += old_slots[i].nbytes();
+    on_device = on_device || !old_slots[i].device.is_cpu();
   }
   std::vector<uint8_t> saved(total);
   for (size_t i = 0, at = 0; i < n; at += old_slots[i].nbytes(), ++i)
-    std::memcpy(saved.data() + at, old_slots[i].data, old_slots[i].nbytes());
+    cuda::copy(saved.data() + at, old_slots[i].data, old_slots[i].nbytes(), old_slots[i].device);
   for (size_t i = 0, at = 0; i < n; at += old_slots[i].nbytes(), ++i) {
     TensorView now = bucket_slot(i);
-    std::memcpy(now.data, saved.data() + at, now.nbytes());
+    cuda::copy(now.data, saved.data() + at, now.nbytes(), now.device);
     stale_view_[i] = now.data == old_slots[i].data ? nullptr : old_slots[i].data;
   }
+  if (on_device) cuda::wait_queued(Device::cuda(0));
   ++generation_;
 }
 

@@ -146,6 +146,10 @@ void FakeCuda::copy_async(void* dst, const void* src, size_t bytes, cuda::Stream
   stream(s).enqueue([=] { std::memcpy(dst, src, bytes); });
 }
 
+void FakeCuda::zero_async(void* p, size_t bytes, cuda::Stream s) {
+  stream(s).enqueue([=] { std::memset(p, 0, bytes); });
+}
+
 // ---------------------------------------------------------------- NCCL
 
 struct Part {

@@ -71,6 +71,7 @@ class FakeCuda final : public cuda::Api {
   void* host_alloc(size_t bytes) override { return device_alloc(bytes); }
   void host_free(void* p) noexcept override { device_free(p); }
   void copy_async(void* dst, const void* src, size_t bytes, cuda::Stream s) override;
+  void zero_async(void* p, size_t bytes, cuda::Stream s) override;
 
   // The fake stream behind a handle (nullptr: the legacy default stream).
   Stream& stream(cuda::Stream s);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -20,6 +21,8 @@
 #include <thread>
 
 #include "collie/comm.h"
+#include "comm/cuda/cuda_api.h"
+#include "fake_device.h"
 #include "mp_common.h"
 #include "mp_test.h"
 #include "reducer/reducer.h"
@@ -30,8 +33,37 @@ namespace {
 
 using testing::MlpShape;
 
+// COLLIE_TEST_FAKE_CUDA=1: parameters, gradients and buckets on "CUDA",
+// in a fake device's memory (tests/fake_device.h), installed before the
+// communicator is made; the bucket all-reduces are then staged
+// (COLLIE_CUDA_BACKEND=staged), and the reducer's copies and zeroing go
+// through the device's streams.
+bool fake_cuda() {
+  static const bool on = [] {
+    const char* v = std::getenv("COLLIE_TEST_FAKE_CUDA");
+    if (!v || std::string(v) != "1") return false;
+    cuda::set_device_api(std::make_shared<fake::FakeCuda>());
+    return true;
+  }();
+  return on;
+}
+
 Communicator& comm() {
+  fake_cuda();
   return testing::world();
+}
+
+// A parameter's or gradient's view: on the (fake) device in that mode.
+TensorView pv(float* p, size_t n) {
+  TensorView t = view_of(p, n);
+  if (fake_cuda()) t.device = Device::cuda(0);
+  return t;
+}
+
+// What the reducer queued on this thread's stream has run: as a program
+// that reads gradients on the host waits for its stream.
+void settle() {
+  if (fake_cuda()) cuda::wait_queued(Device::cuda(0));
 }
 
 // Each rank trains on its own kPerRank samples (a multiple of the 4 no_sync
@@ -90,8 +122,8 @@ void train_and_compare(const Config& c) {
   for (auto& v : params) own_grads.emplace_back(v.size(), 0.0f);
   std::vector<Parameter> ps;
   for (size_t i = 0; i < params.size(); ++i)
-    ps.push_back({view_of(params[i].data(), params[i].size()),
-                  c.moving ? TensorView{} : view_of(own_grads[i].data(), own_grads[i].size())});
+    ps.push_back({pv(params[i].data(), params[i].size()),
+                  c.moving ? TensorView{} : pv(own_grads[i].data(), own_grads[i].size())});
   ReducerOptions opt;
   opt.first_bucket_bytes = 16;  // 3-4 buckets out of 56 floats of parameters
   opt.bucket_bytes = 32;
@@ -112,8 +144,7 @@ void train_and_compare(const Config& c) {
       own_grads.swap(fresh);
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      TensorView g =
-          c.moving ? view_of(own_grads[i].data(), own_grads[i].size()) : red.grad_view(i);
+      TensorView g = c.moving ? pv(own_grads[i].data(), own_grads[i].size()) : red.grad_view(i);
       std::memset(g.data, 0, g.nbytes());  // zero_grad
       grads.push_back(static_cast<float*>(g.data));
     }
@@ -130,11 +161,12 @@ void train_and_compare(const Config& c) {
       testing::backward<float>(pp, grads, data, first + m * count, count, shard, use_e,
                                [&](size_t i) {
                                  if (c.moving)
-                                   red.mark_grad_ready(i, view_of(grads[i], params[i].size()));
+                                   red.mark_grad_ready(i, pv(grads[i], params[i].size()));
                                  else
                                    red.mark_grad_ready(i);
                                });
       red.finalize_backward();
+      settle();
     }
     for (size_t i = 0; i < params.size(); ++i) {
       // Re-read: rebuilds move bucket views; with moving gradients an unused

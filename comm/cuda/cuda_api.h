@@ -15,6 +15,8 @@
 #include <memory>
 #include <string>
 
+#include "collie/types.h"
+
 namespace collie::cuda {
 
 using Stream = void*;  // cudaStream_t; nullptr is the legacy default stream
@@ -49,6 +51,8 @@ class Api {
   virtual void host_free(void* p) noexcept = 0;
   // Any direction (cudaMemcpyDefault), ordered on `s`.
   virtual void copy_async(void* dst, const void* src, size_t bytes, Stream s) = 0;
+  // Zeroes device memory, ordered on `s` (cudaMemsetAsync).
+  virtual void zero_async(void* p, size_t bytes, Stream s) = 0;
 };
 
 // The CUDA runtime, when this build has it (COLLIE_HAVE_CUDA); else nullptr.
@@ -58,5 +62,16 @@ std::shared_ptr<Api> runtime();
 // runtime(), unless a test has installed another (a fake device) first.
 std::shared_ptr<Api> device_api();
 void set_device_api(std::shared_ptr<Api> api);
+
+// Memory on `device` (the host's, or a CUDA device's), copied and zeroed
+// the same way: on the host at once, or through device_api() queued on the
+// calling thread's current stream (collie::cuda_stream()). For the reducer,
+// whose buckets and gradients may be on either. A CUDA device without a
+// CUDA API is Error{unavailable}.
+void copy(void* dst, const void* src, size_t bytes, Device device);
+void zero(void* p, size_t bytes, Device device);
+// Waits for what the calling thread queued on its current stream (nothing
+// to wait for on the host).
+void wait_queued(Device device);
 
 }  // namespace collie::cuda

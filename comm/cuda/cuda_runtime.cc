@@ -1,15 +1,15 @@
 // comm/cuda/cuda_runtime.cc: cuda::Api over the CUDA runtime (cudart), when
 // this build has it. Without it, runtime() says there is none.
+#include <cstring>
 #include <mutex>
 
 #include "collie/comm.h"
+#include "collie/error.h"
 #include "collie_build_config.h"
 #include "comm/cuda/cuda_api.h"
 
 #if COLLIE_HAVE_CUDA
 #include <cuda_runtime.h>
-
-#include "collie/error.h"
 #endif
 
 namespace collie {
@@ -102,6 +102,9 @@ class Runtime final : public Api {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s)),
           "cudaMemcpyAsync");
   }
+  void zero_async(void* p, size_t bytes, Stream s) override {
+    check(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(s)), "cudaMemsetAsync");
+  }
 };
 
 }  // namespace
@@ -129,6 +132,38 @@ std::shared_ptr<Api> device_api() {
 void set_device_api(std::shared_ptr<Api> api) {
   std::lock_guard lk(installed_mu);
   installed = std::move(api);
+}
+
+namespace {
+std::shared_ptr<Api> api_for(Device device) {
+  auto api = device_api();
+  if (!api)
+    throw Error(ErrorCode::unavailable,
+                "memory on " + to_string(device) + ": this build of collie has no CUDA");
+  return api;
+}
+}  // namespace
+
+void copy(void* dst, const void* src, size_t bytes, Device device) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  api_for(device)->copy_async(dst, src, bytes, cuda_stream());
+}
+
+void zero(void* p, size_t bytes, Device device) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    std::memset(p, 0, bytes);
+    return;
+  }
+  api_for(device)->zero_async(p, bytes, cuda_stream());
+}
+
+void wait_queued(Device device) {
+  if (!device.is_cpu()) api_for(device)->synchronize(cuda_stream());
 }
 
 }  // namespace collie::cuda
