@@ -114,6 +114,11 @@ class Backend {
   // Host memory this backend moves best (Communicator::allocate). The
   // default: zeroed, 64-byte aligned host memory.
   virtual std::shared_ptr<void> allocate(size_t bytes);
+  // The backend that host-memory operations may go to directly, for now:
+  // this one, or, for a wrapper that has nothing to add to them yet (the
+  // CUDA staging before its first CUDA tensor), the one it wraps. The front
+  // asks again after every operation on device memory.
+  virtual Backend* host_path() { return this; }
 };
 
 // Waits until the store holds keys[q] for every rank q whose key is not
