@@ -19,11 +19,11 @@ constexpr auto kMaxPoll = std::chrono::microseconds(1000);
 }  // namespace
 
 // A completion the executor ends; a waiter runs the queue up to it.
-class HostExecutor::Queued final : public Completion {
+class HostExecutor::Queued final : public OpCompletion {
  public:
   Queued(const OpDesc& desc, int rank, std::chrono::milliseconds timeout,
          std::weak_ptr<HostExecutor> ex, uint64_t ticket)
-      : Completion("", timeout), desc_(desc), rank_(rank), ex_(std::move(ex)), ticket_(ticket) {}
+      : OpCompletion(desc, rank, timeout), ex_(std::move(ex)), ticket_(ticket) {}
 
   bool wait_until(Clock::time_point deadline) override {
     if (!ended())
@@ -31,15 +31,7 @@ class HostExecutor::Queued final : public Completion {
     return block_until(deadline);
   }
 
- protected:
-  // Formatted only for a message: every op paid for the string before.
-  std::string describe() const override {
-    return desc_.describe() + " on rank " + std::to_string(rank_);
-  }
-
  private:
-  const OpDesc desc_;
-  const int rank_;
   std::weak_ptr<HostExecutor> ex_;
   const uint64_t ticket_;
 };

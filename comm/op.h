@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "collie/types.h"
+#include "collie/work.h"
 
 namespace collie {
 
@@ -31,6 +32,25 @@ struct OpDesc {
   int32_t tag = 0;               // p2p tag, broadcast root
   uint64_t count = 0;            // elements as the caller passed them
   std::string describe() const;  // "allreduce #3 (f32 x 1000, sum)"
+};
+
+// The completion of one operation, which names it in messages ("allreduce
+// #3 (f32 x 1000, sum) on rank 2"), formatted only when a message needs it:
+// every op paid for the string when it was built up front. What each
+// backend's completions derive from.
+class OpCompletion : public Completion {
+ public:
+  OpCompletion(const OpDesc& desc, int rank, std::chrono::milliseconds timeout)
+      : Completion("", timeout), desc_(desc), rank_(rank) {}
+
+ protected:
+  std::string describe() const override {
+    return desc_.describe() + " on rank " + std::to_string(rank_);
+  }
+
+ private:
+  const OpDesc desc_;
+  const int rank_;
 };
 
 struct Op {

@@ -1,11 +1,11 @@
 // comm/cuda/cuda_runtime.cc: cuda::Api over the CUDA runtime (cudart), when
 // this build has it. Without it, runtime() says there is none.
 #include <cstring>
-#include <mutex>
 
 #include "collie/comm.h"
 #include "collie/error.h"
 #include "collie_build_config.h"
+#include "comm/core/installed.h"
 #include "comm/cuda/cuda_api.h"
 
 #if COLLIE_HAVE_CUDA
@@ -120,18 +120,18 @@ std::shared_ptr<Api> runtime() {
 #endif
 
 namespace {
-std::mutex installed_mu;
-std::shared_ptr<Api> installed;
+Installed<Api>& installed() {
+  static Installed<Api> api(&runtime);
+  return api;
+}
 }  // namespace
 
 std::shared_ptr<Api> device_api() {
-  std::lock_guard lk(installed_mu);
-  return installed ? installed : runtime();
+  return installed().get();
 }
 
 void set_device_api(std::shared_ptr<Api> api) {
-  std::lock_guard lk(installed_mu);
-  installed = std::move(api);
+  installed().set(std::move(api));
 }
 
 namespace {

@@ -46,20 +46,7 @@ class Pinned {
   size_t bytes_ = 0;
 };
 
-class StagedWork final : public Completion {
- public:
-  StagedWork(const OpDesc& desc, int rank, std::chrono::milliseconds timeout)
-      : Completion("", timeout), desc_(desc), rank_(rank) {}
-
- protected:
-  std::string describe() const override {
-    return desc_.describe() + " on rank " + std::to_string(rank_);
-  }
-
- private:
-  const OpDesc desc_;
-  const int rank_;
-};
+using StagedWork = OpCompletion;
 
 struct Job {
   Op op;

@@ -57,28 +57,21 @@ Result settle(Api& api, Comm comm, Result r, Clock::time_point deadline) {
 class State;
 
 // An operation on the communicator's stream; it ends when its event has.
-class NcclWork final : public Completion {
+class NcclWork final : public OpCompletion {
  public:
   NcclWork(std::weak_ptr<State> state, const OpDesc& desc, int rank, milliseconds timeout)
-      : Completion("", timeout), desc(desc), rank_(rank), state_(std::move(state)) {}
+      : OpCompletion(desc, rank, timeout), state_(std::move(state)) {}
 
   bool query() override;
   bool wait_until(Clock::time_point deadline) override;
   void wait_on(void* stream) override;
   void abort(const Error& e) override;
 
-  const OpDesc desc;
   // Under State::mu_: the event recorded after the op on the
   // communicator's stream, while the op is in flight.
   cuda::Event done = nullptr;
 
- protected:
-  std::string describe() const override {
-    return desc.describe() + " on rank " + std::to_string(rank_);
-  }
-
  private:
-  const int rank_;
   std::weak_ptr<State> state_;
 };
 

@@ -1,8 +1,7 @@
 // comm/nccl/nccl_library.cc: nccl::Api over the NCCL library, when this
 // build has it. Without it, library() says there is none.
-#include <mutex>
-
 #include "collie_build_config.h"
+#include "comm/core/installed.h"
 #include "comm/nccl/nccl_api.h"
 
 #if COLLIE_HAVE_NCCL
@@ -171,18 +170,18 @@ std::shared_ptr<Api> library() {
 #endif
 
 namespace {
-std::mutex installed_mu;
-std::shared_ptr<Api> installed;
+Installed<Api>& installed() {
+  static Installed<Api> api(&library);
+  return api;
+}
 }  // namespace
 
 std::shared_ptr<Api> api() {
-  std::lock_guard lk(installed_mu);
-  return installed ? installed : library();
+  return installed().get();
 }
 
 void set_api(std::shared_ptr<Api> a) {
-  std::lock_guard lk(installed_mu);
-  installed = std::move(a);
+  installed().set(std::move(a));
 }
 
 }  // namespace collie::nccl
