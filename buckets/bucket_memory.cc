@@ -112,6 +112,12 @@ std::vector<FlatBuffer> BucketMemory::lay_out(const BucketPlan& plan) const {
   return out;
 }
 
+std::vector<TensorView> BucketMemory::arena_views() const {
+  std::vector<TensorView> v;
+  for (const auto& [k, a] : arenas_) v.push_back({a->ptr, DType::u8, a->bytes, a->device});
+  return v;
+}
+
 size_t BucketMemory::bytes() const {
   size_t s = 0;
   for (const auto& [k, a] : arenas_) s += a->bytes;

@@ -47,6 +47,9 @@ class BucketMemory {
   // under it.
   std::vector<FlatBuffer> lay_out(const BucketPlan& plan) const;
 
+  // Each arena, as bytes (a communicator registers them).
+  std::vector<TensorView> arena_views() const;
+
   // Bytes the arenas take, and how many there are.
   size_t bytes() const;
   size_t arenas() const { return arenas_.size(); }

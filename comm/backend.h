@@ -119,6 +119,8 @@ class Backend {
   // CUDA staging before its first CUDA tensor), the one it wraps. The front
   // asks again after every operation on device memory.
   virtual Backend* host_path() { return this; }
+  // Communicator::register_memory: nullptr where there is nothing to do.
+  virtual std::shared_ptr<void> register_memory(const TensorView&) { return nullptr; }
 };
 
 // Waits until the store holds keys[q] for every rank q whose key is not

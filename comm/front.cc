@@ -198,6 +198,9 @@ class Front final : public Communicator {
 
   std::shared_ptr<Communicator> share() override { return std::make_shared<Front>(core_, false); }
   std::shared_ptr<void> allocate(size_t bytes) override { return core_->backend->allocate(bytes); }
+  std::shared_ptr<void> register_memory(TensorView memory) override {
+    return core_->backend->register_memory(memory);
+  }
 
  private:
   validate::Where where(const char* op) const { return {op, rank()}; }

@@ -94,6 +94,11 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
   // bucket sizes, which a rank could be given differently).
   memory_ = std::make_unique<BucketMemory>(
       specs_, opt_.bucket_allocator ? opt_.bucket_allocator : communicator_allocator(comm_));
+  // Device arenas are registered with the communicator once (NCCL's
+  // ncclCommRegister): the buckets live in them for the reducer's life.
+  for (const TensorView& arena : memory_->arena_views())
+    if (!arena.device.is_cpu())
+      if (auto h = comm_.register_memory(arena)) registrations_.push_back(std::move(h));
   stale_view_.assign(params_.size(), nullptr);
   build_buckets({});
   uint64_t plan_hash = kFnvBasis;

@@ -164,6 +164,9 @@ class Reducer {
   BucketPlan plan_;
   std::unique_ptr<BucketMemory> memory_;
   std::vector<FlatBuffer> buffers_;  // slices of memory_'s arenas
+  // The communicator's registrations of the device arenas (NCCL's), undone
+  // before the arenas can go (members are destroyed last to first).
+  std::vector<std::shared_ptr<void>> registrations_;
   uint64_t generation_ = 0;
   std::vector<const void*> stale_view_;  // per parameter: its view before the last rebuild
   std::shared_ptr<CommHook> hook_;

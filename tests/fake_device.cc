@@ -527,10 +527,12 @@ nccl::Result FakeNccl::group_end() {
 nccl::Result FakeNccl::register_memory(nccl::Comm, void*, size_t, void** handle) {
   static std::atomic<uintptr_t> next{1};
   *handle = reinterpret_cast<void*>(next++);
+  ++registered;
   return {};
 }
 
 nccl::Result FakeNccl::deregister_memory(nccl::Comm, void*) {
+  ++deregistered;
   return {};
 }
 

@@ -140,6 +140,7 @@ class FakeNccl final : public nccl::Api {
   // them (a test finds a rank's to inject an error into).
   std::vector<nccl::Comm> comms();
   std::atomic<int> aborts{0}, destroys{0}, inits{0}, launches{0};
+  std::atomic<int> registered{0}, deregistered{0};
 
  private:
   struct P2p {

@@ -22,6 +22,7 @@
 #include "comm/front.h"
 #include "comm/nccl/nccl_backend.h"
 #include "fake_device.h"
+#include "reducer/reducer.h"
 
 using namespace collie;
 using std::chrono::milliseconds;
@@ -579,6 +580,56 @@ TEST_P(Route, CudaTensorsGoToNcclOrAreStagedAndHostTensorsToTcp) {
     EXPECT_EQ(job.nccl->inits.load(), 3) << "one NCCL communicator per rank";
     EXPECT_EQ(job.nccl->launches.load(), 9) << "the three CUDA all-reduces of each rank";
   }
+}
+
+// The reducer over such a communicator with its parameters on CUDA: its
+// device arena is registered with NCCL once (ncclCommRegister) and
+// deregistered when the reducer goes; the gradients are averaged, through
+// NCCL or staged.
+TEST_P(Route, AReducerOnCudaParametersRegistersItsArenaWithNcclOnce) {
+  const std::string route = GetParam();
+  Job job(3);
+  cuda::set_device_api(job.cuda);  // the reducer's bucket memory comes from it
+  job.run([&](int r) {
+    BackendContext ctx = job.context(r);
+    ctx.env = [route](const char* name) -> const char* {
+      return std::string(name) == "COLLIE_CUDA_BACKEND" ? route.c_str() : nullptr;
+    };
+    auto comm =
+        make_front(ctx, cuda::make_staged(pick_backend("tcp", ctx.launch).create(ctx), job.cuda,
+                                          ctx, [&](const BackendContext& c) {
+                                            return nccl::make_backend(c, {job.cuda, job.nccl});
+                                          }));
+    std::vector<float> w(40, 1.f), b(8, 2.f);
+    std::vector<Parameter> ps{{view_of(w.data(), w.size()), {}}, {view_of(b.data(), b.size()), {}}};
+    for (auto& p : ps) p.value.device = Device::cuda(0);
+    ReducerOptions opt;
+    opt.gradient_as_bucket_view = true;
+    {
+      Reducer red(*comm, ps, opt);
+      for (int step = 0; step < 2; ++step) {
+        red.prepare_for_backward();
+        for (size_t i = 0; i < ps.size(); ++i) {
+          TensorView g = red.grad_view(i);
+          job.cuda->synchronize(nullptr);  // what the reducer queued has run
+          float* gp = static_cast<float*>(g.data);
+          for (size_t k = 0; k < g.numel; ++k) gp[k] = static_cast<float>(r + 1 + k % 3);
+          red.mark_grad_ready(i);
+        }
+        red.finalize_backward();
+        job.cuda->synchronize(nullptr);
+        for (size_t i = 0; i < ps.size(); ++i) {
+          const float* gp = static_cast<const float*>(red.grad_view(i).data);
+          for (size_t k = 0; k < red.grad_view(i).numel; ++k)
+            ASSERT_EQ(gp[k], static_cast<float>(2 + k % 3)) << "the average over 3 ranks";
+        }
+      }
+    }
+  });
+  cuda::set_device_api(nullptr);
+  const int want = route == "staged" ? 0 : 3;  // one f32 arena on each rank
+  EXPECT_EQ(job.nccl->registered.load(), want);
+  EXPECT_EQ(job.nccl->deregistered.load(), want);
 }
 
 INSTANTIATE_TEST_SUITE_P(Nccl, Route, ::testing::Values("auto", "nccl", "staged"));

@@ -129,6 +129,16 @@ class Staged final : public Backend {
 
   std::shared_ptr<void> allocate(size_t bytes) override { return inner_->allocate(bytes); }
 
+  // Device memory goes to the device backend, made now if need be (the
+  // reducer registers its arenas at construction, on every rank).
+  std::shared_ptr<void> register_memory(const TensorView& t) override {
+    if (t.device.is_cpu() || !to_device_backend() || !route_error_.empty())
+      return inner_->register_memory(t);
+    std::lock_guard lk(device_mu_);
+    make_device_backend();
+    return device_->register_memory(t);
+  }
+
  private:
   // Whether CUDA tensors go to a device backend (nccl) rather than staged
   // (decided at the first, the same way on every rank).
@@ -148,16 +158,20 @@ class Staged final : public Backend {
     return device_.get();
   }
 
+  // With device_mu_ held.
+  void make_device_backend() {
+    if (device_) return;
+    BackendContext c = ctx_;
+    c.key = ctx_.key + "/cuda";
+    device_ = make_device_(c);
+  }
+
   // The device backend's start, making it at the first CUDA tensor.
   Work device_start(Op op) {
     try {
       if (!route_error_.empty()) throw Error(ErrorCode::unavailable, route_error_);
       std::lock_guard lk(device_mu_);
-      if (!device_) {
-        BackendContext c = ctx_;
-        c.key = ctx_.key + "/cuda";
-        device_ = make_device_(c);
-      }
+      make_device_backend();
       return device_->start(std::move(op));
     } catch (const Error& e) {
       Error err(e.code(), op.desc.describe() + " on rank " + std::to_string(ctx_.launch.rank) +

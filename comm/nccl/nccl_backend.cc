@@ -245,6 +245,26 @@ class State : public std::enable_shared_from_this<State> {
     cv_.notify_all();
   }
 
+  // ncclCommRegister; the handle deregisters while the communicator is
+  // still there (NCCL frees what is left with the communicator). A
+  // registration NCCL refuses is not an error: its collectives then copy.
+  std::shared_ptr<void> register_memory(const TensorView& t) {
+    void* handle = nullptr;
+    {
+      std::lock_guard lk(mu_);
+      if (!comm_ || aborted_) return nullptr;
+      if (!apis_.nccl->register_memory(comm_, t.data, t.nbytes(), &handle).ok() || !handle)
+        return nullptr;
+    }
+    std::weak_ptr<State> weak = weak_from_this();
+    return std::shared_ptr<void>(handle, [weak](void* h) {
+      if (auto st = weak.lock()) {
+        std::lock_guard lk(st->mu_);
+        if (st->comm_ && !st->aborted_) st->apis_.nccl->deregister_memory(st->comm_, h);
+      }
+    });
+  }
+
   // Makes `stream` wait for `w` without the host.
   void wait_on(NcclWork& w, cuda::Stream stream) {
     launch_pending();
@@ -497,6 +517,9 @@ class NcclBackend final : public Backend {
   }
   Work start(Op op) override { return st_->start(std::move(op)); }
   std::unique_ptr<Backend> split(const SplitPlan& plan) override { return st_->split(plan); }
+  std::shared_ptr<void> register_memory(const TensorView& t) override {
+    return accepts(t.device) ? st_->register_memory(t) : nullptr;
+  }
   void abort(const Error& e) override {
     // The front has recorded `e` already: fail() would not count it as
     // this rank's first failure, which is what it tells the peers.

@@ -95,6 +95,18 @@ class Communicator {
   // collective. The memory lives until the last copy of the pointer goes,
   // even after the communicator is destroyed.
   virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
+
+  // Says that `memory` will be moved again and again (a reducer's bucket
+  // arena): where the backend can use that, it registers it once (NCCL's
+  // ncclCommRegister, so that its collectives on it need no copy through
+  // NCCL's own buffers) and the returned handle undoes it when its last copy
+  // goes; keep it no longer than the memory. nullptr where there is nothing
+  // to register (host backends). Collective where the backend's first use
+  // of device memory is (it may make the NCCL communicator).
+  virtual std::shared_ptr<void> register_memory(TensorView memory) {
+    (void)memory;
+    return nullptr;
+  }
 };
 
 std::unique_ptr<Communicator> connect(const Options& options = {});
