@@ -211,7 +211,7 @@ class Front final : public Communicator {
     const size_t n = static_cast<size_t>(size());
     std::vector<int64_t> mine{color, key}, all(2 * n);
     Store* store = core_->ctx.store.get();
-    if (core_->backend->accepts(Device::cpu()) || !store || n == 1) {
+    if (core_->takes_host_memory || !store || n == 1) {
       if (n == 1) return mine;
       allgather(view_of(mine.data(), 2), view_of(all.data(), all.size())).wait();
       return all;
@@ -237,7 +237,7 @@ class Front final : public Communicator {
     // The backend's name only for the message: a string per check cost
     // every small op.
     if (t.device.is_cpu() ? !core_->takes_host_memory : !core_->backend->accepts(t.device))
-      validate::device(t, false, core_->backend->name(), what, name);
+      validate::refused_device(t, core_->backend->name(), what, name);
   }
   void check_in_out(const TensorView& in, const TensorView& out,
                     const validate::Where& what) const {

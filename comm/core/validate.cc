@@ -21,9 +21,8 @@ void tensor(const TensorView& t, const Where& what, const char* name) {
                         " elements but a null data pointer");
 }
 
-void device(const TensorView& t, bool accepted, const std::string& backend, const Where& what,
-            const char* name) {
-  if (accepted) return;
+[[noreturn]] void refused_device(const TensorView& t, const std::string& backend, const Where& what,
+                                 const char* name) {
   if (t.device.is_cpu())
     throw bad(what, std::string(name) + " is in host memory; backend " + backend +
                         " moves device memory only");

@@ -20,9 +20,10 @@ struct Where {
 
 // A known dtype, and data for every element.
 void tensor(const TensorView& t, const Where& what, const char* name);
-// A device the backend moves (`accepted`), else an error naming it.
-void device(const TensorView& t, bool accepted, const std::string& backend, const Where& what,
-            const char* name);
+// The error for a tensor on a device `backend` does not move. The caller
+// asks the backend first: the backend's name is built only for this.
+[[noreturn]] void refused_device(const TensorView& t, const std::string& backend, const Where& what,
+                                 const char* name);
 void same_dtype(const TensorView& a, const TensorView& b, const Where& what);
 void op_on(ReduceOp op, DType t, const Where& what);
 void rank_in(int r, int size, const Where& what, const char* name);
