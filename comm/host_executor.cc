@@ -80,8 +80,7 @@ Work HostExecutor::submit(Op op) {
                                 op.desc.describe() + " on " + rank_str() +
                                     " was issued while its communicator was being destroyed"));
     uint64_t ticket = next_ticket_++;
-    done = std::make_shared<Queued>(op.desc, rank_, 2 * timeout_ + std::chrono::seconds(1),
-                                    weak_from_this(), ticket);
+    done = std::make_shared<Queued>(op.desc, rank_, timeout_, weak_from_this(), ticket);
     const bool p2p = op.p2p();
     last_issued_ = std::chrono::steady_clock::now();
     queue_.push_back({std::move(op), done, ticket, last_issued_});

@@ -37,11 +37,13 @@ struct OpDesc {
 // The completion of one operation, which names it in messages ("allreduce
 // #3 (f32 x 1000, sum) on rank 2"), formatted only when a message needs it:
 // every op paid for the string when it was built up front. What each
-// backend's completions derive from.
+// backend's completions derive from. `deadline` is the communicator's
+// timeout; a plain Work::wait() waits a little over twice that, so that the
+// op's own error (its deadline, a peer's failure) comes first.
 class OpCompletion : public Completion {
  public:
-  OpCompletion(const OpDesc& desc, int rank, std::chrono::milliseconds timeout)
-      : Completion("", timeout), desc_(desc), rank_(rank) {}
+  OpCompletion(const OpDesc& desc, int rank, std::chrono::milliseconds deadline)
+      : Completion("", 2 * deadline + std::chrono::seconds(1)), desc_(desc), rank_(rank) {}
 
  protected:
   std::string describe() const override {

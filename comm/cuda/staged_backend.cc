@@ -89,8 +89,7 @@ class Staged final : public Backend {
     std::lock_guard lk(mu_);
     if (!dev && queue_.empty() && !busy_) return inner_->start(renumbered(std::move(op), 0));
     used_.store(true, std::memory_order_release);
-    auto w = std::make_shared<StagedWork>(op.desc, ctx_.launch.rank,
-                                          2 * ctx_.launch.timeout + std::chrono::seconds(1));
+    auto w = std::make_shared<StagedWork>(op.desc, ctx_.launch.rank, ctx_.launch.timeout);
     queue_.push_back({std::move(op), w, dev ? cuda_stream() : nullptr});
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     cv_.notify_one();

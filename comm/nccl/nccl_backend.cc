@@ -114,10 +114,7 @@ class State : public std::enable_shared_from_this<State> {
   int device() const { return device_; }
 
   Work start(Op op) {
-    // A plain wait() waits a little over twice the deadline, so that the
-    // op's own error (its deadline, a peer's failure) comes first.
-    auto w = std::make_shared<NcclWork>(weak_from_this(), op.desc, rank_,
-                                        2 * timeout_ + std::chrono::seconds(1));
+    auto w = std::make_shared<NcclWork>(weak_from_this(), op.desc, rank_, timeout_);
     if (auto first = ctx_.failure->get()) {
       w->finish(Error(
           first->code(),
