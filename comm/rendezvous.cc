@@ -1,9 +1,9 @@
 // comm/rendezvous.cc: waiting for every rank's key in the store, for the
 // backends' own rendezvous (tcp's addresses, shm's segment).
 #include <algorithm>
-#include <cstdio>
 
 #include "comm/backend.h"
+#include "comm/core/log.h"
 
 namespace collie {
 
@@ -46,10 +46,9 @@ void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
     auto left =
         std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%g s", timeout.count() / 1000.0);
       throw Error(ErrorCode::timeout,
-                  "rendezvous timed out on " + who + " after " + secs + ": " + missing_ranks() +
+                  "rendezvous timed out on " + who + " after " + log::seconds(timeout) + ": " +
+                      missing_ranks() +
                       " (not started, crashed before connecting, or pointed at another "
                       "MASTER_ADDR/MASTER_PORT)");
     }

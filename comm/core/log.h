@@ -2,6 +2,8 @@
 // turns it up; warnings always print. Lines go to stderr with the rank.
 #pragma once
 
+#include <chrono>
+#include <cstdio>
 #include <string>
 
 namespace collie::log {
@@ -18,6 +20,13 @@ inline void info(const std::string& m) {
 }
 inline void debug(const std::string& m) {
   if (enabled(Level::debug)) write(Level::debug, m);
+}
+
+// A deadline as messages give it: "300 s", "0.3 s".
+inline std::string seconds(std::chrono::milliseconds t) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%g s", static_cast<double>(t.count()) / 1000.0);
+  return s;
 }
 
 }  // namespace collie::log

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstdio>
 #include <deque>
 #include <thread>
 #include <utility>
@@ -13,6 +12,7 @@
 #include "collie/comm.h"
 #include "collie_build_config.h"
 #include "comm/core/continuations.h"
+#include "comm/core/log.h"
 
 namespace collie::nccl {
 
@@ -30,12 +30,6 @@ constexpr auto kPollMin = std::chrono::microseconds(50);
 constexpr auto kPollMax = std::chrono::milliseconds(2);
 // How often the watchdog looks in the store for a peer's failure.
 constexpr auto kPeerCheck = std::chrono::milliseconds(100);
-
-std::string secs(milliseconds t) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%g s", static_cast<double>(t.count()) / 1000.0);
-  return s;
-}
 
 ErrorCode code_of(const Result& r) {
   return r.remote ? ErrorCode::peer_lost : ErrorCode::internal;
@@ -184,7 +178,7 @@ class State : public std::enable_shared_from_this<State> {
           if (now - front_since_ >= timeout_) {
             err = Error(ErrorCode::timeout,
                         inflight_.front()->description() + " did not finish within " +
-                            secs(timeout_) +
+                            log::seconds(timeout_) +
                             ": a peer died, stalled or issued other operations; collie aborted "
                             "the NCCL communicator (NCCL itself would wait for ever)");
             culprit = inflight_.front();
@@ -382,10 +376,10 @@ class State : public std::enable_shared_from_this<State> {
     }
     r = settle(api, comm_, r, Clock::now() + timeout_);
     if (!r.ok())
-      throw Error(
-          r.failed() ? code_of(r) : ErrorCode::timeout,
-          "NCCL could not launch " + ops.front().work->description() + ": " +
-              (r.failed() ? r.message : "it was still in progress after " + secs(timeout_)));
+      throw Error(r.failed() ? code_of(r) : ErrorCode::timeout,
+                  "NCCL could not launch " + ops.front().work->description() + ": " +
+                      (r.failed() ? r.message
+                                  : "it was still in progress after " + log::seconds(timeout_)));
     const auto now = Clock::now();
     if (inflight_.empty()) front_since_ = now;
     for (Pending& p : ops) {
@@ -556,7 +550,7 @@ std::unique_ptr<Backend> State::split(const SplitPlan& plan) {
                 "ncclCommSplit on rank " + std::to_string(rank_) + " (color " +
                     std::to_string(plan.color) + ") " +
                     (r.failed() ? "failed: " + r.message
-                                : "did not finish within " + secs(timeout_) +
+                                : "did not finish within " + log::seconds(timeout_) +
                                       ": a rank of the parent did not call split"));
   }
   if (plan.color < 0) return nullptr;
@@ -616,7 +610,7 @@ std::unique_ptr<Backend> make_backend(const BackendContext& ctx, Apis apis) {
     if (r.failed()) throw Error(code_of(r), who + ": NCCL's init failed: " + r.message);
     throw Error(ErrorCode::timeout,
                 who + ": every rank joined, but NCCL's init did not finish within " +
-                    secs(launch.timeout) + " (NCCL_DEBUG=INFO shows where it waits)");
+                    log::seconds(launch.timeout) + " (NCCL_DEBUG=INFO shows where it waits)");
   }
   return make_over(ctx, std::move(apis), comm, device);
 }

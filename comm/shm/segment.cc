@@ -10,12 +10,12 @@
 #include <unistd.h>
 
 #include <climits>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <span>
 #include <sstream>
 
+#include "comm/core/log.h"
 #include "comm/core/shared_file.h"
 #include "comm/core/topology.h"
 
@@ -56,12 +56,6 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
 
 bool reached(uint32_t v, uint32_t target) {
   return static_cast<int32_t>(v - target) >= 0;
-}
-
-std::string seconds(std::chrono::milliseconds ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g s", ms.count() / 1000.0);
-  return buf;
 }
 
 }  // namespace
@@ -253,7 +247,7 @@ std::string Segment::gone(int peer, const What& what) {
 
 void Segment::timed_out(const std::vector<int>& late, const What& what) {
   throw Error(ErrorCode::timeout,
-              what.str() + " timed out on " + names_(me_) + " after " + seconds(timeout_) +
+              what.str() + " timed out on " + names_(me_) + " after " + log::seconds(timeout_) +
                   " waiting for rank" + (late.size() > 1 ? "s " : " ") + names_.list(late) +
                   " (alive, but stalled or not calling the same operation; COLLIE_TIMEOUT sets "
                   "the deadline)");
