@@ -67,7 +67,7 @@ class CudaHookMath final : public HookMath {
   void decompress(TensorView src, TensorView dst) override {
     check_pair(src, dst);
     gpu::convert(src.dtype, src.data, dst.dtype, dst.data, src.numel, 1, cuda_stream());
-    if (auto api = cuda::device_api()) api->synchronize(cuda_stream());
+    cuda::wait_queued(dst.device);
   }
 };
 
@@ -161,8 +161,7 @@ class CompressHook final : public CommHook {
         throw Error(ErrorCode::unavailable, "comm hook " + name() + ": bucket " +
                                                 std::to_string(b.index) +
                                                 " is on CUDA, and this build has no CUDA");
-      cuda::Api* a = api.get();
-      d.mem = std::shared_ptr<void>(a->device_alloc(bytes ? bytes : 1),
+      d.mem = std::shared_ptr<void>(api->device_alloc(bytes ? bytes : 1),
                                     [api](void* p) { api->device_free(p); });
       d.bytes = bytes;
     }

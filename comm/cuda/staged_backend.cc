@@ -234,9 +234,11 @@ class Staged final : public Backend {
     }
   }
 
-  // Ends `done` as `w` ends.
-  static void chain(const Work& w, const std::shared_ptr<StagedWork>& done) {
-    w.completion()->on_complete([w, done] { done->finish(w.error()); });
+  // Ends `done` as `w` ends, keeping `keep` (its staging buffer) alive
+  // until then.
+  static void chain(const Work& w, const std::shared_ptr<StagedWork>& done,
+                    std::shared_ptr<void> keep = nullptr) {
+    w.completion()->on_complete([w, done, keep] { done->finish(w.error()); });
   }
 
   void setup() {
@@ -362,30 +364,28 @@ class Staged final : public Backend {
       api_->copy_async(buf->get(), op.in.data, op.in.nbytes(), stream_);
       api_->record(copied_, stream_);
       wait_event(copied_, deadline());
-      Work w = inner_->start(std::move(staged));
-      w.completion()->on_complete([w, buf, done = j.done] { done->finish(w.error()); });
+      chain(inner_->start(std::move(staged)), j.done, buf);
       return;
     }
     Work w = inner_->start(std::move(staged));
     // The copy back runs where the receive ends (the inner backend's
     // continuation thread, which the inner backend's shutdown drains before
-    // this backend frees the stream), with an event of its own.
-    auto api = api_;
-    Stream stream = stream_;
-    w.completion()->on_complete([w, buf, api, stream, op, done = j.done] {
+    // this backend goes), with an event of its own, waited for up to the
+    // deadline as every staging copy is.
+    w.completion()->on_complete([this, w, buf, op, done = j.done] {
       if (auto e = w.error()) return done->finish(e);
       Event ev = nullptr;
       try {
-        ev = api->create_event();
-        api->copy_async(op.out.data, buf->get(), op.out.nbytes(), stream);
-        api->record(ev, stream);
-        while (!api->query(ev)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        ev = api_->create_event();
+        api_->copy_async(op.out.data, buf->get(), op.out.nbytes(), stream_);
+        api_->record(ev, stream_);
+        wait_event(ev, deadline());
         done->finish(std::nullopt);
       } catch (const Error& e) {
         done->finish(Error(
             e.code(), done->description() + ": copying the message to the device: " + e.what()));
       }
-      if (ev) api->destroy_event(ev);
+      if (ev) api_->destroy_event(ev);
     });
   }
 
