@@ -193,9 +193,14 @@ class State : public std::enable_shared_from_this<State> {
       busy = !inflight_.empty() || !pending_.empty();
     }
     for (auto& w : ended) w->finish(std::nullopt, dispatch_);
-    if (!err && check_peers) err = peer_failure();
+    // A failure read from the store is not written back to it.
+    bool from_peer = false;
+    if (!err && check_peers) {
+      err = peer_failure();
+      from_peer = err.has_value();
+    }
     if (err) {
-      fail(*err, culprit.get(), true);
+      fail(*err, culprit.get(), !from_peer);
       return false;
     }
     return busy;
