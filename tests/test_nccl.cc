@@ -93,6 +93,14 @@ class Job {
   static inline std::atomic<int> next_key{0};
 };
 
+// A vector as a tensor on the fake's device (whose memory is host memory).
+template <class T>
+TensorView dev(std::vector<T>& v) {
+  TensorView t = view_of(v.data(), v.size());
+  t.device = Device::cuda(0);
+  return t;
+}
+
 // A buffer of `numel` elements of `t` in the fake's device memory (host
 // memory), read and written as doubles.
 struct Buf {
@@ -254,8 +262,7 @@ TEST(Nccl, APairwiseExchangeIsGroupedAndDoesNotDeadlock) {
     auto comm = job.connect(r);
     for (int round = 0; round < 20; ++round) {
       std::vector<float> out(100, static_cast<float>(r * 1000 + round)), in(100, -1.f);
-      TensorView o = view_of(out.data(), out.size()), i = view_of(in.data(), in.size());
-      o.device = i.device = Device::cuda(0);
+      TensorView o = dev(out), i = dev(in);
       Work s = comm->send(o, 1 - r, 7);
       Work v = comm->recv(i, 1 - r, 7);
       wait_all({s, v});
@@ -276,8 +283,7 @@ TEST(Nccl, OperationsFollowTheCallersStreamAndStreamsFollowThem) {
     cuda::Stream s = job.cuda->create_stream();
     set_cuda_stream(s);
     std::vector<float> buf(64, 0.f);
-    TensorView v = view_of(buf.data(), buf.size());
-    v.device = Device::cuda(0);
+    TensorView v = dev(buf);
     // A "kernel" that fills the input late: the all-reduce must see it.
     job.cuda->run_on(s, [&buf, r] {
       std::this_thread::sleep_for(milliseconds(30));
@@ -307,8 +313,7 @@ TEST(Nccl, ContinuationsMayIssueAndWaitForMoreOperations) {
   job.run([&](int r) {
     auto comm = job.connect(r);
     std::vector<float> a(10, 1.f + r), b(10, 10.f * (r + 1));
-    TensorView va = view_of(a.data(), a.size()), vb = view_of(b.data(), b.size());
-    va.device = vb.device = Device::cuda(0);
+    TensorView va = dev(a), vb = dev(b);
     Communicator* c = comm.get();
     Work w = c->allreduce(va, ReduceOp::sum).then_work([&](const Work&) {
       for (float& x : b) x += a[0];  // uses the first result
@@ -350,8 +355,7 @@ TEST(Nccl, SplitMakesACommunicatorPerColorOrderedByKey) {
     EXPECT_EQ(sub->size(), want_size);
     EXPECT_EQ(sub->rank(), want_rank);
     std::vector<double> x(5, r);
-    TensorView v = view_of(x.data(), x.size());
-    v.device = Device::cuda(0);
+    TensorView v = dev(x);
     sub->allreduce(v, ReduceOp::sum).wait();
     for (double e : x) EXPECT_EQ(e, color == 0 ? 2.0 : 1.0);
     comm->barrier().wait();  // the parent still works
@@ -388,8 +392,7 @@ TEST(Nccl, DestroyingTheCommunicatorReleasesItsStreamEventsAndMemory) {
   job.run([&](int r) {
     auto comm = job.connect(r);
     std::vector<float> x(8, 1.f);
-    TensorView v = view_of(x.data(), x.size());
-    v.device = Device::cuda(0);
+    TensorView v = dev(x);
     for (int i = 0; i < 10; ++i) comm->allreduce(v, ReduceOp::sum);
     comm->barrier().wait();
   });
@@ -413,8 +416,7 @@ TEST(Nccl, APeerThatNeverCallsIsATimeoutNamingTheOperation) {
       return;
     }
     std::vector<float> x(8, 1.f);
-    TensorView v = view_of(x.data(), x.size());
-    v.device = Device::cuda(0);
+    TensorView v = dev(x);
     Work w = comm->allreduce(v, ReduceOp::sum);
     try {
       w.wait();
@@ -444,8 +446,7 @@ TEST(Nccl, AnAbortOnOneRankEndsTheOthersOperationsWithItsReason) {
   job.run([&](int r) {
     auto comm = job.connect(r);
     std::vector<float> x(8, 1.f);
-    TensorView v = view_of(x.data(), x.size());
-    v.device = Device::cuda(0);
+    TensorView v = dev(x);
     if (r == 2) {
       std::this_thread::sleep_for(milliseconds(50));
       comm->abort("giving up on purpose");
@@ -473,8 +474,7 @@ TEST(Nccl, AnErrorNcclReportsFailsTheOperationInFlight) {
   job.run([&](int r) {
     auto comm = job.connect(r);
     std::vector<float> x(8, 1.f);
-    TensorView v = view_of(x.data(), x.size());
-    v.device = Device::cuda(0);
+    TensorView v = dev(x);
     if (r == 1) {
       rank0_failed.wait();
       Work w = comm->allreduce(v, ReduceOp::sum);
@@ -526,8 +526,7 @@ TEST(Nccl, ADeviceErrorFailsTheOperationWithCudasMessage) {
   Job job(1);
   auto comm = job.connect(0);
   std::vector<float> x(8, 1.f);
-  TensorView v = view_of(x.data(), x.size());
-  v.device = Device::cuda(0);
+  TensorView v = dev(x);
   comm->allreduce(v, ReduceOp::sum).wait();
   job.cuda->fail_queries = true;
   Work w = comm->allreduce(v, ReduceOp::sum);
