@@ -33,6 +33,7 @@
 #include "collie/work.h"
 #include "comm/config/config.h"
 #include "comm/op.h"
+#include "comm/stall_inspector.h"
 
 namespace collie {
 
@@ -81,6 +82,9 @@ struct BackendContext {
   std::shared_ptr<FailureLatch> failure;
   config::Env env;  // for the backend's own settings, read through comm/config
   RankNames names;  // for messages
+  // Where every rank is when an op times out (null without a store, or
+  // with one rank): the front reports issues, the executor completions.
+  std::shared_ptr<StallInspector> inspector;
 };
 
 // Which ranks a split makes, as the front worked it out (every rank of the

@@ -33,7 +33,7 @@ std::shared_ptr<TcpStoreServer> store_server(int port, const config::Launch& lau
   if (serving && (port <= 0 || serving->port() == port)) return serving;
   int fd = launch.store_fd;
   if (fd >= 0 && std::exchange(inherited_fd_taken, true)) fd = -1;
-  serving = TcpStoreServer::start(port < 0 ? 0 : port, launch.secret, fd);
+  serving = TcpStoreServer::start(port < 0 ? 0 : port, {launch.secret, launch.job}, fd);
   return serving;
 }
 
@@ -62,7 +62,8 @@ void make_rendezvous(const Options& options, BackendContext& ctx) {
     int port = launch.master_port;
     if (launch.rank == 0) server = store_server(port, launch);
     if (server) port = server->port();
-    auto client = TcpStore::connect(launch.master_addr, port, launch.secret, launch.timeout, who);
+    auto client = TcpStore::connect(launch.master_addr, port, {launch.secret, launch.job},
+                                    launch.timeout, who);
     ctx.listen_host = client->local_address();
     ctx.store = std::move(client);
     ctx.keep_alive = server;
@@ -96,6 +97,8 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   ctx.key = k == 0 ? "collie/world" : "collie/world." + std::to_string(k);
   ctx.failure = std::make_shared<FailureLatch>();
   if (entry.needs_store || options.store) make_rendezvous(options, ctx);
+  ctx.inspector = StallInspector::start(ctx.store, ctx.key, ctx.launch.rank, ctx.launch.world_size,
+                                        ctx.launch.timeout);
   log::info("rank " + std::to_string(ctx.launch.rank) + " of " +
             std::to_string(ctx.launch.world_size) + ": backend " + entry.name +
             ", launch variables from " + ctx.launch.source);

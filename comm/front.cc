@@ -59,6 +59,7 @@ class Core {
       op.desc.seq = ++(op.is_send ? send_seq : recv_seq)[op.peer];
     else
       op.desc.seq = ++coll_seq;
+    if (ctx.inspector && !op.p2p()) ctx.inspector->issued(op.desc.seq);
     if (op.in.device.is_cpu() && op.out.device.is_cpu()) return host_path->start(std::move(op));
     Work w = backend->start(std::move(op));
     host_path = backend->host_path();
@@ -73,6 +74,7 @@ class Core {
       destroyed = true;
     }
     backend->shutdown();
+    if (ctx.inspector) ctx.inspector->stop();
   }
 
   const BackendContext ctx;
@@ -182,6 +184,9 @@ class Front final : public Communicator {
           core_->ctx.key + "/s" + std::to_string(split_no) + "c" + std::to_string(color);
       plan.context.failure = std::make_shared<FailureLatch>();
       plan.context.names = RankNames();  // a new communicator: its own numbers
+      plan.context.inspector =
+          StallInspector::start(plan.context.store, plan.context.key, plan.new_rank,
+                                plan.context.launch.world_size, plan.context.launch.timeout);
     }
     auto b = core_->backend->split(plan);
     if (color < 0) return nullptr;

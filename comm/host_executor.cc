@@ -37,9 +37,11 @@ class HostExecutor::Queued final : public OpCompletion {
 };
 
 HostExecutor::HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> failure, int rank,
-                           std::chrono::milliseconds timeout)
+                           std::chrono::milliseconds timeout,
+                           std::shared_ptr<StallInspector> inspector)
     : runner_(runner),
       failure_(std::move(failure)),
+      inspector_(std::move(inspector)),
       rank_(rank),
       timeout_(timeout),
       continuations_(std::make_shared<ContinuationThread>()),
@@ -51,8 +53,10 @@ HostExecutor::HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> fai
 
 std::shared_ptr<HostExecutor> HostExecutor::start(HostRunner& runner,
                                                   std::shared_ptr<FailureLatch> failure, int rank,
-                                                  std::chrono::milliseconds timeout) {
-  auto ex = std::make_shared<HostExecutor>(runner, std::move(failure), rank, timeout);
+                                                  std::chrono::milliseconds timeout,
+                                                  std::shared_ptr<StallInspector> inspector) {
+  auto ex = std::make_shared<HostExecutor>(runner, std::move(failure), rank, timeout,
+                                           std::move(inspector));
   ex->thread_ = std::thread([weak = std::weak_ptr<HostExecutor>(ex)] {
     if (auto self = weak.lock()) self->loop();
   });
@@ -200,6 +204,7 @@ std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
     const Deadline deadline = Deadline::clock::now() + timeout_;
     if (!batch[0].op.p2p()) {
       runner_.run_collective(batch[0].op, deadline);
+      if (inspector_) inspector_->completed(batch[0].op.desc.seq);
       return std::nullopt;
     }
     P2pBatch p;
@@ -219,6 +224,10 @@ std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
     runner_.run_p2p(p, deadline);
     return std::nullopt;
   } catch (const Error& ex) {
+    // A collective of its own that passed its deadline (not a peer's
+    // failure, not an abort): ask every rank where it is, for the message.
+    if (ex.code() == ErrorCode::timeout && inspector_ && !batch[0].op.p2p() && !failure_->failed())
+      return fail(inspector_->explain(batch[0].op.desc, ex));
     return fail(ex);
   } catch (const std::exception& ex) {
     return fail(Error(ErrorCode::internal, batch[0].op.desc.describe() + ": " + ex.what()));
@@ -287,7 +296,8 @@ class HostBackend final : public Backend {
   HostBackend(std::string name, RunnerFactory make, RunnerSplitter split,
               std::unique_ptr<HostRunner> runner, const BackendContext& ctx)
       : name_(std::move(name)), make_(make), split_(split), runner_(std::move(runner)) {
-    exec_ = HostExecutor::start(*runner_, ctx.failure, ctx.launch.rank, ctx.launch.timeout);
+    exec_ = HostExecutor::start(*runner_, ctx.failure, ctx.launch.rank, ctx.launch.timeout,
+                                ctx.inspector);
   }
   // The executor stops before the runner it drives goes.
   ~HostBackend() override { exec_->shutdown(); }

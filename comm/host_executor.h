@@ -64,7 +64,8 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
  public:
   static std::shared_ptr<HostExecutor> start(HostRunner& runner,
                                              std::shared_ptr<FailureLatch> failure, int rank,
-                                             std::chrono::milliseconds timeout);
+                                             std::chrono::milliseconds timeout,
+                                             std::shared_ptr<StallInspector> inspector = nullptr);
   ~HostExecutor();
 
   Work submit(Op op);
@@ -76,7 +77,7 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   void shutdown();
 
   HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> failure, int rank,
-               std::chrono::milliseconds timeout);
+               std::chrono::milliseconds timeout, std::shared_ptr<StallInspector> inspector);
 
  private:
   class Queued;
@@ -99,6 +100,7 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
 
   HostRunner& runner_;
   std::shared_ptr<FailureLatch> failure_;
+  const std::shared_ptr<StallInspector> inspector_;
   const int rank_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<ContinuationThread> continuations_;

@@ -13,6 +13,7 @@ packages=(
   libhwloc-dev libopenblas-dev libopenmpi-dev openmpi-bin            # topology, PowerSGD, MPI
   gnuplot-nox                                                        # collie-bench --plot
   libgloo-dev                                                        # the Gloo peer in bench/peers/
+  libssl-dev                                                         # libcrypto: the handshakes' HMAC-SHA256
   python3-torch libtorch-dev                                         # collie.torch, torchrun, PyTorch's DDP; the libtorch example
   slurmctld slurmd slurm-client munge                                # the srun test's one-node SLURM
 )

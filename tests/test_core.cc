@@ -352,6 +352,34 @@ TEST(Config, MpiAlgorithmChoiceYieldsToTheUsersOwnSetting) {
 }
 
 // What `auto` picks, and what asking for a backend that cannot be had says.
+// The job identity every handshake compares: the launcher's job id where
+// it gives one, and the world size always; the secret is never made up
+// from it (it would travel in clear as the identity does).
+TEST(Config, JobIdentityComesFromTheLauncher) {
+  Options none;
+  auto job = [&](std::map<std::string, std::string> vars) {
+    vars.emplace("RANK", "0");
+    vars.emplace("WORLD_SIZE", "4");
+    vars.emplace("MASTER_PORT", "29500");
+    return config::resolve_launch(none, fake(vars));
+  };
+  EXPECT_EQ(job({}).job, "4 ranks");
+  EXPECT_EQ(job({}).secret, "");
+  EXPECT_EQ(job({{"TORCHELASTIC_RUN_ID", "abc"}}).job, "TORCHELASTIC_RUN_ID=abc, 4 ranks");
+  EXPECT_EQ(job({{"TORCHELASTIC_RUN_ID", "abc"}}).secret, "");
+  EXPECT_EQ(job({{"OMPI_MCA_ess_base_jobid", "77"}}).job, "OMPI_MCA_ess_base_jobid=77, 4 ranks");
+  EXPECT_EQ(job({{"SLURM_JOB_ID", "9"}, {"SLURM_STEP_ID", "2"}}).job, "SLURM_JOB_ID=9.2, 4 ranks");
+  // An explicit identity wins over the launcher's.
+  EXPECT_EQ(job({{"COLLIE_JOB_ID", "mine"}, {"SLURM_JOB_ID", "9"}}).job,
+            "COLLIE_JOB_ID=mine, 4 ranks");
+  EXPECT_EQ(job({{"COLLIE_JOB_SECRET", "s"}}).secret, "s");
+  // Two jobs that differ only in size are two jobs.
+  EXPECT_NE(job({}).job,
+            config::resolve_launch(
+                none, fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}}))
+                .job);
+}
+
 TEST(Registry, AutoPicksByLaunchAndAskingForAMissingBackendSaysWhy) {
   config::Launch one_host;
   one_host.world_size = 4;

@@ -273,6 +273,58 @@ TEST(Faults, StalledRankTimesOutItsPartnerNamingIt) {
   EXPECT_EQ(out[0].code(), "timeout") << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "rank 1")) << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "COLLIE_TIMEOUT")) << describe(out);
+  EXPECT_TRUE(contains(out[0].message(),
+                       "rank 1 last completed #0 and has not called #1 (its process is alive)"))
+      << describe(out);
+}
+
+// The stall inspector: when a collective passes its deadline, every rank's
+// error says where each rank is, asked through the store (the data
+// connections may be what is stuck). Rank 2 is alive and busy elsewhere.
+TEST(Faults, TheStallInspectorNamesWhoIsLateAndWhere) {
+  auto out = run_ranks(
+      4,
+      [](int rank, Options opt) {
+        auto c = connect(opt);
+        std::vector<float> x(1000, 1.0f);
+        c->allreduce(view_of(x.data(), x.size()), ReduceOp::sum).wait();  // #1, everyone
+        if (rank == 2)
+          std::this_thread::sleep_for(6s);  // alive, not calling #2
+        else
+          c->allreduce(view_of(x.data(), x.size()), ReduceOp::avg).wait();
+        return std::string("done");
+      },
+      2s);
+  for (int r : {0, 1, 3}) {
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_NE(out[r].code(), "") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "allreduce #2 (f32 x 1000, avg)")) << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "ranks 0, 1, 3 wait in #2")) << describe(out);
+    EXPECT_TRUE(contains(out[r].message(),
+                         "rank 2 last completed #1 and has not called #2 (its process is alive)"))
+        << describe(out);
+  }
+}
+
+// A rank that cannot answer (stopped: its process exists but runs nothing)
+// is named as such, not mistaken for a live one.
+TEST(Faults, TheStallInspectorNamesARankThatDoesNotAnswer) {
+  auto out = run_ranks(
+      3,
+      [](int rank, Options opt) {
+        auto c = connect(opt);
+        float x = 1;
+        c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+        if (rank == 2) raise(SIGSTOP);  // the harness kills it at its limit
+        c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+        return std::string("done");
+      },
+      2s, {}, 12s);
+  for (int r : {0, 1}) {
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "ranks 0, 1 wait in #2")) << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "rank 2 did not answer within")) << describe(out);
+  }
 }
 
 // A rank that finishes early (its communicator destroyed cleanly) while the
@@ -394,6 +446,34 @@ TEST(Faults, WrongSecretIsRefused) {
   EXPECT_NE(out[1].code(), "") << describe(out);
   EXPECT_TRUE(contains(out[1].message(), "COLLIE_JOB_SECRET")) << describe(out);
   EXPECT_FALSE(out[0].ok()) << describe(out);
+}
+
+// Past a store that checks nothing (a shared file), the mesh's own handshake
+// still refuses a rank without the secret: it proves nothing it cannot, and
+// the other rank is not joined by it.
+TEST(Faults, TheMeshRefusesARankWithoutTheSecretEvenPastTheStore) {
+  const std::string path = "/tmp/collie-test-mesh-secret-" + std::to_string(::getpid()) + ".store";
+  std::remove(path.c_str());
+  auto out = run_ranks(
+      2,
+      [&](int rank, Options opt) {
+        opt.store = std::shared_ptr<Store>(make_file_store(path, 3s));
+        opt.backend = "tcp";
+        if (rank == 1) opt.secret = "not-the-secret";
+        connect(opt);
+        return std::string("joined");
+      },
+      3s);
+  std::remove(path.c_str());
+  EXPECT_EQ(out[1].code(), "invalid_argument") << describe(out);
+  EXPECT_TRUE(contains(out[1].message(), "could not prove that it knows this job's secret"))
+      << describe(out);
+  EXPECT_FALSE(out[0].ok()) << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "waiting for rank 1 to connect")) << describe(out);
+  EXPECT_TRUE(contains(out[0].message(),
+                       "refused a connection from 127.0.0.1 claiming to be "
+                       "rank 1 that could not prove it knows this job's secret"))
+      << describe(out);
 }
 
 // Ranks that open different numbers of connections to each peer would cut

@@ -2,9 +2,15 @@
 // answers, then the multi-process parts with real processes: forked clients
 // (the server lives in a forked process too, so that the test process stays
 // single-threaded when it forks), concurrent adds, compare_set as a lock, a
-// blocking get answered by another process, refused secrets, strays that
+// blocking get answered by another process, the handshake (checked against
+// an HMAC computed here with OpenSSL directly): refused secrets and jobs, a
+// secret that never travels, a recorded handshake replayed; strays that
 // send garbage or nothing, oversized messages, and a server that dies.
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -30,6 +36,7 @@ namespace {
 using namespace std::chrono_literals;
 
 const std::string kSecret = "store-test-secret";
+const std::string kJob = "COLLIE_JOB_ID=store-test, 2 ranks";
 
 // A store server in its own process, on a socket bound here first (the way
 // collie-run hands one to rank 0), so its port is known before it starts.
@@ -37,12 +44,12 @@ struct ServerProcess {
   pid_t pid = -1;
   int port = 0;
 
-  ServerProcess() {
+  explicit ServerProcess(const std::string& job = kJob) {
     net::Fd listener = net::listen_tcp("127.0.0.1", 0, "test");
     port = net::local_port(listener.get());
     pid = fork();
     if (pid == 0) {
-      auto server = TcpStoreServer::start(0, kSecret, listener.release());
+      auto server = TcpStoreServer::start(0, {kSecret, job}, listener.release());
       for (;;) pause();  // until killed
     }
   }
@@ -77,9 +84,9 @@ int join(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
 }
 
-std::unique_ptr<TcpStore> client(int port, const std::string& secret = kSecret,
-                                 Millis timeout = 5s) {
-  return TcpStore::connect("127.0.0.1", port, secret, timeout, "test client");
+std::unique_ptr<TcpStore> client(int port, const std::string& secret = kSecret, Millis timeout = 5s,
+                                 const std::string& job = kJob) {
+  return TcpStore::connect("127.0.0.1", port, {secret, job}, timeout, "test client");
 }
 
 struct Caught {
@@ -293,28 +300,175 @@ TEST(TcpStore, WrongSecretIsRefusedAndOthersKeepWorking) {
   good->set("k", to_bytes("v"));
   Caught e = error_of([&] { client(server.port, "wrong-secret"); });
   EXPECT_EQ(e.code, ErrorCode::invalid_argument) << e.msg;
-  EXPECT_TRUE(contains(e.msg, "the store at 127.0.0.1:" + std::to_string(server.port) +
-                                  " refused this client: COLLIE_JOB_SECRET differs from rank 0's"))
-      << e.msg;
+  EXPECT_TRUE(contains(e.msg, "the store at 127.0.0.1:" + std::to_string(server.port))) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "could not prove that it knows this job's secret")) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "COLLIE_JOB_SECRET differs from rank 0's")) << e.msg;
   EXPECT_TRUE(contains(e.msg, "test client")) << e.msg;
   EXPECT_EQ(to_string(good->get("k")), "v");
   EXPECT_EQ(to_string(client(server.port)->get("k")), "v");
 }
 
-// The handshake as the wire format in tcp_store.cc spells it: u32 length,
-// op 1 (HELLO), then the magic and the secret, each u32 length + bytes.
-std::string hello_message(const std::string& magic, const std::string& secret) {
-  auto u32 = [](std::string& s, uint32_t v) {
-    for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
-  };
-  std::string rec(1, '\x01');
-  u32(rec, static_cast<uint32_t>(magic.size()));
-  rec += magic;
-  u32(rec, static_cast<uint32_t>(secret.size()));
-  rec += secret;
+TEST(TcpStore, ARankOfAnotherJobIsRefusedByName) {
+  ServerProcess server("COLLIE_JOB_ID=a, 2 ranks");
+  // The same secret (or none: plain torchrun/mpirun variables) and another
+  // job: refused, whatever the secret says.
+  Caught e = error_of([&] { client(server.port, kSecret, 5s, "COLLIE_JOB_ID=b, 2 ranks"); });
+  EXPECT_EQ(e.code, ErrorCode::invalid_argument) << e.msg;
+  EXPECT_TRUE(contains(e.msg,
+                       "this store serves job 'COLLIE_JOB_ID=a, 2 ranks' and the client is "
+                       "of job 'COLLIE_JOB_ID=b, 2 ranks'"))
+      << e.msg;
+  e = error_of([&] { client(server.port, kSecret, 5s, "COLLIE_JOB_ID=a, 3 ranks"); });
+  EXPECT_TRUE(contains(e.msg, "job 'COLLIE_JOB_ID=a, 3 ranks'")) << e.msg;
+  EXPECT_EQ(client(server.port, kSecret, 5s, "COLLIE_JOB_ID=a, 2 ranks")->add("n", 1), 1);
+}
+
+void put_u32(std::string& s, uint32_t v) {
+  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+// A whole message as the wire format in tcp_store.cc spells it: u32 length,
+// then the op, then the fields, each u32 length + bytes.
+std::string record(uint8_t op, const std::vector<std::string>& fields) {
+  std::string rec(1, static_cast<char>(op));
+  for (auto& f : fields) {
+    put_u32(rec, static_cast<uint32_t>(f.size()));
+    rec += f;
+  }
   std::string msg;
-  u32(msg, static_cast<uint32_t>(rec.size()));
+  put_u32(msg, static_cast<uint32_t>(rec.size()));
   return msg + rec;
+}
+std::string hello_message(const std::string& magic, const std::string& job,
+                          const std::string& nonce) {
+  return record(1, {magic, job, nonce});
+}
+
+// A reply: the status byte and the fields.
+std::pair<int, std::vector<std::string>> read_reply(int fd) {
+  std::string r = net::read_blob(fd, 1 << 20, net::deadline_after(5s), "raw client");
+  std::vector<std::string> f;
+  for (size_t at = 1; at + 4 <= r.size();) {
+    uint32_t len = static_cast<uint8_t>(r[at]) | static_cast<uint8_t>(r[at + 1]) << 8 |
+                   static_cast<uint8_t>(r[at + 2]) << 16 |
+                   static_cast<uint32_t>(static_cast<uint8_t>(r[at + 3])) << 24;
+    f.push_back(r.substr(at + 4, len));
+    at += 4 + len;
+  }
+  return {r.empty() ? -1 : static_cast<uint8_t>(r[0]), f};
+}
+
+// HMAC-SHA256 as comm/net/auth.h defines the input: each part after its
+// u64 little-endian length. Computed here with OpenSSL directly, so that
+// the test checks the protocol rather than the library against itself.
+std::string hmac(const std::string& key, const std::vector<std::string>& parts) {
+  std::string in;
+  for (auto& p : parts) {
+    for (int i = 0; i < 8; ++i) in.push_back(static_cast<char>((uint64_t{p.size()} >> (8 * i))));
+    in += p;
+  }
+  unsigned char out[32];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(in.data()), in.size(), out, &n);
+  return std::string(reinterpret_cast<char*>(out), n);
+}
+
+std::string nonce() {
+  std::string n(32, '\0');
+  RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), 32);
+  return n;
+}
+
+// The whole handshake by hand on a fresh connection, with `secret`.
+struct RawResult {
+  bool server_proved = false;  // its MAC is the one this secret gives
+  bool accepted = false;       // it said ok to the proof
+};
+RawResult raw_handshake(int fd, const std::string& secret = kSecret) {
+  auto d = net::deadline_after(5s);
+  const std::string cn = nonce();
+  std::string m = hello_message("collie-store-2", kJob, cn);
+  net::write_full(fd, m.data(), m.size(), d, "raw client");
+  auto [status, f] = read_reply(fd);
+  if (status != 0 || f.size() != 2) return {};
+  RawResult r;
+  r.server_proved = f[1] == hmac(secret, {"collie-store-2", "server", kJob, cn, f[0]});
+  m = record(9, {hmac(secret, {"collie-store-2", "client", kJob, cn, f[0]})});
+  net::write_full(fd, m.data(), m.size(), d, "raw client");
+  r.accepted = read_reply(fd).first == 0;
+  return r;
+}
+
+TEST(TcpStore, TheProtocolIsHmacOverBothNonces) {
+  ServerProcess server;
+  auto fd = net::connect_tcp({"127.0.0.1", server.port}, net::deadline_after(5s), "raw client");
+  RawResult r = raw_handshake(fd.get());
+  ASSERT_TRUE(r.server_proved && r.accepted);
+  std::string m = record(4, {"n", "5"});  // ADD n 5
+  net::write_full(fd.get(), m.data(), m.size(), net::deadline_after(5s), "raw client");
+  auto [status, f] = read_reply(fd.get());
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(f, std::vector<std::string>{"5"});
+  auto wrong = net::connect_tcp({"127.0.0.1", server.port}, net::deadline_after(5s), "raw");
+  r = raw_handshake(wrong.get(), "not-the-secret");
+  EXPECT_FALSE(r.server_proved);
+  EXPECT_FALSE(r.accepted);
+}
+
+// A client's bytes, relayed to the server and recorded: the secret is not
+// among them, and replaying them on a new connection is refused (the
+// server's nonce is new, so the recorded proof no longer fits).
+TEST(TcpStore, TheSecretNeverTravelsAndARecordedHandshakeReplayedIsRefused) {
+  ServerProcess server;
+  net::Fd relay = net::listen_tcp("127.0.0.1", 0, "relay");
+  const int relay_port = net::local_port(relay.get());
+  pid_t child = spawn([&] {
+    auto c = client(relay_port);
+    c->set("through the relay", to_bytes("yes"));
+    return 0;
+  });
+  auto d = net::deadline_after(10s);
+  int in = -1;
+  {
+    pollfd p{relay.get(), POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 10000), 1);
+    in = ::accept(relay.get(), nullptr, nullptr);
+  }
+  net::Fd from_client(in);
+  net::Fd to_server = net::connect_tcp({"127.0.0.1", server.port}, d, "relay");
+  std::string sent;  // client -> server
+  for (bool open = true; open;) {
+    pollfd p[2] = {{from_client.get(), POLLIN, 0}, {to_server.get(), POLLIN, 0}};
+    ASSERT_GT(::poll(p, 2, 10000), 0) << "the relay stalled";
+    char buf[4096];
+    for (int i = 0; i < 2; ++i) {
+      if (!p[i].revents) continue;
+      ssize_t n = ::recv(p[i].fd, buf, sizeof buf, 0);
+      if (n <= 0) {
+        open = false;
+        break;
+      }
+      if (i == 0) sent.append(buf, static_cast<size_t>(n));
+      net::write_full(p[1 - i].fd, buf, static_cast<size_t>(n), d, "relay");
+    }
+  }
+  EXPECT_EQ(join(child), 0);
+  EXPECT_EQ(sent.find(kSecret), std::string::npos) << "the secret went over the wire";
+  EXPECT_EQ(to_string(client(server.port)->get("through the relay")), "yes");
+
+  // Replay the recorded hello and proof, as they were.
+  auto whole = [&](size_t at) { return 4 + static_cast<size_t>(static_cast<uint8_t>(sent[at])); };
+  const size_t hello_len = whole(0), proof_len = whole(hello_len);
+  ASSERT_GE(sent.size(), hello_len + proof_len);
+  auto replay = net::connect_tcp({"127.0.0.1", server.port}, d, "replay");
+  net::write_full(replay.get(), sent.data(), hello_len, d, "replay");
+  EXPECT_EQ(read_reply(replay.get()).first, 0) << "the hello alone is not refused";
+  net::write_full(replay.get(), sent.data() + hello_len, proof_len, d, "replay");
+  auto [status, f] = read_reply(replay.get());
+  EXPECT_EQ(status, 2) << "a replayed proof must be refused";
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0], "the job secret does not match");
 }
 
 // Whether the server closes `fd` (end of stream) before `deadline`.
@@ -339,16 +493,12 @@ TEST(TcpStore, StraysWithGarbageOrHugeLengthsAreDroppedAndOthersServed) {
   const unsigned char big[4] = {0xff, 0xff, 0xff, 0x7f};  // a 2 GiB record
   net::write_full(huge.get(), big, 4, deadline, "stray");
   auto wrong_magic = net::connect_tcp(ep, deadline, "stray");
-  std::string m = hello_message("not-collie", kSecret);
+  std::string m = hello_message("not-collie", kJob, nonce());
   net::write_full(wrong_magic.get(), m.data(), m.size(), deadline, "stray");
-  // A client that shows the secret and then declares a record far over the
-  // cap: the server must drop it without trying to buffer it.
+  // A client that passes the handshake and then declares a record far over
+  // the cap: the server must drop it without trying to buffer it.
   auto huge_after_hello = net::connect_tcp(ep, deadline, "stray");
-  m = hello_message("collie-store-1", kSecret);
-  net::write_full(huge_after_hello.get(), m.data(), m.size(), deadline, "stray");
-  char ok[5];
-  net::read_full(huge_after_hello.get(), ok, 5, deadline, "stray");
-  EXPECT_EQ(ok[4], 0) << "the handshake was not accepted";
+  ASSERT_TRUE(raw_handshake(huge_after_hello.get()).accepted) << "the handshake was refused";
   const unsigned char over[4] = {0xf0, 0xff, 0xff, 0xff};
   net::write_full(huge_after_hello.get(), over, 4, deadline, "stray");
 
@@ -427,7 +577,7 @@ TEST(TcpStore, ServerDeathIsPeerLostForAParkedGetAndAfter) {
 // on a port of its own choosing. Last among the TCP tests: it makes this
 // process multi-threaded for a while, and the others fork.
 TEST(TcpStore, ServerInThisProcessServesThreadsSharingOneClient) {
-  auto server = TcpStoreServer::start(0, kSecret);
+  auto server = TcpStoreServer::start(0, {kSecret, kJob});
   ASSERT_GT(server->port(), 0);
   auto c = client(server->port());
   std::mutex mu;

@@ -89,6 +89,27 @@ std::optional<int> port_from_job_id(const Env& env) {
   return std::nullopt;
 }
 
+// What tells this job apart from another that reaches the same store or
+// mesh: the launcher's job id where it gives one (COLLIE_JOB_ID, torchrun's
+// run id, Open MPI's and SLURM's job ids), and always the world size. Sent
+// in clear and compared before the secret, so that a rank of another job is
+// told "another job" rather than "wrong secret", and refused even when
+// neither job set a secret.
+std::string job_identity(const Env& env, int world_size) {
+  std::string id;
+  for (const char* name :
+       {"COLLIE_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"})
+    if (const char* v = env(name); v && *v) {
+      id = std::string(name) + "=" + std::string(v).substr(0, 200);
+      if (std::string_view(name) == "SLURM_JOB_ID")
+        if (const char* step = env("SLURM_STEP_ID"); step && *step)
+          id += "." + std::string(step).substr(0, 32);
+      id += ", ";
+      break;
+    }
+  return id + std::to_string(world_size) + (world_size == 1 ? " rank" : " ranks");
+}
+
 }  // namespace
 
 Launch resolve_launch(const Options& o, const Env& env) {
@@ -184,16 +205,7 @@ Launch resolve_launch(const Options& o, const Env& env) {
   l.secret = o.secret;
   if (l.secret.empty())
     if (const char* v = env("COLLIE_JOB_SECRET")) l.secret = v;
-  if (l.secret.empty()) {
-    // No secret given (torchrun, mpirun): derive one from the job's identity
-    // so that at least a stray client cannot join by accident.
-    for (const char* name : {"TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"})
-      if (const char* v = env(name); v && *v) {
-        l.secret = std::string(name) + "=" + v;
-        break;
-      }
-  }
-  if (l.secret.empty()) l.secret = "collie-default-secret";
+  l.job = job_identity(env, l.world_size);
 
   if (o.timeout.count() > 0) {
     l.timeout = o.timeout;

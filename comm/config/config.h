@@ -29,7 +29,12 @@ struct Launch {
   int local_world_size = 1;
   std::string master_addr;  // empty only when world_size == 1
   int master_port = -1;
+  // COLLIE_JOB_SECRET or Options::secret ("" when neither): the key of the
+  // handshakes' HMAC, never sent (comm/net/auth.h).
   std::string secret;
+  // Who the job is ("TORCHELASTIC_RUN_ID=abc, 4 ranks"): compared in clear
+  // at every handshake, so that a rank of another job is refused by name.
+  std::string job;
   int store_fd = -1;       // listening socket handed down by collie-run (rank 0)
   std::string store_file;  // COLLIE_STORE_FILE: rendezvous through a shared file instead
   std::string source;      // which launcher's variables were used, for messages

@@ -299,15 +299,4 @@ std::string read_blob(int fd, size_t max_len, Deadline deadline, const std::stri
   return s;
 }
 
-bool equal_secret(const std::string& a, const std::string& b) {
-  unsigned diff = a.size() == b.size() ? 0u : 1u;
-  size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= static_cast<unsigned>(x ^ y);
-  }
-  return diff == 0;
-}
-
 }  // namespace collie::net

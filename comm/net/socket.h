@@ -87,7 +87,4 @@ void write_full(int fd, const void* buf, size_t n, Deadline deadline, const std:
 void write_blob(int fd, const std::string& s, Deadline deadline, const std::string& what);
 std::string read_blob(int fd, size_t max_len, Deadline deadline, const std::string& what);
 
-// Constant-time comparison, for secrets.
-bool equal_secret(const std::string& a, const std::string& b);
-
 }  // namespace collie::net

@@ -38,6 +38,10 @@ class FileStore final : public Store {
     Locked l(*this, LOCK_EX);  // creates the file and its header, or says why it cannot
   }
 
+  std::unique_ptr<Store> connect_again() override {
+    return std::make_unique<FileStore>(path_, timeout_);
+  }
+
   void set(const std::string& key, const Bytes& value) override {
     Locked l(*this, LOCK_EX);
     l.append('s', key, value);

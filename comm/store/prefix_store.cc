@@ -49,5 +49,10 @@ bool PrefixStore::remove(const std::string& key) {
 bool PrefixStore::check(const std::vector<std::string>& keys) {
   return base_->check(prefixed(keys));
 }
+std::unique_ptr<Store> PrefixStore::connect_again() {
+  std::shared_ptr<Store> again = base_->connect_again();
+  if (!again) return nullptr;
+  return std::make_unique<PrefixStore>(std::move(again), prefix_);
+}
 
 }  // namespace collie

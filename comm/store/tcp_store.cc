@@ -6,15 +6,18 @@
 // deadline). A request that must wait (get, wait) is parked on its
 // connection and answered when a later set, add or compare_set makes its
 // keys exist; the client enforces the deadline. Every message is a
-// length-prefixed record with hard caps, and a client must present the job
-// secret in its first message, within 10 s, or it is dropped: garbage or
-// silence on the port costs the server one socket for a moment, and nothing
-// else.
+// length-prefixed record with hard caps, and a client must pass the
+// handshake within 10 s or it is dropped: garbage or silence on the port
+// costs the server one socket for a moment, and nothing else. The handshake
+// names the job (a client of another job is refused, and told so) and proves
+// on both sides that the job secret is known, without sending it
+// (comm/net/auth.h).
 //
 // Wire format, both ways: u32 length (little-endian), then the record.
 // Request record: u8 op, then fields, each u32 length + bytes.
 // Reply record: u8 status (0 ok, 1 failed, 2 refused), then fields.
-//   HELLO magic secret          -> ok | refused(reason)
+//   HELLO magic job nonce       -> ok(server nonce, server MAC) | refused(reason)
+//   PROOF client MAC            -> ok | refused(reason)
 //   SET key value               -> ok
 //   GET key                     -> ok(value), once the key exists
 //   ADD key delta               -> ok(new value), both decimal int64
@@ -37,6 +40,8 @@
 #include <thread>
 
 #include "collie/store.h"
+#include "comm/core/log.h"
+#include "comm/net/auth.h"
 #include "comm/net/socket.h"
 #include "comm/store/parse_int.h"
 
@@ -47,17 +52,17 @@ namespace {
 using net::Clock;
 using net::Deadline;
 
-enum Op : uint8_t { kHello = 1, kSet, kGet, kAdd, kWait, kCompareSet, kDelete, kCheck };
+enum Op : uint8_t { kHello = 1, kSet, kGet, kAdd, kWait, kCompareSet, kDelete, kCheck, kProof };
 enum Status : uint8_t { kOk = 0, kFailed = 1, kRefused = 2 };
 
 // The magic names the protocol version too: a client of another version is
 // dropped at the handshake instead of misreading replies.
-constexpr std::string_view kMagic = "collie-store-1";
+constexpr std::string_view kMagic = "collie-store-2";
 constexpr size_t kMaxKey = 4096;
 constexpr size_t kMaxValue = size_t{64} << 20;
 // compare_set carries two values; a wait may carry many keys.
 constexpr size_t kMaxRecord = 2 * kMaxValue + (size_t{64} << 10);
-// Before the secret is shown a connection may make the server buffer no more.
+// Before the handshake is done a connection may make the server buffer no more.
 constexpr size_t kMaxHello = 1024;
 constexpr auto kHandshakeTime = std::chrono::seconds(10);
 // How long to pause accepting when the process is out of file descriptors:
@@ -108,6 +113,21 @@ std::vector<std::string_view> views(const std::vector<std::string>& v) {
   return {v.begin(), v.end()};
 }
 
+// The two MACs of a handshake: distinct labels, so that neither side's
+// proof can be reflected back as the other's.
+auth::Mac server_mac(const std::string& secret, std::string_view job, std::string_view client_nonce,
+                     std::string_view server_nonce) {
+  return auth::mac(secret, {kMagic, "server", job, client_nonce, server_nonce});
+}
+auth::Mac client_mac(const std::string& secret, std::string_view job, std::string_view client_nonce,
+                     std::string_view server_nonce) {
+  return auth::mac(secret, {kMagic, "client", job, client_nonce, server_nonce});
+}
+
+std::string_view mac_view(const auth::Mac& m) {
+  return {reinterpret_cast<const char*>(m.data()), m.size()};
+}
+
 std::string list_keys(const std::vector<std::string>& keys) {
   std::string s;
   for (size_t i = 0; i < keys.size() && i < 8; ++i) s += (i ? ", " : "") + keys[i];
@@ -117,8 +137,8 @@ std::string list_keys(const std::vector<std::string>& keys) {
 
 class Server final : public TcpStoreServer {
  public:
-  Server(net::Fd listener, std::string secret)
-      : listener_(std::move(listener)), secret_(std::move(secret)) {
+  Server(net::Fd listener, StoreAuth auth)
+      : listener_(std::move(listener)), auth_(std::move(auth)) {
     port_ = net::local_port(listener_.get());
     net::set_nonblocking(listener_.get(), true);
     int p[2];
@@ -145,6 +165,8 @@ class Server final : public TcpStoreServer {
     std::string out;  // replies not yet sent, from out_at on
     size_t out_at = 0;
     bool authed = false;
+    std::string client_nonce;  // from the hello; empty until then
+    auth::Nonce server_nonce{};
     bool closing = false;  // refused: close once `out` is sent
     Deadline hello_deadline;
     uint8_t parked_op = 0;            // a get or wait waiting for keys
@@ -325,20 +347,45 @@ class Server final : public TcpStoreServer {
     }
   }
 
+  // Hello, then proof. Anything that is not a collie client of this version
+  // is dropped without a word; a collie client of another job or without
+  // the secret is told why, and the refusal logged with its address.
   bool handshake(Conn& c, uint8_t op, const std::vector<std::string>& f) {
-    if (op != kHello || f.size() != 2 || f[0] != kMagic) {
-      c.fd.reset();  // not a collie client of this version: drop it without a word
+    if (c.client_nonce.empty()) {
+      if (op != kHello || f.size() != 3 || f[0] != kMagic || f[2].size() != auth::kNonceBytes) {
+        c.fd.reset();
+        return false;
+      }
+      if (f[1] != auth_.job)
+        return refuse(c, "this store serves job '" + auth_.job + "' and the client is of job '" +
+                             f[1].substr(0, 300) +
+                             "' (a rank of another job pointed at this store's port?)");
+      c.client_nonce = f[2];
+      c.server_nonce = auth::fresh_nonce();
+      std::string_view sn = auth::view(c.server_nonce);
+      c.out += message(kOk, {sn, mac_view(server_mac(auth_.secret, auth_.job, f[2], sn))});
+      return true;
+    }
+    if (op != kProof || f.size() != 1) {
+      c.fd.reset();
       return false;
     }
-    if (!net::equal_secret(f[1], secret_)) {
-      // Say why before closing, so the client can tell a refusal from a crash.
-      c.out += message(kRefused, {"the job secret does not match"});
-      c.closing = true;
-      return false;
-    }
+    if (!auth::same(client_mac(auth_.secret, auth_.job, c.client_nonce, auth::view(c.server_nonce)),
+                    f[0]))
+      return refuse(c, "the job secret does not match");
     c.authed = true;
     c.out += message(kOk, {});
     return true;
+  }
+
+  // Says why before closing, so that the client can tell a refusal from a
+  // crash; and logs it here, with the address, for whoever runs rank 0.
+  bool refuse(Conn& c, const std::string& why) {
+    log::warn("store on port " + std::to_string(port_) + ": refused a client at " +
+              net::peer_host(c.fd.get()) + ": " + why);
+    c.out += message(kRefused, {why});
+    c.closing = true;
+    return false;
   }
 
   static bool keys_ok(const std::vector<std::string>& keys) {
@@ -382,7 +429,7 @@ class Server final : public TcpStoreServer {
   }
 
   net::Fd listener_;
-  std::string secret_;
+  const StoreAuth auth_;
   int port_ = 0;
   net::Fd wake_r_, wake_w_;
   std::atomic<bool> stop_{false};
@@ -442,10 +489,10 @@ constexpr auto kReconnectTime = std::chrono::seconds(3);
 
 class TcpStoreClient final : public TcpStore {
  public:
-  TcpStoreClient(std::string host, int port, std::string secret, Millis timeout, std::string who)
+  TcpStoreClient(std::string host, int port, StoreAuth auth, Millis timeout, std::string who)
       : TcpStore(timeout),
         ep_{std::move(host), port},
-        secret_(std::move(secret)),
+        auth_(std::move(auth)),
         who_(std::move(who)) {
     std::string what = who_ + ": connecting to " + where();
     Deadline deadline = net::deadline_after(timeout);
@@ -464,6 +511,10 @@ class TcpStoreClient final : public TcpStore {
   }
 
   std::string local_address() const override { return local_; }
+
+  std::unique_ptr<Store> connect_again() override {
+    return std::make_unique<TcpStoreClient>(ep_.host, ep_.port, auth_, timeout_, who_);
+  }
 
   void set(const std::string& key, const Bytes& value) override {
     check_value(key, value);
@@ -533,30 +584,59 @@ class TcpStoreClient final : public TcpStore {
     return f[0];
   }
 
-  // Presents the secret on the fresh connection fd_. A refusal throws
-  // invalid_argument; a connection that closes instead, peer_lost.
+  // The handshake on the fresh connection fd_ (comm/net/auth.h): names the
+  // job, checks that the server knows the secret, proves that this client
+  // does. A refusal throws invalid_argument; a connection that closes
+  // instead, peer_lost.
   void hello(Deadline deadline) {
     std::string what = who_ + ": connecting to " + where();
-    std::string msg = message(kHello, {kMagic, secret_});
-    std::string r;
-    try {
-      net::write_full(fd_.get(), msg.data(), msg.size(), deadline, what);
-      r = net::read_blob(fd_.get(), kMaxRecord, deadline, what);
-    } catch (const Error&) {
-      fd_.reset();
-      throw;
-    }
-    if (!r.empty() && r[0] == kRefused) {
-      fd_.reset();
-      throw Error(ErrorCode::invalid_argument,
-                  who_ + ": " + where() +
-                      " refused this client: COLLIE_JOB_SECRET differs from rank 0's (every rank "
-                      "of a job must share one secret)");
-    }
-    if (r.empty() || r[0] != kOk) {
+    const auth::Nonce nonce = auth::fresh_nonce();
+    std::vector<std::string> f;
+    auto exchange = [&](const std::string& msg) {
+      std::string r;
+      try {
+        net::write_full(fd_.get(), msg.data(), msg.size(), deadline, what);
+        r = net::read_blob(fd_.get(), kMaxHello, deadline, what);
+      } catch (const Error&) {
+        fd_.reset();
+        throw;
+      }
+      if (!r.empty() && r[0] == kRefused && parse_fields(r, f) && f.size() == 1) {
+        fd_.reset();
+        throw Error(ErrorCode::invalid_argument,
+                    who_ + ": " + where() + " refused this client: " + f[0] +
+                        (f[0].find("secret") != std::string::npos
+                             ? " (COLLIE_JOB_SECRET differs from rank 0's: every rank of a job "
+                               "must share one secret)"
+                             : ""));
+      }
+      if (r.empty() || r[0] != kOk || !parse_fields(r, f)) {
+        fd_.reset();
+        throw Error(ErrorCode::internal, what + ": malformed handshake reply");
+      }
+    };
+    exchange(message(kHello, {kMagic, auth_.job, auth::view(nonce)}));
+    if (f.size() != 2 || f[0].size() != auth::kNonceBytes) {
       fd_.reset();
       throw Error(ErrorCode::internal, what + ": malformed handshake reply");
     }
+    const std::string proof =
+        std::string(mac_view(client_mac(auth_.secret, auth_.job, auth::view(nonce), f[0])));
+    if (!auth::same(server_mac(auth_.secret, auth_.job, auth::view(nonce), f[0]), f[1])) {
+      // Still show the proof, so that the server logs the refusal with
+      // this client's address: both ends of the job hear of it.
+      try {
+        std::string msg = message(kProof, {proof});
+        net::write_full(fd_.get(), msg.data(), msg.size(), deadline, what);
+      } catch (const Error&) {
+      }
+      fd_.reset();
+      throw Error(ErrorCode::invalid_argument,
+                  what +
+                      ": it could not prove that it knows this job's secret (COLLIE_JOB_SECRET "
+                      "differs from rank 0's, or something else listens at that address)");
+    }
+    exchange(message(kProof, {proof}));
   }
 
   // Connects again after a timed-out request; a store that cannot be
@@ -643,7 +723,7 @@ class TcpStoreClient final : public TcpStore {
 
   Turn turn_;
   const net::Endpoint ep_;
-  const std::string secret_;
+  const StoreAuth auth_;
   const std::string who_;
   std::string local_;  // set once, by the constructor
   net::Fd fd_;         // invalid after a timed-out request, until the next call
@@ -652,7 +732,7 @@ class TcpStoreClient final : public TcpStore {
 
 }  // namespace
 
-std::unique_ptr<TcpStoreServer> TcpStoreServer::start(int port, const std::string& secret,
+std::unique_ptr<TcpStoreServer> TcpStoreServer::start(int port, const StoreAuth& auth,
                                                       int listen_fd) {
   net::Fd fd;
   if (listen_fd >= 0) {
@@ -667,13 +747,13 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(int port, const std::strin
     fd = net::listen_tcp("", port, "rank 0: serving the store");
   }
   net::set_cloexec(fd.get(), true);
-  return std::make_unique<Server>(std::move(fd), secret);
+  return std::make_unique<Server>(std::move(fd), auth);
 }
 
 std::unique_ptr<TcpStore> TcpStore::connect(const std::string& host, int port,
-                                            const std::string& secret, Millis timeout,
+                                            const StoreAuth& auth, Millis timeout,
                                             const std::string& who) {
-  return std::make_unique<TcpStoreClient>(host, port, secret, timeout, who);
+  return std::make_unique<TcpStoreClient>(host, port, auth, timeout, who);
 }
 
 }  // namespace collie

@@ -13,6 +13,7 @@
 #include "comm/core/log.h"
 #include "comm/core/topology.h"
 #include "comm/host_executor.h"
+#include "comm/net/auth.h"
 #include "comm/net/socket.h"
 #include "comm/tcp/tcp_mesh.h"
 
@@ -24,8 +25,12 @@ using std::chrono::milliseconds;
 
 // The first bytes on every mesh connection: who is calling, for which
 // communicator, which of its connections to this rank it is (`lane` of
-// `lanes`), with which secret. Fixed size so that a stray client's garbage
-// is read in one bounded piece and refused.
+// `lanes`), and a fresh nonce. Fixed size so that a stray client's garbage
+// is read in one bounded piece and refused. Then the acceptor answers with a
+// Challenge (its nonce and its proof that it knows the job secret), the
+// connector with its own proof, and the acceptor with kAck: the handshake of
+// comm/net/auth.h, with the hello's bytes and the job identity under both
+// MACs.
 struct Hello {
   uint32_t magic;
   uint32_t version;
@@ -34,15 +39,18 @@ struct Hello {
   int16_t lane;
   int16_t lanes;
   char key[108];
-  char secret[128];
+  uint8_t nonce[auth::kNonceBytes];
 };
-static_assert(sizeof(Hello) == 256);
+static_assert(sizeof(Hello) == 160);
+struct Challenge {
+  uint8_t nonce[auth::kNonceBytes];
+  uint8_t mac[auth::kMacBytes];
+};
 constexpr uint32_t kHelloMagic = 0x434c4c48;  // "CLLH"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr char kAck[4] = {'c', 'o', 'k', '1'};
 
-Hello make_hello(int from, int to, int lane, int lanes, const std::string& key,
-                 const std::string& secret) {
+Hello make_hello(int from, int to, int lane, int lanes, const std::string& key) {
   Hello h{};
   h.magic = kHelloMagic;
   h.version = kVersion;
@@ -51,8 +59,25 @@ Hello make_hello(int from, int to, int lane, int lanes, const std::string& key,
   h.lane = static_cast<int16_t>(lane);
   h.lanes = static_cast<int16_t>(lanes);
   std::strncpy(h.key, key.c_str(), sizeof h.key - 1);
-  std::strncpy(h.secret, secret.c_str(), sizeof h.secret - 1);
+  auth::Nonce n = auth::fresh_nonce();
+  std::memcpy(h.nonce, n.data(), n.size());
   return h;
+}
+
+template <typename T>
+std::string_view bytes_of(const T& v) {
+  return {reinterpret_cast<const char*>(&v), sizeof v};
+}
+
+// The acceptor's and the connector's proofs: distinct labels, so that
+// neither can be reflected back as the other's.
+auth::Mac mesh_mac(const config::Launch& l, std::string_view side, const Hello& h,
+                   std::string_view acceptor_nonce) {
+  return auth::mac(l.secret, {"collie-mesh-3", side, l.job, bytes_of(h), acceptor_nonce});
+}
+
+std::string_view mac_bytes(const uint8_t (&m)[auth::kMacBytes]) {
+  return {reinterpret_cast<const char*>(m), auth::kMacBytes};
 }
 
 // Builds the full mesh, `lanes` connections to each peer (peer-major, as
@@ -85,17 +110,36 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
         net::parse_endpoint(collie::to_string(s.store->get(keys[q])), "address of " + names(q));
     std::string what = who + ": connecting to " + names(q) + " at " + ep.str();
     net::Fd fd = net::connect_tcp(ep, deadline, what);
-    Hello h = make_hello(rank, q, c % lanes, lanes, s.key, s.launch.secret);
+    const Hello h = make_hello(rank, q, c % lanes, lanes, s.key);
     net::write_full(fd.get(), &h, sizeof h, deadline, what);
+    auto refused = [&](const Error& e) {
+      if (e.code() != ErrorCode::peer_lost) throw e;
+      return Error(ErrorCode::invalid_argument,
+                   what +
+                       ": it refused the connection (its COLLIE_JOB_SECRET or COLLIE_TCP_SOCKETS "
+                       "differs, or another job is listening at that address)");
+    };
+    Challenge ch{};
+    try {
+      net::read_full(fd.get(), &ch, sizeof ch, deadline, what);
+    } catch (const Error& e) {
+      throw refused(e);
+    }
+    const std::string_view acceptor_nonce = bytes_of(ch.nonce);
+    const auth::Mac proof = mesh_mac(s.launch, "connector", h, acceptor_nonce);
+    // The proof goes out even when the acceptor's is wrong, so that the
+    // acceptor logs the refusal with this rank's address.
+    net::write_full(fd.get(), proof.data(), proof.size(), deadline, what);
+    if (!auth::same(mesh_mac(s.launch, "acceptor", h, acceptor_nonce), mac_bytes(ch.mac)))
+      throw Error(ErrorCode::invalid_argument,
+                  what +
+                      ": it could not prove that it knows this job's secret (COLLIE_JOB_SECRET "
+                      "differs, or something else listens at that address)");
     char ack[4];
     try {
       net::read_full(fd.get(), ack, 4, deadline, what);
     } catch (const Error& e) {
-      if (e.code() != ErrorCode::peer_lost) throw;
-      throw Error(ErrorCode::invalid_argument,
-                  what +
-                      ": it refused the connection (its COLLIE_JOB_SECRET or COLLIE_TCP_SOCKETS "
-                      "differs, or another job is listening at that address)");
+      throw refused(e);
     }
     if (std::memcmp(ack, kAck, 4) != 0)
       throw Error(ErrorCode::mismatch, what + ": it answered with something that is not collie");
@@ -104,14 +148,24 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
 
   // Accept the higher ranks. Connections are read without blocking, each
   // with its own short handshake deadline, so a stray client that sends
-  // nothing or garbage is dropped without holding up the real peers.
+  // nothing or garbage is dropped without holding up the real peers. A
+  // connection in its handshake reads the hello, then (once the challenge is
+  // sent) the connector's proof.
   struct Pending {
     net::Fd fd;
     Hello hello{};
     size_t got = 0;
     net::Deadline deadline;
+    bool challenged = false;
+    auth::Nonce nonce{};
+    uint8_t proof[auth::kMacBytes]{};
   };
   std::vector<Pending> pending;
+  std::string refused;  // the last refusal, for the timeout's message
+  auto refuse = [&](const std::string& why) {
+    refused = who + ": refused a connection from " + why;
+    log::warn(refused);
+  };
   int waiting_for = (n - 1 - rank) * lanes;
   net::set_nonblocking(listener.get(), true);
   while (waiting_for > 0) {
@@ -132,7 +186,8 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
           }
       throw Error(ErrorCode::timeout, who + ": rendezvous timed out waiting for rank" +
                                           (missing.size() > 1 ? "s " : " ") + names.list(missing) +
-                                          " to connect");
+                                          " to connect" +
+                                          (refused.empty() ? "" : " (" + refused + ")"));
     }
     if (pfds[0].revents & POLLIN) {
       int fd = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -142,38 +197,67 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
     for (size_t i = 0; i < pending.size();) {
       Pending& p = pending[i];
       bool drop = now >= p.deadline;
+      char* into =
+          p.challenged ? reinterpret_cast<char*>(p.proof) : reinterpret_cast<char*>(&p.hello);
+      const size_t want = p.challenged ? sizeof p.proof : sizeof p.hello;
       if (!drop && (pfds.size() > i + 1 && pfds[i + 1].revents)) {
-        ssize_t got = ::recv(p.fd.get(), reinterpret_cast<char*>(&p.hello) + p.got,
-                             sizeof(Hello) - p.got, MSG_DONTWAIT);
+        ssize_t got = ::recv(p.fd.get(), into + p.got, want - p.got, MSG_DONTWAIT);
         if (got > 0)
           p.got += static_cast<size_t>(got);
         else if (got == 0 || (errno != EAGAIN && errno != EINTR))
           drop = true;
       }
-      if (!drop && p.got == sizeof(Hello)) {
+      if (!drop && p.got == want && !p.challenged) {
         const Hello& h = p.hello;
         bool ok = h.magic == kHelloMagic && h.version == kVersion && h.to == rank &&
-                  h.from > rank && h.from < n &&
-                  std::string(h.key, strnlen(h.key, sizeof h.key)) == s.key &&
-                  net::equal_secret(std::string(h.secret, strnlen(h.secret, sizeof h.secret)),
-                                    s.launch.secret.substr(0, sizeof h.secret - 1));
-        // A rank of this job (it knows the key and the secret) that opens
-        // another number of connections is told so, not refused in silence.
-        if (ok && h.lanes != lanes)
+                  h.from > rank && h.from < n && h.lane >= 0 && h.lanes > 0 &&
+                  std::string(h.key, strnlen(h.key, sizeof h.key)) == s.key;
+        if (ok) {
+          // Answer with this side's nonce and proof; the connector's proof
+          // comes next. A challenge is 64 bytes on a fresh socket: it fits
+          // in the send buffer, so the write does not wait.
+          p.nonce = auth::fresh_nonce();
+          Challenge ch{};
+          std::memcpy(ch.nonce, p.nonce.data(), p.nonce.size());
+          const auth::Mac m = mesh_mac(s.launch, "acceptor", h, auth::view(p.nonce));
+          std::memcpy(ch.mac, m.data(), m.size());
+          try {
+            net::write_full(p.fd.get(), &ch, sizeof ch, p.deadline,
+                            who + ": answering " + net::peer_host(p.fd.get()));
+            p.challenged = true;
+            p.got = 0;
+          } catch (const Error&) {
+            drop = true;  // it hung up: whoever it was, the real peers go on
+          }
+        } else {
+          refuse(net::peer_host(p.fd.get()) +
+                 " that is not a rank of this communicator (a stray client, or another job's "
+                 "rank)");
+          drop = true;
+        }
+      } else if (!drop && p.got == want) {
+        const Hello& h = p.hello;
+        if (!auth::same(mesh_mac(s.launch, "connector", h, auth::view(p.nonce)),
+                        mac_bytes(p.proof))) {
+          refuse(net::peer_host(p.fd.get()) + " claiming to be " + names(h.from) +
+                 " that could not prove it knows this job's secret");
+        } else if (h.lanes != lanes) {
+          // A rank of this job that opens another number of connections is
+          // told so, not refused in silence.
           throw Error(ErrorCode::invalid_argument,
                       who + ": " + names(h.from) + " opens " + std::to_string(h.lanes) +
                           " connections to each peer and this rank " + std::to_string(lanes) +
                           ": set the same COLLIE_TCP_SOCKETS on every rank");
-        ok = ok && h.lane >= 0 && h.lane < lanes && !peers[h.from * lanes + h.lane].valid();
-        if (ok) {
+        } else if (h.lane < lanes && !peers[h.from * lanes + h.lane].valid()) {
           net::set_nonblocking(p.fd.get(), false);
           net::write_full(p.fd.get(), kAck, 4, deadline, who + ": answering " + names(h.from));
           net::set_nodelay(p.fd.get());
           peers[h.from * lanes + h.lane] = std::move(p.fd);
           --waiting_for;
         } else {
-          log::warn(who + ": refused a connection from " + net::peer_host(p.fd.get()) +
-                    " that did not present this job's secret and communicator");
+          refuse(net::peer_host(p.fd.get()) + " claiming to be " + names(h.from) +
+                 " for its lane " + std::to_string(h.lane) +
+                 ", which is connected already (a replayed handshake?)");
         }
         drop = true;
       }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collie/error.h"
@@ -49,14 +50,30 @@ class Store {
 
   Millis timeout() const { return timeout_; }
   void set_timeout(Millis t) { timeout_ = t; }
+  // A second connection to the same store, for a thread that parks a long
+  // wait on it (the stall inspector's watcher) without holding up this one;
+  // nullptr where the store cannot make one (the default).
+  virtual std::unique_ptr<Store> connect_again() { return nullptr; }
 
  protected:
   explicit Store(Millis timeout) : timeout_(timeout) {}
   Millis timeout_;
 };
 
-// The server half of the TCP store: a thread that answers clients. Clients
-// must present the job secret before any request; a connection that sends
+// Who may use a TCP store: clients of the same job (compared in clear, so
+// that a rank of another job is told so) that know the same secret (never
+// sent: each side proves it by HMAC-SHA256 over both sides' nonces). A
+// plain string is a secret with no job name.
+struct StoreAuth {
+  StoreAuth(std::string secret_ = "", std::string job_ = "")
+      : secret(std::move(secret_)), job(std::move(job_)) {}
+  StoreAuth(const char* secret_) : secret(secret_) {}
+  std::string secret;
+  std::string job;
+};
+
+// The server half of the TCP store: a thread that answers clients. A client
+// must pass the handshake before any request; a connection that sends
 // anything else, or nothing within the handshake deadline, is dropped and the
 // server goes on serving the others.
 class TcpStoreServer {
@@ -64,8 +81,7 @@ class TcpStoreServer {
   // Listens on `port` (0: any free port) on all interfaces, or adopts
   // `listen_fd` when it is >= 0 (a socket collie-run bound and passed down,
   // so that no other process can take the port between choosing and binding).
-  static std::unique_ptr<TcpStoreServer> start(int port, const std::string& secret,
-                                               int listen_fd = -1);
+  static std::unique_ptr<TcpStoreServer> start(int port, const StoreAuth& auth, int listen_fd = -1);
   virtual ~TcpStoreServer() = default;
   virtual int port() const = 0;
 };
@@ -74,9 +90,8 @@ class TcpStore : public Store {
  public:
   // Connects to host:port, retrying until `timeout` passes (the server may
   // not be up yet). `who` names this client in messages ("rank 3").
-  static std::unique_ptr<TcpStore> connect(const std::string& host, int port,
-                                           const std::string& secret, Millis timeout,
-                                           const std::string& who);
+  static std::unique_ptr<TcpStore> connect(const std::string& host, int port, const StoreAuth& auth,
+                                           Millis timeout, const std::string& who);
   // The local address of the connection to the server: the interface this
   // host uses to reach rank 0, which is the one its peers can reach it on.
   virtual std::string local_address() const = 0;
@@ -103,6 +118,7 @@ class PrefixStore : public Store {
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   bool remove(const std::string& key) override;
   bool check(const std::vector<std::string>& keys) override;
+  std::unique_ptr<Store> connect_again() override;
 
  private:
   std::vector<std::string> prefixed(const std::vector<std::string>& keys) const;

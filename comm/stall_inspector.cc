@@ -1,0 +1,184 @@
+// comm/stall_inspector.cc: see stall_inspector.h.
+#include "comm/stall_inspector.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "comm/backend.h"
+#include "comm/core/log.h"
+
+namespace collie {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+// What the watcher and explain() share; the watcher holds it, so that a
+// watcher left behind (its stop could not reach the store) touches nothing
+// freed.
+struct Progress {
+  std::atomic<uint32_t> issued{0}, completed{0};
+};
+
+std::string state_of(uint32_t issued, uint32_t completed) {
+  return std::to_string(issued) + " " + std::to_string(completed);
+}
+
+}  // namespace
+
+struct StallInspector::Shared : Progress {};
+
+StallInspector::StallInspector(std::shared_ptr<Store> store, std::string key, int rank, int size,
+                               milliseconds timeout)
+    : store_(std::move(store)),
+      key_(std::move(key)),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      progress_(std::make_shared<Shared>()) {
+  std::shared_ptr<Store> watch;
+  try {
+    watch = store_->connect_again();
+  } catch (const Error& e) {
+    log::info("rank " + std::to_string(rank) + ": no stall watcher (" + e.what() + ")");
+  }
+  if (!watch) return;
+  watcher_ = std::thread([watch, progress = progress_, ask = ask_key(rank),
+                          state = state_key(rank)] {
+    // One answer: after a timeout the communicator has failed.
+    for (;;) {
+      try {
+        watch->wait({ask}, std::chrono::hours(24));
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::timeout) continue;
+        return;  // the store is gone (the job is ending, or rank 0 died)
+      }
+      try {
+        if (to_string(watch->get(ask)) == "stop") return;
+        watch->set(state, to_bytes(state_of(progress->issued.load(std::memory_order_relaxed),
+                                            progress->completed.load(std::memory_order_relaxed))));
+      } catch (const Error&) {
+      }
+      return;
+    }
+  });
+}
+
+std::shared_ptr<StallInspector> StallInspector::start(std::shared_ptr<Store> store, std::string key,
+                                                      int rank, int size, milliseconds timeout) {
+  if (!store || size < 2) return nullptr;
+  return std::shared_ptr<StallInspector>(
+      new StallInspector(std::move(store), std::move(key), rank, size, timeout));
+}
+
+StallInspector::~StallInspector() {
+  stop();
+}
+
+void StallInspector::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (!watcher_.joinable()) return;
+  try {
+    store_->set(ask_key(rank_), to_bytes("stop"));
+    watcher_.join();
+  } catch (const Error&) {
+    // The store cannot be reached: the watcher's own wait ends with it, or
+    // with the process. It owns everything it touches.
+    watcher_.detach();
+  }
+}
+
+void StallInspector::issued(uint32_t seq) {
+  progress_->issued.store(seq, std::memory_order_relaxed);
+}
+
+void StallInspector::completed(uint32_t seq) {
+  // Collectives complete in issue order; max keeps a late store harmless.
+  auto& c = progress_->completed;
+  uint32_t now = c.load(std::memory_order_relaxed);
+  while (now < seq && !c.compare_exchange_weak(now, seq, std::memory_order_relaxed)) {
+  }
+}
+
+std::string StallInspector::ask_key(int q) const {
+  return key_ + "/stall/ask/" + std::to_string(q);
+}
+std::string StallInspector::state_key(int q) const {
+  return key_ + "/stall/state/" + std::to_string(q);
+}
+
+Error StallInspector::explain(const OpDesc& desc, const Error& e) {
+  const auto budget = std::clamp(timeout_ / 4, milliseconds(1000), milliseconds(5000));
+  const auto until = std::chrono::steady_clock::now() + budget;
+  const uint32_t n = desc.seq;
+  struct State {
+    bool answered = false;
+    uint32_t issued = 0, completed = 0;
+  };
+  std::vector<State> st(static_cast<size_t>(size_));
+  st[static_cast<size_t>(rank_)] = {true, progress_->issued.load(std::memory_order_relaxed),
+                                    progress_->completed.load(std::memory_order_relaxed)};
+  try {
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_) store_->set(ask_key(q), to_bytes("#" + std::to_string(n)));
+  } catch (const Error& s) {
+    return Error(e.code(), std::string(e.what()) +
+                               "; the store could not be reached to ask the other ranks where "
+                               "they are: " +
+                               s.what());
+  }
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    auto left = std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
+    try {
+      std::string v = to_string(store_->get(state_key(q), std::max(left, milliseconds(1))));
+      unsigned long long i = 0, c = 0;
+      if (std::sscanf(v.c_str(), "%llu %llu", &i, &c) == 2)
+        st[static_cast<size_t>(q)] = {true, static_cast<uint32_t>(i), static_cast<uint32_t>(c)};
+    } catch (const Error&) {
+    }
+  }
+
+  // Group the ranks that are where they should be; say the rest one by one.
+  std::vector<int> waiting, finished, silent;
+  std::vector<std::string> late;
+  for (int q = 0; q < size_; ++q) {
+    const State& s = st[static_cast<size_t>(q)];
+    const std::string rq = "rank " + std::to_string(q);
+    if (!s.answered)
+      silent.push_back(q);
+    else if (s.completed >= n)
+      finished.push_back(q);
+    else if (s.issued >= n)
+      waiting.push_back(q);
+    else if (s.issued > s.completed)
+      late.push_back(rq + " is still in #" + std::to_string(s.completed + 1) +
+                     " and has not called #" + std::to_string(n) + " (its process is alive)");
+    else
+      late.push_back(rq + " last completed #" + std::to_string(s.completed) +
+                     " and has not called #" + std::to_string(n) + " (its process is alive)");
+  }
+  RankNames names;
+  auto ranks = [&](const std::vector<int>& v) {
+    return std::string(v.size() > 1 ? "ranks " : "rank ") + names.list(v);
+  };
+  std::vector<std::string> parts;
+  if (!waiting.empty())
+    parts.push_back(ranks(waiting) + (waiting.size() > 1 ? " wait" : " waits") + " in #" +
+                    std::to_string(n));
+  for (auto& l : late) parts.push_back(l);
+  if (!finished.empty())
+    parts.push_back(ranks(finished) + (finished.size() > 1 ? " have" : " has") + " finished #" +
+                    std::to_string(n));
+  if (!silent.empty())
+    parts.push_back(ranks(silent) + " did not answer within " + log::seconds(budget) +
+                    " (dead, stopped, or cut off from the store)");
+  std::string report;
+  for (size_t i = 0; i < parts.size(); ++i) report += (i ? "; " : "") + parts[i];
+  return Error(e.code(), std::string(e.what()) +
+                             ". Where the ranks are (asked through the store): " + report);
+}
+
+}  // namespace collie
