@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -72,6 +73,8 @@ class RankNames {
   std::vector<int> ranks_;  // empty: the ranks' own numbers
 };
 
+class Backend;
+
 // What a backend is created from.
 struct BackendContext {
   config::Launch launch;             // rank, world size, deadline, secret, ...
@@ -85,6 +88,9 @@ struct BackendContext {
   // Where every rank is when an op times out (null without a store, or
   // with one rank): the front reports issues, the executor completions.
   std::shared_ptr<StallInspector> inspector;
+  // Makes this communicator's kind of backend for another context (shrink):
+  // set by connect(); empty where the backend cannot be made again.
+  std::function<std::unique_ptr<Backend>(const BackendContext&)> remake;
 };
 
 // Which ranks a split makes, as the front worked it out (every rank of the

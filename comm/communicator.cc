@@ -70,6 +70,22 @@ void make_rendezvous(const Options& options, BackendContext& ctx) {
   }
 }
 
+// The backend `entry` makes for `ctx`. A host backend takes CUDA tensors
+// too, staged through pinned memory, where this build has CUDA (the device
+// is touched only when one comes). Where NCCL is built, they go to an NCCL
+// communicator made beside it.
+std::unique_ptr<Backend> make_backend(const BackendEntry& entry, const BackendContext& ctx) {
+  std::unique_ptr<Backend> backend = entry.create(ctx);
+  if (backend->accepts(Device::cpu()))
+    if (auto api = cuda::device_api()) {
+      cuda::DeviceFactory nccl;
+      for (const BackendEntry& e : backend_registry())
+        if (std::string_view(e.name) == "nccl" && e.built) nccl = e.create;
+      backend = cuda::make_staged(std::move(backend), std::move(api), ctx, std::move(nccl));
+    }
+  return backend;
+}
+
 }  // namespace
 
 std::vector<std::string> available_backends() {
@@ -102,18 +118,8 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   log::info("rank " + std::to_string(ctx.launch.rank) + " of " +
             std::to_string(ctx.launch.world_size) + ": backend " + entry.name +
             ", launch variables from " + ctx.launch.source);
-  std::unique_ptr<Backend> backend = entry.create(ctx);
-  // A host backend takes CUDA tensors too, staged through pinned memory,
-  // where this build has CUDA (the device is touched only when one comes).
-  // Where NCCL is built, they go to an NCCL communicator made beside it.
-  if (backend->accepts(Device::cpu()))
-    if (auto api = cuda::device_api()) {
-      cuda::DeviceFactory nccl;
-      for (const BackendEntry& e : backend_registry())
-        if (std::string_view(e.name) == "nccl" && e.built) nccl = e.create;
-      backend = cuda::make_staged(std::move(backend), std::move(api), ctx, std::move(nccl));
-    }
-  return make_front(ctx, std::move(backend));
+  if (ctx.store) ctx.remake = [&entry](const BackendContext& c) { return make_backend(entry, c); };
+  return make_front(ctx, make_backend(entry, ctx));
 }
 
 }  // namespace collie

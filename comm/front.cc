@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <sstream>
 #include <vector>
 
+#include "comm/core/log.h"
 #include "comm/core/validate.h"
 
 namespace collie {
@@ -87,6 +89,7 @@ class Core {
   uint32_t coll_seq = 0;
   std::vector<uint32_t> send_seq, recv_seq;
   int splits = 0;
+  int shrinks = 0;
   bool destroyed = false;
 };
 
@@ -191,6 +194,76 @@ class Front final : public Communicator {
     auto b = core_->backend->split(plan);
     if (color < 0) return nullptr;
     return make_front(plan.context, std::move(b));
+  }
+
+  std::unique_ptr<Communicator> shrink(const std::vector<int>& exclude,
+                                       std::chrono::milliseconds wait) override {
+    const BackendContext& ctx = core_->ctx;
+    const validate::Where what = where("shrink");
+    if (!ctx.store || !ctx.remake)
+      throw Error(ErrorCode::unavailable, what.str() + ": the " + backend() +
+                                              " backend has no rendezvous store to agree through");
+    const int n = size();
+    std::vector<bool> out(static_cast<size_t>(n), false);
+    for (int q : exclude) {
+      validate::rank_in(q, n, what, "excluded rank");
+      if (q == rank())
+        throw Error(ErrorCode::invalid_argument, what.str() + ": this rank excludes itself");
+      out[static_cast<size_t>(q)] = true;
+    }
+    int no;
+    {
+      std::lock_guard lk(core_->mu);
+      no = ++core_->shrinks;
+    }
+    const std::string prefix = ctx.key + "/shrink" + std::to_string(no);
+    auto alive = [&](int q) { return prefix + "/alive/" + std::to_string(q); };
+    Store& store = *ctx.store;
+    store.set(alive(rank()), to_bytes("1"));
+    if (wait.count() <= 0) wait = std::min(timeout(), std::chrono::milliseconds(10000));
+    std::vector<std::string> others;
+    for (int q = 0; q < n; ++q)
+      if (q != rank() && !out[static_cast<size_t>(q)]) others.push_back(alive(q));
+    try {
+      store.wait(others, wait);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::timeout) throw;
+    }
+    // Propose the ranks seen alive; the first proposal stands for everyone.
+    std::string proposal;
+    for (int q = 0; q < n; ++q)
+      if (q == rank() || (!out[static_cast<size_t>(q)] && store.check({alive(q)})))
+        proposal += std::to_string(q) + " ";
+    const std::string decided =
+        to_string(store.compare_set(prefix + "/members", {}, to_bytes(proposal)));
+    std::vector<int> members, left_out;
+    std::istringstream in(decided);
+    for (int q; in >> q;) members.push_back(q);
+    auto pos = std::find(members.begin(), members.end(), rank());
+    for (int q = 0; q < n; ++q)
+      if (std::find(members.begin(), members.end(), q) == members.end()) left_out.push_back(q);
+    if (pos == members.end())
+      throw Error(ErrorCode::peer_lost, what.str() + ": the survivors had agreed on rank" +
+                                            (members.size() > 1 ? "s " : " ") +
+                                            RankNames().list(members) +
+                                            " before this rank called shrink");
+    BackendContext c = ctx;
+    const int new_rank = static_cast<int>(pos - members.begin());
+    c.launch.rank = new_rank;
+    c.launch.world_size = static_cast<int>(members.size());
+    if (ctx.launch.local_world_size == n) {  // one host: every survivor is local
+      c.launch.local_rank = new_rank;
+      c.launch.local_world_size = c.launch.world_size;
+    }
+    c.key = prefix;
+    c.failure = std::make_shared<FailureLatch>();
+    c.names = RankNames();
+    c.inspector = StallInspector::start(c.store, c.key, new_rank, c.launch.world_size, timeout());
+    if (!left_out.empty())
+      log::warn(what.str() + ": going on as rank " + std::to_string(new_rank) + " of " +
+                std::to_string(members.size()) + ", without rank" +
+                (left_out.size() > 1 ? "s " : " ") + RankNames().list(left_out));
+    return make_front(c, c.remake(c));
   }
 
   void abort(const std::string& reason) override {

@@ -44,6 +44,7 @@ class OpCompletion : public Completion {
  public:
   OpCompletion(const OpDesc& desc, int rank, std::chrono::milliseconds deadline)
       : Completion("", 2 * deadline + std::chrono::seconds(1)), desc_(desc), rank_(rank) {}
+  const OpDesc& desc() const { return desc_; }
 
  protected:
   std::string describe() const override {

@@ -108,6 +108,9 @@ std::string StallInspector::ask_key(int q) const {
 std::string StallInspector::state_key(int q) const {
   return key_ + "/stall/state/" + std::to_string(q);
 }
+std::string StallInspector::report_key() const {
+  return key_ + "/stall/report";
+}
 
 Error StallInspector::explain(const OpDesc& desc, const Error& e) {
   const auto budget = std::clamp(timeout_ / 4, milliseconds(1000), milliseconds(5000));
@@ -120,7 +123,14 @@ Error StallInspector::explain(const OpDesc& desc, const Error& e) {
   std::vector<State> st(static_cast<size_t>(size_));
   st[static_cast<size_t>(rank_)] = {true, progress_->issued.load(std::memory_order_relaxed),
                                     progress_->completed.load(std::memory_order_relaxed)};
+  auto with = [&](const std::string& report) {
+    return Error(e.code(), std::string(e.what()) +
+                               ". Where the ranks are (asked through the store): " + report);
+  };
   try {
+    // The ranks whose deadlines pass together ask once: the first report
+    // stands for all of them, and every rank's error says the same.
+    if (store_->check({report_key()})) return with(to_string(store_->get(report_key())));
     for (int q = 0; q < size_; ++q)
       if (q != rank_) store_->set(ask_key(q), to_bytes("#" + std::to_string(n)));
   } catch (const Error& s) {
@@ -177,8 +187,11 @@ Error StallInspector::explain(const OpDesc& desc, const Error& e) {
                     " (dead, stopped, or cut off from the store)");
   std::string report;
   for (size_t i = 0; i < parts.size(); ++i) report += (i ? "; " : "") + parts[i];
-  return Error(e.code(), std::string(e.what()) +
-                             ". Where the ranks are (asked through the store): " + report);
+  try {
+    report = to_string(store_->compare_set(report_key(), {}, to_bytes(report)));
+  } catch (const Error&) {
+  }
+  return with(report);
 }
 
 }  // namespace collie

@@ -58,6 +58,7 @@ class StallInspector {
                  std::chrono::milliseconds timeout);
   std::string ask_key(int q) const;
   std::string state_key(int q) const;
+  std::string report_key() const;
 
   const std::shared_ptr<Store> store_;
   const std::string key_;

@@ -250,6 +250,18 @@ collie_status collie_comm_split(collie_comm* c, int color, int key, collie_comm*
   });
 }
 
+collie_status collie_comm_shrink(collie_comm* c, const int* exclude, size_t n_exclude, int wait_ms,
+                                 collie_comm** out) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(out, "out");
+  COLLIE_REQUIRE(exclude || n_exclude == 0, "exclude");
+  *out = nullptr;
+  return guarded([&] {
+    std::vector<int> ex(exclude, exclude + n_exclude);
+    *out = wrap(c->comm->shrink(ex, std::chrono::milliseconds(wait_ms > 0 ? wait_ms : 0)));
+  });
+}
+
 collie_status collie_comm_abort(collie_comm* c, const char* reason) {
   COLLIE_REQUIRE(c, "comm");
   return guarded([&] { c->comm->abort(reason ? reason : "(no reason given)"); });

@@ -55,6 +55,7 @@ class Job {
         TcpStore::connect("127.0.0.1", server->port(), "", timeout, "rank " + std::to_string(rank));
     ctx.key = key;
     ctx.failure = std::make_shared<FailureLatch>();
+    ctx.inspector = StallInspector::start(ctx.store, key, rank, n, timeout);
     ctx.env = [](const char*) -> const char* { return nullptr; };
     ctx.listen_host = "127.0.0.1";
     return ctx;
@@ -428,6 +429,11 @@ TEST(Nccl, APeerThatNeverCallsIsATimeoutNamingTheOperation) {
                 std::string::npos)
           << m;
       EXPECT_NE(m.find("aborted the NCCL communicator"), std::string::npos) << m;
+      // The stall inspector asked rank 1 through the store.
+      EXPECT_NE(m.find("rank 0 waits in #1; rank 1 last completed #0 and has not called #1 (its "
+                       "process is alive)"),
+                std::string::npos)
+          << m;
     }
     EXPECT_GE(job.nccl->aborts.load(), 1);
     // Every later call fails at once with the first failure.

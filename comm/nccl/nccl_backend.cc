@@ -169,6 +169,8 @@ class State : public std::enable_shared_from_this<State> {
         // One stream: events happen in launch order.
         while (!err && !inflight_.empty() && apis_.cuda->query(inflight_.front()->done)) {
           auto& w = inflight_.front();
+          if (ctx_.inspector && w->desc().op != OpKind::p2p)
+            ctx_.inspector->completed(w->desc().seq);
           free_events_.push_back(std::exchange(w->done, nullptr));
           ended.push_back(std::move(w));
           inflight_.pop_front();
@@ -193,6 +195,11 @@ class State : public std::enable_shared_from_this<State> {
       busy = !inflight_.empty() || !pending_.empty();
     }
     for (auto& w : ended) w->finish(std::nullopt, dispatch_);
+    // Where every rank is (through the store, a few seconds at most), asked
+    // before the abort reaches the peers.
+    if (err && culprit && err->code() == ErrorCode::timeout && ctx_.inspector &&
+        culprit->desc().op != OpKind::p2p)
+      err = ctx_.inspector->explain(culprit->desc(), *err);
     // A failure read from the store is not written back to it.
     bool from_peer = false;
     if (!err && check_peers) {

@@ -75,6 +75,23 @@ class Communicator {
   // none and gets nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
+  // After ranks are lost (a peer died: this communicator failed with
+  // peer_lost), a new communicator of the ranks still alive, in the old
+  // order and numbered from 0 (NCCL's ncclCommShrink). Collective over the
+  // survivors: each calls it, on this communicator, failed or not. Ranks in
+  // `exclude` are left out at once; every other rank is waited for up to
+  // `wait` (0: the smaller of the timeout and 10 s), and those that have not
+  // called by then are left out too. The survivors agree through the store
+  // on who is in; a rank that calls after that is told it was left out. The
+  // store must survive: it lives in rank 0's process unless the program
+  // passed its own. Not on the mpi backend (no store).
+  virtual std::unique_ptr<Communicator> shrink(const std::vector<int>& exclude = {},
+                                               std::chrono::milliseconds wait = {}) {
+    (void)exclude;
+    (void)wait;
+    throw Error(ErrorCode::unavailable, "shrink: this communicator cannot shrink");
+  }
+
   // Fails this communicator (code `aborted`, with `reason`): the operation
   // in flight stops, every later call fails at once, and the peers are told,
   // so that they fail too instead of waiting for their deadline. Any thread.
