@@ -36,6 +36,10 @@
 
 namespace collie {
 
+namespace trace {
+class Sink;  // comm/core/trace.h
+}
+
 // A communicator's first failure: set once, read by the front (which fails
 // every later call with it at once) and by the backend (which fails the
 // operations already queued, and stops a running one when another thread
@@ -79,8 +83,9 @@ struct BackendContext {
   std::string key;                   // unique per communicator: prefix store keys with it
   std::string listen_host;           // the address this rank's peers reach it on
   std::shared_ptr<FailureLatch> failure;
-  config::Env env;  // for the backend's own settings, read through comm/config
-  RankNames names;  // for messages
+  config::Env env;                     // for the backend's own settings, read through comm/config
+  RankNames names;                     // for messages
+  std::shared_ptr<trace::Sink> trace;  // COLLIE_TRACE's file for this rank, or null
 };
 
 // Which ranks a split makes, as the front worked it out (every rank of the

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -11,6 +12,10 @@
 #include "collie/work.h"
 
 namespace collie {
+
+namespace trace {
+struct OpSpan;  // comm/core/trace.h
+}
 
 // The values are part of collie's wire format (TCP frame headers).
 enum class OpKind : uint8_t {
@@ -63,6 +68,8 @@ struct Op {
   TensorView out{};
   int peer = -1;  // send and recv
   bool is_send = false;
+  // Its timeline entry under COLLIE_TRACE (comm/core/trace.h); null when off.
+  std::shared_ptr<trace::OpSpan> trace;
   bool p2p() const { return desc.op == OpKind::p2p; }
 };
 
