@@ -13,6 +13,7 @@
 #include "collie_build_config.h"
 #include "comm/core/continuations.h"
 #include "comm/core/log.h"
+#include "comm/core/trace.h"
 
 namespace collie::nccl {
 
@@ -61,9 +62,16 @@ class NcclWork final : public OpCompletion {
   void wait_on(void* stream) override;
   void abort(const Error& e) override;
 
+  // Ends the op: its timeline entry (COLLIE_TRACE), then finish().
+  void end(std::optional<Error> e, const Dispatch& dispatch = {}) {
+    if (trace) trace::end(*trace, e);
+    finish(std::move(e), dispatch);
+  }
+
   // Under State::mu_: the event recorded after the op on the
   // communicator's stream, while the op is in flight.
   cuda::Event done = nullptr;
+  std::shared_ptr<trace::OpSpan> trace;
 
  private:
   std::weak_ptr<State> state_;
@@ -109,8 +117,9 @@ class State : public std::enable_shared_from_this<State> {
 
   Work start(Op op) {
     auto w = std::make_shared<NcclWork>(weak_from_this(), op.desc, rank_, timeout_);
+    w->trace = op.trace;
     if (auto first = ctx_.failure->get()) {
-      w->finish(Error(
+      w->end(Error(
           first->code(),
           w->description() + " cannot run: the communicator failed earlier: " + first->what()));
       return Work(w);
@@ -130,7 +139,7 @@ class State : public std::enable_shared_from_this<State> {
       cv_.notify_one();
     } catch (const Error& e) {
       fail(e, nullptr, true);
-      w->finish(e, dispatch_);  // when it was never launched
+      w->end(e, dispatch_);  // when it was never launched
     }
     return Work(w);
   }
@@ -192,7 +201,7 @@ class State : public std::enable_shared_from_this<State> {
       }
       busy = !inflight_.empty() || !pending_.empty();
     }
-    for (auto& w : ended) w->finish(std::nullopt, dispatch_);
+    for (auto& w : ended) w->end(std::nullopt, dispatch_);
     // A failure read from the store is not written back to it.
     bool from_peer = false;
     if (!err && check_peers) {
@@ -232,11 +241,11 @@ class State : public std::enable_shared_from_this<State> {
     if (first && tell_peers) publish(e);
     for (auto& w : ended) {
       if (w.get() == culprit && first)
-        w->finish(e, dispatch_);
+        w->end(e, dispatch_);
       else
-        w->finish(Error(e.code(),
-                        w->description() + " cannot finish: the communicator failed: " + e.what()),
-                  dispatch_);
+        w->end(Error(e.code(),
+                     w->description() + " cannot finish: the communicator failed: " + e.what()),
+               dispatch_);
     }
     cv_.notify_all();
   }
@@ -289,12 +298,12 @@ class State : public std::enable_shared_from_this<State> {
       pending_.clear();
     }
     for (auto& w : unlaunched)
-      w->finish(Error(ErrorCode::unavailable,
-                      w->description() +
-                          " never ran: its communicator was destroyed first (nothing waited "
-                          "for it, so it was still waiting to be grouped with other sends and "
-                          "receives)"),
-                dispatch_);
+      w->end(Error(ErrorCode::unavailable,
+                   w->description() +
+                       " never ran: its communicator was destroyed first (nothing waited "
+                       "for it, so it was still waiting to be grouped with other sends and "
+                       "receives)"),
+             dispatch_);
     // What runs ends, or fails at its deadline (poll() enforces it).
     while (poll()) std::this_thread::sleep_for(kPollMin);
     {
@@ -342,6 +351,10 @@ class State : public std::enable_shared_from_this<State> {
       last = ops[i].after;
       apis_.cuda->record(ready_, last);
       apis_.cuda->stream_wait(stream_, ready_);
+    }
+    for (const Pending& p : ops) {
+      trace::started(p.op);  // queued on the stream: it runs once those before it have
+      trace::algorithm(p.op, "nccl");
     }
     Api& api = *apis_.nccl;
     Result r;
@@ -501,7 +514,7 @@ void NcclWork::abort(const Error& e) {
   if (auto st = state_.lock())
     st->fail(e, this, true);
   else
-    finish(e);
+    end(e);
 }
 
 class NcclBackend final : public Backend {
