@@ -171,9 +171,11 @@ void HostExecutor::loop() {
 }
 
 void HostExecutor::execute_and_release(std::vector<Task>& batch) {
+  const bool traced = batch[0].op.trace;  // (execute may end some spans)
   std::optional<Error> err = execute(batch);
   // Before the executor is released: the next op's run starts after this.
-  for (auto& t : batch) trace::finished(t.op, err);
+  if (traced)
+    for (auto& t : batch) trace::finished(t.op, err);
   bool more;
   {
     std::lock_guard lk(mu_);
@@ -203,7 +205,8 @@ std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
     return std::nullopt;
   }
   try {
-    for (auto& t : batch) trace::started(t.op);
+    if (batch[0].op.trace)  // COLLIE_TRACE: a communicator's ops all have a span, or none
+      for (auto& t : batch) trace::started(t.op);
     const Deadline deadline = Deadline::clock::now() + timeout_;
     if (!batch[0].op.p2p()) {
       runner_.run_collective(batch[0].op, deadline);
@@ -212,7 +215,7 @@ std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
     P2pBatch p;
     for (auto& t : batch) p.ops.push_back(t.op);
     p.finished = [&](size_t i) {
-      trace::finished(batch[i].op, std::nullopt);
+      trace::finished(batch[i].op, std::nullopt);  // (p.ops[i] carries it no further)
       batch[i].done->finish(std::nullopt, dispatch_);
     };
     p.refill = [&] {

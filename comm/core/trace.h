@@ -17,6 +17,10 @@
 //
 // Off (COLLIE_TRACE unset), an operation carries no span, and every call
 // on its path below is one test of a null pointer.
+//
+// A span is created by the front and freed by the one call that ends it
+// (finished() clears the op's pointer as it does): a backend ends each op
+// once, and copies of an op that another part ends carry no span.
 #pragma once
 
 #include <atomic>
@@ -27,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "collie/work.h"
 #include "comm/op.h"
@@ -42,7 +47,8 @@ Nanos at(std::chrono::steady_clock::time_point t);
 // by the rank, else spec (less a trailing ".json") + ".rank<rank>.json".
 std::string file_name(const std::string& spec, int rank);
 
-// An event's "args", built as JSON.
+// An event's "args", built as JSON. Keys are literals with nothing to
+// escape; values are escaped.
 class Args {
  public:
   Args& add(std::string_view key, std::string_view value);
@@ -55,6 +61,7 @@ class Args {
   // Microseconds, as event timestamps are written.
   Args& add_us(std::string_view key, Nanos t);
   std::string json() const { return "{" + s_ + "}"; }
+  const std::string& body() const { return s_; }  // json() less its braces
 
  private:
   Args& key(std::string_view k);
@@ -142,7 +149,7 @@ class Track {
 };
 
 // One operation, from issue to end. Whoever knows a time marks it (the first
-// mark wins); the events are written once, at the end.
+// mark wins); the events are written at its end.
 struct OpSpan {
   std::shared_ptr<Track> track;
   OpDesc desc;
@@ -152,23 +159,23 @@ struct OpSpan {
   std::atomic<Nanos> started{0};
   std::atomic<Nanos> finished{0};
   std::atomic<const char*> algorithm{nullptr};  // a string literal
-  std::atomic<bool> written{false};
 };
 
 // ---- the path of an operation --------------------------------------------
 
 // The front, numbering `op` on `track`'s communicator: its span, issued now.
-std::shared_ptr<OpSpan> issue(const std::shared_ptr<Track>& track, const Op& op);
+OpSpan* issue(const std::shared_ptr<Track>& track, const Op& op);
 // The front refused `op` (its communicator failed or was destroyed).
 void refused(const std::shared_ptr<Track>& track, const Op& op, const Error& e);
 
 void mark_started(OpSpan& s);
 void note_algorithm(OpSpan& s, const char* name);
-// Marks the end (unless marked) and writes the operation's events, once.
-void end(OpSpan& s, const std::optional<Error>& e);
+// Marks the end (unless marked), writes the operation's events and frees
+// `s`.
+void end(OpSpan* s, const std::optional<Error>& e);
 // Ends `s` when `c` ends (for completions whose callbacks run on the thread
 // that finishes them: not the executor's, which dispatches them).
-void end_with(Completion& c, std::shared_ptr<OpSpan> s);
+void end_with(Completion& c, OpSpan* s);
 
 // Whoever starts running `op`.
 inline void started(const Op& op) {
@@ -179,9 +186,10 @@ inline void started(const Op& op) {
 inline void algorithm(const Op& op, const char* name) {
   if (op.trace) note_algorithm(*op.trace, name);
 }
-// Whoever sees `op` end, before its completion is finished.
-inline void finished(const Op& op, const std::optional<Error>& e) {
-  if (op.trace) end(*op.trace, e);
+// Whoever sees `op` end, before its completion is finished: ends its span,
+// once (op.trace is null afterwards).
+inline void finished(Op& op, const std::optional<Error>& e) {
+  if (op.trace) end(std::exchange(op.trace, nullptr), e);
 }
 
 }  // namespace collie::trace

@@ -217,6 +217,7 @@ class Staged final : public Backend {
           std::lock_guard lk(mu_);
           inner_op = renumbered(op, 0);
         }
+        inner_op.trace = nullptr;  // ends with j.done
         chain(inner_->start(std::move(inner_op)), j.done);
         return;
       }

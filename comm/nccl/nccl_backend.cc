@@ -4,6 +4,7 @@
 #include "comm/nccl/nccl_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <thread>
@@ -62,16 +63,16 @@ class NcclWork final : public OpCompletion {
   void wait_on(void* stream) override;
   void abort(const Error& e) override;
 
-  // Ends the op: its timeline entry (COLLIE_TRACE), then finish().
+  // Ends the op: its timeline entry (COLLIE_TRACE), once, then finish().
   void end(std::optional<Error> e, const Dispatch& dispatch = {}) {
-    if (trace) trace::end(*trace, e);
+    if (trace::OpSpan* s = trace.exchange(nullptr, std::memory_order_acq_rel)) trace::end(s, e);
     finish(std::move(e), dispatch);
   }
 
   // Under State::mu_: the event recorded after the op on the
   // communicator's stream, while the op is in flight.
   cuda::Event done = nullptr;
-  std::shared_ptr<trace::OpSpan> trace;
+  std::atomic<trace::OpSpan*> trace{nullptr};  // the op's, until end()
 
  private:
   std::weak_ptr<State> state_;
