@@ -661,7 +661,7 @@ TEST(Nccl, AskingForNcclWhereThereIsNoneIsAnErrorAtTheFirstCudaTensor) {
 // three all-reduces issued together (queued on the stream one behind the
 // other), a broadcast, a send and a receive on NCCL; then a staged
 // all-reduce of 10000 floats over tcp in 4 KiB pieces, one operation on
-// the timeline.
+// the timeline; and one refused for want of NCCL, with its error.
 TEST(NcclTrace, OperationsOnTheTimeline) {
   const std::string spec = config::trace(config::process_env());
   if (spec.empty()) GTEST_SKIP() << "COLLIE_TRACE is not set (tests/trace/check_trace.py sets it)";
@@ -695,6 +695,17 @@ TEST(NcclTrace, OperationsOnTheTimeline) {
   std::vector<float> x(10000, 3.f);
   comm->allreduce(dev(x), ReduceOp::sum).wait();
   ASSERT_EQ(x[9999], 3.f);
+  // Refused at the first CUDA tensor (no NCCL to route it to): on the
+  // timeline with its error.
+  Job none(1);
+  BackendContext c2 = none.context(0);
+  c2.trace = ctx.trace;
+  c2.env = [](const char* name) -> const char* {
+    return std::string(name) == "COLLIE_CUDA_BACKEND" ? "nccl" : nullptr;
+  };
+  auto inner2 = pick_backend("tcp", c2.launch).create(c2);
+  auto refused = make_front(c2, cuda::make_staged(std::move(inner2), none.cuda, c2, {}));
+  ASSERT_TRUE(refused->allreduce(dev(x), ReduceOp::sum).error());
 }
 
 }  // namespace

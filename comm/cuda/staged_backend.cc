@@ -180,6 +180,7 @@ class Staged final : public Backend {
       Error err(e.code(), op.desc.describe() + " on rank " + std::to_string(ctx_.launch.rank) +
                               ": the communicator's CUDA backend could not be made: " + e.what());
       if (ctx_.failure->set(err)) inner_->abort(err);
+      trace::finished(op, err);
       return Work::failed(err);
     }
   }

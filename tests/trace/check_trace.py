@@ -324,13 +324,17 @@ def check_nccl(test_nccl):
             # Issued together, run one after the other on the stream.
             for a, b in zip(got[:3], got[1:3]):
                 expect(a["issued_us"] <= b["issued_us"], path + ": issue order")
-            staged = [t for t, name in rows(ev, "collectives ").items() if "(tcp, rank 0 of 1)" in name]
-            expect(len(staged) == (1 if r == 0 else 0), path + ": staged rows %r" % rows(ev, ""))
+            staged = sorted(t for t, name in rows(ev, "collectives ").items()
+                            if "(tcp, rank 0 of 1)" in name)
+            expect(len(staged) == (2 if r == 0 else 0), path + ": staged rows %r" % rows(ev, ""))
             if staged:
                 s = [check_op(e, "tcp", path) for e in ops(ev, staged[0])]
                 expect([(a["op"], a["count"], a["algorithm"]) for a in s] ==
                        [("allreduce", 10000, "staged")],
                        path + ": a staged all-reduce is one operation, not its pieces: %r" % s)
+                s = [check_op(e, "tcp", path) for e in ops(ev, staged[1])]
+                expect(len(s) == 1 and "this build has no NCCL" in s[0].get("error", ""),
+                       path + ": the op refused for want of NCCL: %r" % s)
         print("nccl: every operation on the fake device's timeline, run spans in stream order")
 
 
