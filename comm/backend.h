@@ -38,6 +38,10 @@
 
 namespace collie {
 
+namespace trace {
+class Sink;  // comm/core/trace.h
+}
+
 // A communicator's first failure: set once, read by the front (which fails
 // every later call with it at once) and by the backend (which fails the
 // operations already queued, and stops a running one when another thread
@@ -91,6 +95,7 @@ struct BackendContext {
   // Makes this communicator's kind of backend for another context (shrink):
   // set by connect(); empty where the backend cannot be made again.
   std::function<std::unique_ptr<Backend>(const BackendContext&)> remake;
+  std::shared_ptr<trace::Sink> trace;  // COLLIE_TRACE's file for this rank, or null
 };
 
 // Which ranks a split makes, as the front worked it out (every rank of the

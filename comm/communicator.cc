@@ -12,6 +12,7 @@
 #include "comm/config/config.h"
 #include "comm/core/log.h"
 #include "comm/core/topology.h"
+#include "comm/core/trace.h"
 #include "comm/cuda/staged_backend.h"
 #include "comm/front.h"
 
@@ -118,6 +119,7 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   log::info("rank " + std::to_string(ctx.launch.rank) + " of " +
             std::to_string(ctx.launch.world_size) + ": backend " + entry.name +
             ", launch variables from " + ctx.launch.source);
+  ctx.trace = trace::Sink::open(config::trace(ctx.env), ctx.launch.rank, ctx.launch.world_size);
   if (ctx.store) ctx.remake = [&entry](const BackendContext& c) { return make_backend(entry, c); };
   return make_front(ctx, make_backend(entry, ctx));
 }

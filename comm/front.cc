@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/core/log.h"
+#include "comm/core/trace.h"
 #include "comm/core/validate.h"
 
 namespace collie {
@@ -39,7 +40,8 @@ class Core {
       : ctx(std::move(ctx)),
         backend(std::move(backend)),
         send_seq(static_cast<size_t>(this->ctx.launch.world_size), 0),
-        recv_seq(static_cast<size_t>(this->ctx.launch.world_size), 0) {}
+        recv_seq(static_cast<size_t>(this->ctx.launch.world_size), 0),
+        trace(make_track()) {}
 
   int rank() const { return ctx.launch.rank; }
   int size() const { return ctx.launch.world_size; }
@@ -49,19 +51,20 @@ class Core {
     // Formatted only for an error: it cost every small op a malloc.
     auto what = [&] { return op.desc.describe() + " on " + rank_str(rank()); };
     if (destroyed)
-      return Work::failed(Error(ErrorCode::unavailable,
-                                what() + ": its communicator was destroyed (this call came through "
-                                         "a reference the communicator's owner outlived)"));
+      return refuse(op, Error(ErrorCode::unavailable,
+                              what() + ": its communicator was destroyed (this call came through "
+                                       "a reference the communicator's owner outlived)"));
     if (auto first = ctx.failure->get())
-      return Work::failed(
-          Error(first->code(),
-                what() + " cannot run: the communicator failed earlier: " + first->what()));
+      return refuse(
+          op, Error(first->code(),
+                    what() + " cannot run: the communicator failed earlier: " + first->what()));
     // Numbered here, in issue order; the backend receives them in it too.
     if (op.p2p())
       op.desc.seq = ++(op.is_send ? send_seq : recv_seq)[op.peer];
     else
       op.desc.seq = ++coll_seq;
     if (ctx.inspector && !op.p2p()) ctx.inspector->issued(op.desc.seq);
+    if (trace) op.trace = trace::issue(trace, op);
     if (op.in.device.is_cpu() && op.out.device.is_cpu()) return host_path->start(std::move(op));
     Work w = backend->start(std::move(op));
     host_path = backend->host_path();
@@ -77,6 +80,23 @@ class Core {
     }
     backend->shutdown();
     if (ctx.inspector) ctx.inspector->stop();
+    // The file is whole when its communicator is gone (comm/core/trace.h).
+    if (trace) trace->sink().flush();
+  }
+
+  Work refuse(const Op& op, const Error& e) {
+    if (trace) trace::refused(trace, op, e);
+    return Work::failed(e);
+  }
+
+  // This communicator's row in COLLIE_TRACE's file, or null.
+  std::shared_ptr<trace::Track> make_track() const {
+    if (!ctx.trace) return nullptr;
+    auto t = ctx.trace->track("collectives " + ctx.key + " (" + backend->name() + ", rank " +
+                              std::to_string(rank()) + " of " + std::to_string(size()) + ")");
+    t->comm = ctx.key;
+    t->backend = backend->name();
+    return t;
   }
 
   const BackendContext ctx;
@@ -91,6 +111,7 @@ class Core {
   int splits = 0;
   int shrinks = 0;
   bool destroyed = false;
+  const std::shared_ptr<trace::Track> trace;
 };
 
 class Front final : public Communicator {
@@ -279,6 +300,7 @@ class Front final : public Communicator {
   std::shared_ptr<void> register_memory(TensorView memory) override {
     return core_->backend->register_memory(memory);
   }
+  const std::shared_ptr<trace::Sink>& trace_sink() const { return core_->ctx.trace; }
 
  private:
   validate::Where where(const char* op) const { return {op, rank()}; }
@@ -351,6 +373,11 @@ class Front final : public Communicator {
 };
 
 }  // namespace
+
+std::shared_ptr<trace::Sink> trace_sink(const Communicator& comm) {
+  const auto* front = dynamic_cast<const Front*>(&comm);
+  return front ? front->trace_sink() : nullptr;
+}
 
 std::unique_ptr<Communicator> make_front(const BackendContext& ctx,
                                          std::unique_ptr<Backend> backend) {

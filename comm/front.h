@@ -20,4 +20,8 @@ namespace collie {
 std::unique_ptr<Communicator> make_front(const BackendContext& ctx,
                                          std::unique_ptr<Backend> backend);
 
+// COLLIE_TRACE's file of `comm`'s rank (the reducer writes its events
+// there), or null: tracing is off, or `comm` is not a front.
+std::shared_ptr<trace::Sink> trace_sink(const Communicator& comm);
+
 }  // namespace collie

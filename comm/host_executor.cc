@@ -1,6 +1,7 @@
 #include "comm/host_executor.h"
 
 #include "comm/core/log.h"
+#include "comm/core/trace.h"
 
 namespace collie {
 
@@ -79,10 +80,12 @@ Work HostExecutor::submit(Op op) {
     // A waiter gives up only after the op's own deadline (and that of one op
     // ahead of it) has passed, so the op's error, which says what it was
     // waiting for, arrives first.
-    if (stop_)
-      return Work::failed(Error(ErrorCode::unavailable,
-                                op.desc.describe() + " on " + rank_str() +
-                                    " was issued while its communicator was being destroyed"));
+    if (stop_) {
+      Error e(ErrorCode::unavailable, op.desc.describe() + " on " + rank_str() +
+                                          " was issued while its communicator was being destroyed");
+      trace::finished(op, e);
+      return Work::failed(e);
+    }
     uint64_t ticket = next_ticket_++;
     done = std::make_shared<Queued>(op.desc, rank_, timeout_, weak_from_this(), ticket);
     const bool p2p = op.p2p();
@@ -172,7 +175,11 @@ void HostExecutor::loop() {
 }
 
 void HostExecutor::execute_and_release(std::vector<Task>& batch) {
+  const bool traced = batch[0].op.trace;  // (execute may end some spans)
   std::optional<Error> err = execute(batch);
+  // Before the executor is released: the next op's run starts after this.
+  if (traced)
+    for (auto& t : batch) trace::finished(t.op, err);
   bool more;
   {
     std::lock_guard lk(mu_);
@@ -193,14 +200,17 @@ void HostExecutor::execute_and_release(std::vector<Task>& batch) {
 std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
   if (auto first = failure_->get()) {
     // One error per op: each names itself and the cause.
-    for (auto& t : batch)
-      t.done->finish(Error(first->code(),
-                           t.op.desc.describe() + " on " + rank_str() +
-                               " cannot run: the communicator failed earlier: " + first->what()),
-                     dispatch_);
+    for (auto& t : batch) {
+      Error e(first->code(), t.op.desc.describe() + " on " + rank_str() +
+                                 " cannot run: the communicator failed earlier: " + first->what());
+      trace::finished(t.op, e);
+      t.done->finish(e, dispatch_);
+    }
     return std::nullopt;
   }
   try {
+    if (batch[0].op.trace)  // COLLIE_TRACE: a communicator's ops all have a span, or none
+      for (auto& t : batch) trace::started(t.op);
     const Deadline deadline = Deadline::clock::now() + timeout_;
     if (!batch[0].op.p2p()) {
       runner_.run_collective(batch[0].op, deadline);
@@ -209,13 +219,17 @@ std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
     }
     P2pBatch p;
     for (auto& t : batch) p.ops.push_back(t.op);
-    p.finished = [&](size_t i) { batch[i].done->finish(std::nullopt, dispatch_); };
+    p.finished = [&](size_t i) {
+      trace::finished(batch[i].op, std::nullopt);  // (p.ops[i] carries it no further)
+      batch[i].done->finish(std::nullopt, dispatch_);
+    };
     p.refill = [&] {
       std::lock_guard lk(mu_);
       bool added = false;
       while (!queue_.empty() && queue_.front().op.p2p()) {
         batch.push_back(std::move(queue_.front()));
         queue_.pop_front();
+        trace::started(batch.back().op);
         p.ops.push_back(batch.back().op);
         added = true;
       }
@@ -280,11 +294,12 @@ void HostExecutor::shutdown() {
     std::lock_guard lk(mu_);
     left.swap(queue_);
   }
-  for (auto& t : left)
-    t.done->finish(
-        Error(ErrorCode::unavailable, t.op.desc.describe() + " on " + rank_str() +
-                                          " never ran: its communicator was destroyed first"),
-        dispatch_);
+  for (auto& t : left) {
+    Error e(ErrorCode::unavailable, t.op.desc.describe() + " on " + rank_str() +
+                                        " never ran: its communicator was destroyed first");
+    trace::finished(t.op, e);
+    t.done->finish(e, dispatch_);
+  }
   runner_.close();
   continuations_->stop();
 }

@@ -10,7 +10,9 @@
 #include "comm/core/fingerprint.h"
 #include "comm/core/log.h"
 #include "comm/core/state_bytes.h"
+#include "comm/core/trace.h"
 #include "comm/cuda/cuda_api.h"
+#include "comm/front.h"
 
 namespace collie {
 
@@ -135,6 +137,10 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
     if (spec.empty()) spec = config::comm_hook(config::process_env());
     hook_ = make_comm_hook(spec.empty() ? "allreduce" : spec);
   }
+  // COLLIE_TRACE: a row of its own in the communicator's rank's file.
+  if (auto sink = trace_sink(comm_))
+    trace_ = sink->track("reducer (" + std::to_string(params_.size()) + " parameters, " +
+                         std::to_string(plan_.buckets().size()) + " buckets)");
 }
 
 Reducer::~Reducer() {
@@ -145,6 +151,7 @@ Reducer::~Reducer() {
     } catch (const Error&) {
     }
   }
+  if (trace_) trace_->sink().flush();
 }
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
@@ -229,6 +236,10 @@ void Reducer::prepare_for_backward(const std::vector<bool>& used) {
         "iteration's reduction is still pending");
   in_backward_ = true;
   backward_start_ = last_mark_ = Clock::now();
+  if (trace_)
+    trace_->instant("backward start",
+                    trace::Args().add("iteration", iteration_).add("no_sync", no_sync_),
+                    trace::at(backward_start_));
   if (no_sync_) return;
   const size_t n = params_.size();
   if (!used.empty() && used.size() != n)
@@ -300,6 +311,13 @@ void Reducer::mark_locked(size_t i) {
   marked_[i] = true;
   ready_order_.push_back(i);
   last_mark_ = Clock::now();
+  if (trace_)
+    trace_->instant("grad ready",
+                    trace::Args()
+                        .add("param", static_cast<uint64_t>(i))
+                        .add("bucket", static_cast<uint64_t>(plan_.bucket_of(i)))
+                        .add("iteration", iteration_),
+                    trace::at(last_mark_));
   if (!opt_.gradient_as_bucket_view) copy_in(i);
   size_t b = plan_.bucket_of(i);
   if (--pending_[b] == 0) launch_ready_buckets();
@@ -325,12 +343,28 @@ void Reducer::launch_ready_buckets() {
     }
     gb.is_last = b + 1 == pending_.size();
     gb.iteration = iteration_;
+    // In flight beside the buckets before and after it: an async span.
+    const std::string name = trace_ ? "bucket " + std::to_string(b) : std::string();
+    const uint64_t id = trace_ ? trace_->async_begin("bucket", name, trace::at(start),
+                                                     trace::Args()
+                                                         .add("index", static_cast<uint64_t>(b))
+                                                         .add("bytes", gb.buffer.nbytes())
+                                                         .add("params", bucket.params.size())
+                                                         .add("hook", hook_->name())
+                                                         .add("iteration", iteration_))
+                               : 0;
     // The continuation keeps the bucket's memory and the hook alive until
     // the hook is done with them: a hook that completes only after a
     // timeout (and after this reducer is gone) must not write freed memory.
     works_[b] = hook_->run(comm_, gb).then(
-        [times, b, start, keep = buffers_[b], hook = hook_](const Work& w) {
-          (*times)[b] = us_between(start, Clock::now());
+        [times, b, start, keep = buffers_[b], hook = hook_, tr = trace_, id, name](const Work& w) {
+          const auto end = Clock::now();
+          (*times)[b] = us_between(start, end);
+          if (tr) {
+            trace::Args a;
+            if (auto e = w.error()) a.add("error", e->what());
+            tr->async_end("bucket", name, id, trace::at(end), a);
+          }
           if (auto e = w.error()) throw *e;
         });
   }
@@ -351,8 +385,21 @@ void Reducer::finalize_backward() {
   auto wait_start = Clock::now();
   // Every bucket's reduction is waited for before an error is reported, so
   // that none is still writing when the caller goes on (or retries).
-  wait_all(works_);
+  try {
+    wait_all(works_);
+  } catch (const Error& e) {
+    if (trace_)
+      trace_->span("finalize wait", trace::at(wait_start), trace::now(),
+                   trace::Args().add("iteration", iteration_).add("error", e.what()));
+    throw;
+  }
   auto wait_end = Clock::now();
+  if (trace_) {
+    trace_->span("backward", trace::at(backward_start_), trace::at(last_mark_),
+                 trace::Args().add("iteration", iteration_));
+    trace_->span("finalize wait", trace::at(wait_start), trace::at(wait_end),
+                 trace::Args().add("iteration", iteration_));
+  }
   uint64_t hook_total = hook_->bytes_communicated();
   stats_.hook_bytes = hook_total - hook_bytes_before_;
   hook_bytes_before_ = hook_total;

@@ -41,6 +41,10 @@
 
 namespace collie {
 
+namespace trace {
+class Track;  // comm/core/trace.h
+}
+
 struct ReducerOptions {
   size_t first_bucket_bytes = 1u << 20;
   size_t bucket_bytes = 25u << 20;
@@ -190,6 +194,7 @@ class Reducer {
   ReducerStats stats_;
   uint64_t hook_bytes_before_ = 0;
   int log_every_ = 100;
+  std::shared_ptr<trace::Track> trace_;  // COLLIE_TRACE's row for this reducer, or null
 };
 
 }  // namespace collie

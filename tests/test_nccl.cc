@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "collie/comm.h"
+#include "comm/config/config.h"
 #include "comm/core/reduce.h"
+#include "comm/core/trace.h"
 #include "comm/cuda/staged_backend.h"
 #include "comm/front.h"
 #include "comm/nccl/nccl_backend.h"
@@ -657,6 +659,59 @@ TEST(Nccl, AskingForNcclWhereThereIsNoneIsAnErrorAtTheFirstCudaTensor) {
       std::string(w.error()->what()).find("COLLIE_CUDA_BACKEND=nccl, but this build has no NCCL"),
       std::string::npos)
       << w.error()->what();
+}
+
+// COLLIE_TRACE's timeline of the NCCL backend and of CUDA tensors staged
+// through a host backend: run by tests/trace/check_trace.py (mode nccl),
+// which sets COLLIE_TRACE and checks the files; skipped without it. Rank 0:
+// three all-reduces issued together (queued on the stream one behind the
+// other), a broadcast, a send and a receive on NCCL; then a staged
+// all-reduce of 10000 floats over tcp in 4 KiB pieces, one operation on
+// the timeline; and one refused for want of NCCL, with its error.
+TEST(NcclTrace, OperationsOnTheTimeline) {
+  const std::string spec = config::trace(config::process_env());
+  if (spec.empty()) GTEST_SKIP() << "COLLIE_TRACE is not set (tests/trace/check_trace.py sets it)";
+  Job job(2);
+  job.run([&](int r) {
+    BackendContext ctx = job.context(r);
+    ctx.trace = trace::Sink::open(spec, r, 2);
+    ASSERT_TRUE(ctx.trace);
+    auto comm = make_front(ctx, nccl::make_backend(ctx, {job.cuda, job.nccl}));
+    std::vector<std::vector<float>> bufs(3, std::vector<float>(1000, 1.f));
+    std::vector<Work> ws;
+    for (auto& b : bufs) ws.push_back(comm->allreduce(dev(b), ReduceOp::sum));
+    wait_all(ws);
+    ASSERT_EQ(bufs[2][999], 2.f);
+    comm->broadcast(dev(bufs[0]), 1).wait();
+    std::vector<float> out(10, static_cast<float>(r)), in(10, -1.f);
+    Work s = comm->send(dev(out), 1 - r, 3);
+    Work v = comm->recv(dev(in), 1 - r, 3);
+    wait_all({s, v});
+    ASSERT_EQ(in[0], static_cast<float>(1 - r));
+  });
+  Job one(1);
+  BackendContext ctx = one.context(0);
+  ctx.trace = trace::Sink::open(spec, 0, 1);
+  ctx.env = [](const char* name) -> const char* {
+    const std::string n = name;
+    return n == "COLLIE_CUDA_BACKEND" ? "staged" : n == "COLLIE_CUDA_CHUNK" ? "4096" : nullptr;
+  };
+  auto inner = pick_backend("tcp", ctx.launch).create(ctx);
+  auto comm = make_front(ctx, cuda::make_staged(std::move(inner), one.cuda, ctx, {}));
+  std::vector<float> x(10000, 3.f);
+  comm->allreduce(dev(x), ReduceOp::sum).wait();
+  ASSERT_EQ(x[9999], 3.f);
+  // Refused at the first CUDA tensor (no NCCL to route it to): on the
+  // timeline with its error.
+  Job none(1);
+  BackendContext c2 = none.context(0);
+  c2.trace = ctx.trace;
+  c2.env = [](const char* name) -> const char* {
+    return std::string(name) == "COLLIE_CUDA_BACKEND" ? "nccl" : nullptr;
+  };
+  auto inner2 = pick_backend("tcp", c2.launch).create(c2);
+  auto refused = make_front(c2, cuda::make_staged(std::move(inner2), none.cuda, c2, {}));
+  ASSERT_TRUE(refused->allreduce(dev(x), ReduceOp::sum).error());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/choose.h"
 #include "comm/core/reduce.h"
+#include "comm/core/trace.h"
 
 namespace collie::algo {
 
@@ -15,31 +16,41 @@ void run_collective(const Ctx& c, const Op& op, const config::TcpTuning& tuning)
   switch (op.desc.op) {
     case OpKind::allreduce:
       if (n == 1 || in.numel == 0) {
+        trace::algorithm(op, "local");
         if (op.desc.redop == ReduceOp::avg)
           kernels::divide(in.dtype, out.data, in.data, in.numel, 1);
         else if (out.data != in.data)
           std::memmove(out.data, in.data, in.nbytes());
         return;
       }
-      if (choose_allreduce(in.nbytes(), n, tuning) == AllreduceAlgo::ring)
+      if (choose_allreduce(in.nbytes(), n, tuning) == AllreduceAlgo::ring) {
+        trace::algorithm(op, "ring");
         ring_allreduce(c, in.data, out.data, in.numel, in.dtype, op.desc.redop);
-      else
+      } else {
+        trace::algorithm(op, "recursive_doubling");
         rd_allreduce(c, in.data, out.data, in.numel, in.dtype, op.desc.redop);
+      }
       return;
     case OpKind::broadcast:
-      if (n == 1 || in.numel == 0) return;
-      if (choose_broadcast(in.nbytes(), n, tuning) == BroadcastAlgo::chain)
+      if (n == 1 || in.numel == 0) return trace::algorithm(op, "local");
+      if (choose_broadcast(in.nbytes(), n, tuning) == BroadcastAlgo::chain) {
+        trace::algorithm(op, "chain");
         chain_broadcast(c, in.data, in.nbytes(), op.desc.tag);
-      else
+      } else {
+        trace::algorithm(op, "binomial_tree");
         tree_broadcast(c, in.data, in.nbytes(), op.desc.tag);
+      }
       return;
     case OpKind::allgather:
+      trace::algorithm(op, "ring");
       ring_allgather(c, in.data, out.data, in.nbytes());
       return;
     case OpKind::reduce_scatter:
+      trace::algorithm(op, "ring");
       ring_reduce_scatter(c, in.data, out.data, out.numel, in.dtype, op.desc.redop);
       return;
     case OpKind::barrier:
+      trace::algorithm(op, "dissemination");
       dissemination_barrier(c);
       return;
     case OpKind::p2p:

@@ -424,6 +424,11 @@ std::string bind(const Env& env) {
   return s;
 }
 
+std::string trace(const Env& env) {
+  const char* v = env("COLLIE_TRACE");
+  return v ? v : "";
+}
+
 int log_level(const Env& env) {
   const char* v = env("COLLIE_DEBUG");
   if (!v) return 0;

@@ -148,6 +148,11 @@ std::string bind(const Env& env);
 // COLLIE_DEBUG: WARN (default), INFO, DEBUG.
 int log_level(const Env& env);
 
+// COLLIE_TRACE: where each rank writes its timeline ("" if unset: no
+// trace). A path with %r (replaced by the rank), else a prefix that gets
+// ".rank<N>.json" (a trailing ".json" is dropped first); comm/core/trace.h.
+std::string trace(const Env& env);
+
 // What collie-run reads from its own environment.
 struct LauncherSettings {
   int grace_seconds = 5;          // COLLIE_RUN_GRACE: SIGTERM to SIGKILL, 0..86400

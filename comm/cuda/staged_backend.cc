@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "collie/comm.h"
+#include "comm/core/trace.h"
 
 namespace collie::cuda {
 
@@ -90,6 +91,9 @@ class Staged final : public Backend {
     if (!dev && queue_.empty() && !busy_) return inner_->start(renumbered(std::move(op), 0));
     used_.store(true, std::memory_order_release);
     auto w = std::make_shared<StagedWork>(op.desc, ctx_.launch.rank, ctx_.launch.timeout);
+    // Its timeline entry ends with it (StagedWork's callbacks run where it
+    // is finished); the pieces it is staged in have none of their own.
+    if (op.trace) trace::end_with(*w, op.trace);
     queue_.push_back({std::move(op), w, dev ? cuda_stream() : nullptr});
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     cv_.notify_one();
@@ -176,6 +180,7 @@ class Staged final : public Backend {
       Error err(e.code(), op.desc.describe() + " on rank " + std::to_string(ctx_.launch.rank) +
                               ": the communicator's CUDA backend could not be made: " + e.what());
       if (ctx_.failure->set(err)) inner_->abort(err);
+      trace::finished(op, err);
       return Work::failed(err);
     }
   }
@@ -204,6 +209,8 @@ class Staged final : public Backend {
 
   void run(Job& j) {
     const Op& op = j.op;
+    trace::started(op);
+    if (on_device(op)) trace::algorithm(op, "staged");
     try {
       if (!on_device(op)) {
         Op inner_op;
@@ -211,6 +218,7 @@ class Staged final : public Backend {
           std::lock_guard lk(mu_);
           inner_op = renumbered(op, 0);
         }
+        inner_op.trace = nullptr;  // ends with j.done
         chain(inner_->start(std::move(inner_op)), j.done);
         return;
       }
@@ -306,6 +314,7 @@ class Staged final : public Backend {
       // receivers have no copy in to wait for that).
       if (!send_in && k >= 2) wait_event(back_[k % 2], until);
       Op piece = op;
+      piece.trace = nullptr;
       piece.desc.count = n == 0 ? 0 : len(k);
       piece.in = piece.out =
           TensorView{bufs_[k % 2].get(), op.desc.dtype, n == 0 ? 0 : len(k), Device::cpu()};
@@ -339,6 +348,7 @@ class Staged final : public Backend {
     api_->record(copied_, stream_);
     wait_event(copied_, until);
     Op staged = op;
+    staged.trace = nullptr;
     staged.in = TensorView{in.get(), op.in.dtype, op.in.numel, Device::cpu()};
     staged.out = TensorView{out.get(), op.out.dtype, op.out.numel, Device::cpu()};
     {
@@ -358,6 +368,7 @@ class Staged final : public Backend {
     const Op& op = j.op;
     auto buf = std::make_shared<Pinned>(*api_, op.in.nbytes());
     Op staged = op;
+    staged.trace = nullptr;
     staged.in = staged.out = TensorView{buf->get(), op.in.dtype, op.in.numel, Device::cpu()};
     if (op.is_send) {
       after_caller(j);

@@ -13,6 +13,7 @@
 
 #include "comm/core/reduce.h"
 #include "comm/core/topology.h"
+#include "comm/core/trace.h"
 #include "comm/host_executor.h"
 #include "comm/shm/shm_backend.h"
 #include "comm/tcp/tcp_backend.h"
@@ -168,7 +169,10 @@ class HierRunner final : public HostRunner {
  private:
   void run_collective(const Op& op, Deadline dl) override {
     if (!flat_) return local_->run_collective(op, dl);  // one host
-    if (op.desc.op == OpKind::allreduce && across_) return allreduce(op, dl);
+    if (op.desc.op == OpKind::allreduce && across_) {
+      trace::algorithm(op, "hierarchical");  // shm inside hosts, tcp across
+      return allreduce(op, dl);
+    }
     flat_->run_collective(op, dl);
   }
 

@@ -29,6 +29,7 @@
 #include "comm/core/reduce.h"
 #include "comm/core/shared_file.h"
 #include "comm/core/topology.h"
+#include "comm/core/trace.h"
 #include "comm/host_executor.h"
 
 namespace collie::mpi {
@@ -150,6 +151,9 @@ class Process {
     MPI_T_cvar_write(algorithm_, &users_algorithm_);
     return rc;
   }
+
+  // Whether start_allreduce(alg) gets `alg` (else MPI chooses).
+  bool chooses(NbcAllreduce alg) const { return algorithm_values_[static_cast<int>(alg)] >= 0; }
 
   // Held around every MPI call when MPI grants less than MULTIPLE.
   std::unique_lock<std::mutex> lock() {
@@ -453,6 +457,8 @@ class MpiRunner final : public HostRunner {
         auto* out = static_cast<uint8_t*>(op.out.data);
         const bool in_place = op.in.data == op.out.data;
         const NbcAllreduce alg = allreduce_algorithm(d.count * esz, d.count, n_, network_);
+        trace::algorithm(
+            op, proc_.chooses(alg) ? kNbcAllreduceNames[static_cast<int>(alg)] : "MPI_Iallreduce");
         in_pieces(d.count, [&](size_t at, int c_) {
           run(d, dl, c, [&](MPI_Request* r) {
             return proc_.start_allreduce(alg, [&] {
@@ -465,6 +471,7 @@ class MpiRunner final : public HostRunner {
         break;
       }
       case OpKind::broadcast: {
+        trace::algorithm(op, "MPI_Ibcast");
         auto* buf = static_cast<uint8_t*>(op.in.data);
         in_pieces(d.count, [&](size_t at, int c_) {
           run(d, dl, c, [&](MPI_Request* r) {
@@ -475,6 +482,7 @@ class MpiRunner final : public HostRunner {
         break;
       }
       case OpKind::allgather: {
+        trace::algorithm(op, "MPI_Iallgather");
         const int n = int_count(d, op.in.numel);
         const bool in_place = op.in.data == static_cast<uint8_t*>(op.out.data) +
                                                 static_cast<size_t>(me_) * op.in.nbytes();
@@ -486,6 +494,7 @@ class MpiRunner final : public HostRunner {
         break;
       }
       case OpKind::reduce_scatter: {
+        trace::algorithm(op, "MPI_Ireduce_scatter_block");
         const int n = int_count(d, op.out.numel);
         // Collie's in place is the output at this rank's block of the input;
         // MPI's puts it at the start. Out of place either way.
@@ -512,6 +521,7 @@ class MpiRunner final : public HostRunner {
         break;
       }
       case OpKind::barrier:
+        trace::algorithm(op, "MPI_Ibarrier");
         run(d, dl, c, [&](MPI_Request* r) {
           auto lk = proc_.lock();
           return MPI_Ibarrier(data_, r);

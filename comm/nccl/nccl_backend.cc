@@ -4,6 +4,7 @@
 #include "comm/nccl/nccl_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "collie_build_config.h"
 #include "comm/core/continuations.h"
 #include "comm/core/log.h"
+#include "comm/core/trace.h"
 
 namespace collie::nccl {
 
@@ -61,9 +63,16 @@ class NcclWork final : public OpCompletion {
   void wait_on(void* stream) override;
   void abort(const Error& e) override;
 
+  // Ends the op: its timeline entry (COLLIE_TRACE), once, then finish().
+  void end(std::optional<Error> e, const Dispatch& dispatch = {}) {
+    if (trace::OpSpan* s = trace.exchange(nullptr, std::memory_order_acq_rel)) trace::end(s, e);
+    finish(std::move(e), dispatch);
+  }
+
   // Under State::mu_: the event recorded after the op on the
   // communicator's stream, while the op is in flight.
   cuda::Event done = nullptr;
+  std::atomic<trace::OpSpan*> trace{nullptr};  // the op's, until end()
 
  private:
   std::weak_ptr<State> state_;
@@ -109,8 +118,9 @@ class State : public std::enable_shared_from_this<State> {
 
   Work start(Op op) {
     auto w = std::make_shared<NcclWork>(weak_from_this(), op.desc, rank_, timeout_);
+    w->trace = op.trace;
     if (auto first = ctx_.failure->get()) {
-      w->finish(Error(
+      w->end(Error(
           first->code(),
           w->description() + " cannot run: the communicator failed earlier: " + first->what()));
       return Work(w);
@@ -130,7 +140,7 @@ class State : public std::enable_shared_from_this<State> {
       cv_.notify_one();
     } catch (const Error& e) {
       fail(e, nullptr, true);
-      w->finish(e, dispatch_);  // when it was never launched
+      w->end(e, dispatch_);  // when it was never launched
     }
     return Work(w);
   }
@@ -194,7 +204,7 @@ class State : public std::enable_shared_from_this<State> {
       }
       busy = !inflight_.empty() || !pending_.empty();
     }
-    for (auto& w : ended) w->finish(std::nullopt, dispatch_);
+    for (auto& w : ended) w->end(std::nullopt, dispatch_);
     // Where every rank is (through the store, a few seconds at most), asked
     // before the abort reaches the peers.
     if (err && culprit && err->code() == ErrorCode::timeout && ctx_.inspector &&
@@ -239,11 +249,11 @@ class State : public std::enable_shared_from_this<State> {
     if (first && tell_peers) publish(e);
     for (auto& w : ended) {
       if (w.get() == culprit && first)
-        w->finish(e, dispatch_);
+        w->end(e, dispatch_);
       else
-        w->finish(Error(e.code(),
-                        w->description() + " cannot finish: the communicator failed: " + e.what()),
-                  dispatch_);
+        w->end(Error(e.code(),
+                     w->description() + " cannot finish: the communicator failed: " + e.what()),
+               dispatch_);
     }
     cv_.notify_all();
   }
@@ -296,12 +306,12 @@ class State : public std::enable_shared_from_this<State> {
       pending_.clear();
     }
     for (auto& w : unlaunched)
-      w->finish(Error(ErrorCode::unavailable,
-                      w->description() +
-                          " never ran: its communicator was destroyed first (nothing waited "
-                          "for it, so it was still waiting to be grouped with other sends and "
-                          "receives)"),
-                dispatch_);
+      w->end(Error(ErrorCode::unavailable,
+                   w->description() +
+                       " never ran: its communicator was destroyed first (nothing waited "
+                       "for it, so it was still waiting to be grouped with other sends and "
+                       "receives)"),
+             dispatch_);
     // What runs ends, or fails at its deadline (poll() enforces it).
     while (poll()) std::this_thread::sleep_for(kPollMin);
     {
@@ -349,6 +359,10 @@ class State : public std::enable_shared_from_this<State> {
       last = ops[i].after;
       apis_.cuda->record(ready_, last);
       apis_.cuda->stream_wait(stream_, ready_);
+    }
+    for (const Pending& p : ops) {
+      trace::started(p.op);  // queued on the stream: it runs once those before it have
+      trace::algorithm(p.op, "nccl");
     }
     Api& api = *apis_.nccl;
     Result r;
@@ -508,7 +522,7 @@ void NcclWork::abort(const Error& e) {
   if (auto st = state_.lock())
     st->fail(e, this, true);
   else
-    finish(e);
+    end(e);
 }
 
 class NcclBackend final : public Backend {

@@ -19,6 +19,7 @@
 #include "comm/core/reduce.h"
 #include "comm/core/shared_file.h"
 #include "comm/core/topology.h"
+#include "comm/core/trace.h"
 #include "comm/host_executor.h"
 #include "comm/shm/region.h"
 #include "comm/shm/segment.h"
@@ -58,12 +59,16 @@ class ShmRunner final : public HostRunner {
       case OpKind::allreduce:
         return allreduce(op, what, dl);
       case OpKind::broadcast:
+        trace::algorithm(op, "rounds");
         return broadcast(op, what, dl);
       case OpKind::allgather:
+        trace::algorithm(op, "rounds");
         return allgather(op, what, dl);
       case OpKind::reduce_scatter:
+        trace::algorithm(op, "rounds");
         return reduce_scatter(op, what, dl);
       case OpKind::barrier:
+        trace::algorithm(op, "flags");
         return arrive(d, what, dl);
       case OpKind::p2p:
       case OpKind::split:
@@ -155,6 +160,7 @@ class ShmRunner final : public HostRunner {
     const DType t = op.in.dtype;
     const size_t es = dtype_size(t), count = op.in.numel, bytes = count * es;
     if (n_ == 1 || count == 0) {
+      trace::algorithm(op, "local");
       arrive(d, what, dl);
       std::vector<const void*> one{op.in.data};
       if (count) reduce_into(op.out.data, one, count, t, d.redop);
@@ -162,6 +168,7 @@ class ShmRunner final : public HostRunner {
     }
     if (bytes <= std::min(tuning_.small_bytes, sizeof(DescSlot::inline_data))) {
       // The smallest: input, call and flag in one line per rank.
+      trace::algorithm(op, "inline");
       DescSlot& mine = seg_.desc(me_, d.seq);
       std::memcpy(mine.inline_data, op.in.data, bytes);
       announce(d);
@@ -177,6 +184,7 @@ class ShmRunner final : public HostRunner {
       // One step: everyone's input in its slot, then every rank reduces
       // every slot into its own output, in rank order (the same bits on
       // every rank).
+      trace::algorithm(op, "one_step");
       std::memcpy(seg_.small_slot(me_, d.seq), op.in.data, bytes);
       arrive(d, what, dl);
       for (int r = 0; r < n_; ++r) srcs_[r] = seg_.small_slot(r, d.seq);
@@ -188,7 +196,11 @@ class ShmRunner final : public HostRunner {
     const std::optional<RegionRef> reg =
         op.in.data == op.out.data ? find_region(op.in.data, bytes) : std::nullopt;
     arrive(d, what, dl, reg ? &*reg : nullptr);
-    if (reg && everyone_shared(d.seq)) return allreduce_shared(op, what, dl);
+    if (reg && everyone_shared(d.seq)) {
+      trace::algorithm(op, "in_place");
+      return allreduce_shared(op, what, dl);
+    }
+    trace::algorithm(op, "rounds");
     // Rounds of `per_round` elements: copy in, reduce own slice of
     // everyone's round in place, copy every slice out.
     const size_t per_round = std::max<size_t>(seg_.layout().chunk / es, 1);

@@ -1,0 +1,195 @@
+// comm/core/trace.h: COLLIE_TRACE, a timeline of each rank in the Chrome
+// trace event format (chrome://tracing, ui.perfetto.dev), as Horovod's
+// timeline and PyTorch's profiler write them: every operation of every
+// communicator (queued from issue to start, run from start to end, with its
+// size, algorithm, backend and error) and the reducer's view of a step
+// (backward start, each gradient ready, each bucket in flight, finalize's
+// wait), so that overlap and stragglers can be seen.
+//
+// One file per rank (Sink), a JSON array of events: pid is the rank, each
+// communicator and each reducer a thread of its own (Track). Timestamps are
+// CLOCK_MONOTONIC in microseconds, which every process on a host shares.
+// Events collect in memory and are written in batches (every 64 KiB, or when
+// an event comes 100 ms after the last write, on a failure, when a
+// communicator is destroyed and at exit); each write ends the file with its
+// closing bracket, which the next write overwrites, so the file is whole
+// JSON after every write, also when the process is killed later.
+//
+// Off (COLLIE_TRACE unset), an operation carries no span, and every call
+// on its path below is one test of a null pointer.
+//
+// A span is created by the front and freed by the one call that ends it
+// (finished() clears the op's pointer as it does): a backend ends each op
+// once, and copies of an op that another part ends carry no span.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "collie/work.h"
+#include "comm/op.h"
+
+namespace collie::trace {
+
+// CLOCK_MONOTONIC (steady_clock on Linux), in nanoseconds.
+using Nanos = int64_t;
+Nanos now();
+Nanos at(std::chrono::steady_clock::time_point t);
+
+// The file COLLIE_TRACE=spec names for `rank`: spec with every %r replaced
+// by the rank, else spec (less a trailing ".json") + ".rank<rank>.json".
+std::string file_name(const std::string& spec, int rank);
+
+// An event's "args", built as JSON. Keys are literals with nothing to
+// escape; values are escaped.
+class Args {
+ public:
+  Args& add(std::string_view key, std::string_view value);
+  Args& add(std::string_view key, const char* value) { return add(key, std::string_view(value)); }
+  Args& add(std::string_view key, int64_t value);
+  Args& add(std::string_view key, uint64_t value);
+  Args& add(std::string_view key, int value) { return add(key, static_cast<int64_t>(value)); }
+  Args& add(std::string_view key, double value);
+  Args& add(std::string_view key, bool value);
+  // Microseconds, as event timestamps are written.
+  Args& add_us(std::string_view key, Nanos t);
+  std::string json() const { return "{" + s_ + "}"; }
+  const std::string& body() const { return s_; }  // json() less its braces
+
+ private:
+  Args& key(std::string_view k);
+  std::string s_;
+};
+
+class Track;
+
+// One rank's trace file. Opened once per file and process, kept for the
+// process's life (threads that outlive a communicator may still write).
+class Sink : public std::enable_shared_from_this<Sink> {
+ public:
+  // The sink of `rank` for COLLIE_TRACE=spec, or nullptr when spec is empty
+  // or the file cannot be written (then a warning names the variable, the
+  // file and the rank, and the job goes on without a trace).
+  static std::shared_ptr<Sink> open(const std::string& spec, int rank, int world_size);
+  // Writes what is buffered (every sink: at exit too).
+  static void flush_all();
+
+  Sink(int fd, std::string path, int rank, int world_size);
+  ~Sink();
+
+  int rank() const { return rank_; }
+  const std::string& path() const { return path_; }
+  // A new row (a Chrome "thread") called `name`.
+  std::shared_ptr<Track> track(const std::string& name);
+  uint64_t next_id() { return next_id_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+  // Appends events (JSON objects, separated by ",\n"), all in one write
+  // of the file; writes the buffer when it is due.
+  void write(const std::string& events);
+  void flush();
+
+ private:
+  void flush_locked();
+
+  const int fd_;
+  const std::string path_;
+  const int rank_;
+  const unsigned fork_generation_;
+  std::atomic<uint64_t> next_id_{0};
+  std::mutex mu_;
+  std::string buf_;    // events not yet in the file, each after ",\n"
+  int64_t at_ = 0;     // where the next write goes: over the closing bracket
+  bool first_ = true;  // the file's first write opens the array
+  bool broken_ = false;
+  int next_tid_ = 0;
+  Nanos last_write_ = 0;
+};
+
+// A row of the timeline: a communicator's operations, or a reducer's events.
+class Track {
+ public:
+  Track(std::shared_ptr<Sink> sink, int tid) : sink_(std::move(sink)), tid_(tid) {}
+  Sink& sink() const { return *sink_; }
+  int tid() const { return tid_; }
+
+  // For a communicator's track: its name in the args of its operations.
+  std::string comm;
+  std::string backend;
+
+  void instant(std::string_view name, const Args& args, Nanos t = now());
+  void span(std::string_view name, Nanos begin, Nanos end, const Args& args);
+  // Spans that may overlap others on this row (buckets in flight): a
+  // Chrome async pair, joined by the id async_begin returns.
+  uint64_t async_begin(std::string_view cat, std::string_view name, Nanos t, const Args& args);
+  void async_end(std::string_view cat, std::string_view name, uint64_t id, Nanos t,
+                 const Args& args = {});
+
+  // The start of a run span that does not overlap the one before it (an
+  // operation queued on a stream behind another runs only once that one
+  // has ended), and records `end` as this row's latest.
+  Nanos serial_start(Nanos start, Nanos end);
+
+  // The events, formatted for Sink::write.
+  std::string span_event(std::string_view name, Nanos begin, Nanos end, const Args& args) const;
+  std::string async_event(char ph, std::string_view cat, std::string_view name, uint64_t id,
+                          Nanos t, const Args& args) const;
+
+ private:
+  std::shared_ptr<Sink> sink_;
+  const int tid_;
+  std::mutex mu_;
+  Nanos last_end_ = 0;
+};
+
+// One operation, from issue to end. Whoever knows a time marks it (the first
+// mark wins); the events are written at its end.
+struct OpSpan {
+  std::shared_ptr<Track> track;
+  OpDesc desc;
+  int peer = -1;
+  bool is_send = false;
+  Nanos issued = 0;
+  std::atomic<Nanos> started{0};
+  std::atomic<Nanos> finished{0};
+  std::atomic<const char*> algorithm{nullptr};  // a string literal
+};
+
+// ---- the path of an operation --------------------------------------------
+
+// The front, numbering `op` on `track`'s communicator: its span, issued now.
+OpSpan* issue(const std::shared_ptr<Track>& track, const Op& op);
+// The front refused `op` (its communicator failed or was destroyed).
+void refused(const std::shared_ptr<Track>& track, const Op& op, const Error& e);
+
+void mark_started(OpSpan& s);
+void note_algorithm(OpSpan& s, const char* name);
+// Marks the end (unless marked), writes the operation's events and frees
+// `s`.
+void end(OpSpan* s, const std::optional<Error>& e);
+// Ends `s` when `c` ends (for completions whose callbacks run on the thread
+// that finishes them: not the executor's, which dispatches them).
+void end_with(Completion& c, OpSpan* s);
+
+// Whoever starts running `op`.
+inline void started(const Op& op) {
+  if (op.trace) mark_started(*op.trace);
+}
+// The algorithm chosen for `op` (a string literal); the first note wins, so
+// that a composite backend's choice stands over those of its parts.
+inline void algorithm(const Op& op, const char* name) {
+  if (op.trace) note_algorithm(*op.trace, name);
+}
+// Whoever sees `op` end, before its completion is finished: ends its span,
+// once (op.trace is null afterwards).
+inline void finished(Op& op, const std::optional<Error>& e) {
+  if (op.trace) end(std::exchange(op.trace, nullptr), e);
+}
+
+}  // namespace collie::trace
