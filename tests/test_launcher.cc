@@ -614,6 +614,23 @@ TEST_F(Launcher, AStopSignalIsNotRestarted) {
   EXPECT_FALSE(contains(r.err, "restarting")) << r.err;
 }
 
+// A failure followed by a stop asked of collie-run (rank 0 sends SIGINT once
+// the launcher has reaped rank 1): the stop wins, and the summary says why
+// no restart came.
+TEST_F(Launcher, AStopAfterAFailureIsNotRestartedEither) {
+  auto r = run({"-n", "2", "--max-restarts", "3", "--grace-seconds", "1", "sh", "-c",
+                "if [ $RANK = 1 ]; then echo $$ > $T/p && mv $T/p $T/pid.1; exit 3; fi; "
+                "while [ ! -s $T/pid.1 ]; do sleep 0.01; done; "
+                "while kill -0 $(cat $T/pid.1) 2>/dev/null; do sleep 0.01; done; "
+                "kill -INT $PPID; sleep 60"});
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_FALSE(contains(r.err, "restarting")) << r.err;
+  EXPECT_TRUE(contains(summary(r.err), "root cause: rank 1")) << r.err;
+  EXPECT_TRUE(contains(summary(r.err),
+                       "not restarted: collie-run was told to stop (SIGINT); restarts 0 of 3 used"))
+      << r.err;
+}
+
 TEST_F(Launcher, BusyMasterPortIsNamed) {
   auto busy = collie::net::listen_tcp("", 0, "squatter");
   std::string port = std::to_string(collie::net::local_port(busy.get()));

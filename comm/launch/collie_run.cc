@@ -220,11 +220,14 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
+std::string signal_name(int sig) {
+  const char* name = sigabbrev_np(sig);
+  return name ? "SIG" + std::string(name) : std::to_string(sig);
+}
+
 std::string describe(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  const char* name = sigabbrev_np(WTERMSIG(status));
-  return "was killed by signal " +
-         (name ? "SIG" + std::string(name) : std::to_string(WTERMSIG(status)));
+  return "was killed by signal " + signal_name(WTERMSIG(status));
 }
 
 int exit_code(int status) {
@@ -734,9 +737,18 @@ class Job {
                (r.tail.empty() ? "\n" : "; its last line:\ncollie-run:   " + r.tail.back() + "\n");
       }
     }
-    if (a_.max_restarts > 0)
-      out += "collie-run: no restarts left: " + std::to_string(restarts_) + " of " +
-             std::to_string(a_.max_restarts) + " used\n";
+    if (a_.max_restarts > 0) {
+      const std::string used =
+          std::to_string(restarts_) + " of " + std::to_string(a_.max_restarts) + " used";
+      if (restarts_ >= a_.max_restarts)
+        out += "collie-run: no restarts left: " + used + "\n";
+      else if (stop_signal_)
+        out += "collie-run: not restarted: collie-run was told to stop (" +
+               signal_name(stop_signal_) + "); restarts " + used + "\n";
+      else
+        out += "collie-run: not restarted: the next round could not start (above); restarts " +
+               used + "\n";
+    }
     if (!a_.log_dir.empty())
       out += "collie-run: each rank's whole output: " + a_.log_dir + "/rank.<rank>.log\n";
     write_all(STDERR_FILENO, out);
