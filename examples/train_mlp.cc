@@ -150,25 +150,28 @@ int main(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (i + 1 >= argc)
-      usage_error(a.rfind("--", 0) == 0 ? a + " needs a value" : "unknown argument '" + a + "'");
+    static const char* const kTakeValues[] = {
+        "--steps",       "--hidden",    "--checkpoint",   "--checkpoint-every",
+        "--dump-params", "--log-every", "--step-sleep-ms"};
+    if (std::find(std::begin(kTakeValues), std::end(kTakeValues), a) == std::end(kTakeValues))
+      usage_error("unknown option '" + a + "'");
+    if (i + 1 >= argc) usage_error(a + " needs a value");
     const char* v = argv[++i];
     if (a == "--steps")
       steps = parse_int(a, v, 0, 1000000000);
     else if (a == "--hidden")
-      hidden = parse_int(a, v, 1, 65536);
+      hidden = parse_int(a, v, 1, 4096);
     else if (a == "--checkpoint")
       checkpoint = v;
-    else if (a == "--checkpoint-every")
-      checkpoint_every = parse_int(a, v, 1, 1000000000), every_given = true;
-    else if (a == "--dump-params")
+    else if (a == "--checkpoint-every") {
+      checkpoint_every = parse_int(a, v, 1, 1000000000);
+      every_given = true;
+    } else if (a == "--dump-params")
       dump = v;
     else if (a == "--log-every")
       log_every = parse_int(a, v, 1, 1000000000);
-    else if (a == "--step-sleep-ms")  // slows a run so that a test can kill a rank mid-run
+    else  // --step-sleep-ms: slows a run so that a test can kill a rank mid-run
       sleep_ms = parse_int(a, v, 0, 60000);
-    else
-      usage_error("unknown option '" + a + "'");
   }
   if (every_given && checkpoint.empty())
     usage_error("--checkpoint-every needs --checkpoint PATH: where to write the checkpoints");

@@ -184,6 +184,15 @@ try:
     r = launch(["-n", "2", TRAIN_MLP, "--steps", "10", "--hidden", "64", "--checkpoint", bad])
     check(r["rc"] == 1 and "holds a 16-128-128-128-4 model and this one is 16-64-64-64-4" in r["err"],
           "a checkpoint of another model: no clear error", r)
+    # The flags themselves: a bad value is named, before anything starts.
+    for argv, says in ((["--steps", "abc"], "--steps takes a whole number in 0..1000000000, not 'abc'"),
+                       (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint PATH"),
+                       (["--checkpoint"], "--checkpoint needs a value"),
+                       (["--frobnicate"], "unknown option '--frobnicate'")):
+        r = subprocess.run([TRAIN_MLP] + argv, capture_output=True, text=True, timeout=60)
+        check(r.returncode == 2 and says in r.stderr and "usage: train_mlp" in r.stderr,
+              "train_mlp %s: no clear usage error" % " ".join(argv),
+              {"out": r.stdout, "err": r.stderr})
     if not failures:
         print("no restarts: the kill fails the job; restarts run out: the summary; damaged "
               "checkpoints (truncated, flipped, cut, oversized count, foreign, empty, other world, "
