@@ -2,24 +2,44 @@
 // collie's DDP reducer.
 //
 //   collie-run -n 2 train_mlp [--steps 200] [--copy] [--hidden 128]
+//              [--checkpoint PATH [--checkpoint-every 20]] [--dump-params FILE]
+//              [--log-every 20] [--step-sleep-ms MS]
 //
 // A multi-layer perceptron (tanh hidden layers, linear output) with a
 // hand-written backward learns to imitate a fixed random "teacher" network on
-// synthetic inputs. Each rank draws its own mini-batches; backward walks the
+// synthetic inputs. Each rank draws its own mini-batches, from a generator
+// seeded with (rank, step) alone, so that a run resumed from a checkpoint
+// sees the very batches an uninterrupted one would have. Backward walks the
 // layers from the output down and, as soon as a layer's weight and bias
 // gradients are written, tells the reducer (mark_grad_ready), which ships
 // full buckets while backward goes on with the layers below. With bucket
 // views (the default) backward writes gradients straight into the reducer's
 // buckets: no gradient copies at all.
+//
+// With --checkpoint PATH, every --checkpoint-every steps rank 0 writes the
+// step, the parameters and every rank's reducer state to PATH (atomically:
+// examples/checkpoint.h), and a run that finds PATH resumes from it: under
+// `collie-run --max-restarts N` a job whose rank died goes on from its last
+// checkpoint and ends with the parameters of a run that never stopped.
+// --dump-params FILE writes the final parameters (f32, w0 b0 w1 b1 ...) for
+// such comparisons; rank 0 also prints their FNV-1a checksum.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collie/comm.h"
+#include "examples/checkpoint.h"
 #include "reducer/reducer.h"
 
 namespace {
@@ -64,31 +84,120 @@ struct Mlp {
   }
 };
 
+constexpr const char* kUsage =
+    "usage: train_mlp [--steps N] [--hidden H] [--copy] [--checkpoint PATH]\n"
+    "                 [--checkpoint-every K] [--dump-params FILE] [--log-every N]\n"
+    "                 [--step-sleep-ms MS]\n";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "train_mlp: %s\n%s", msg.c_str(), kUsage);
+  std::exit(2);
+}
+
+int parse_int(const std::string& flag, const char* v, long min, long max) {
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v, &end, 10);
+  if (*v == '\0' || *end != '\0' || errno == ERANGE || x < min || x > max)
+    usage_error(flag + " takes a whole number in " + std::to_string(min) + ".." +
+                std::to_string(max) + ", not '" + v + "'");
+  return static_cast<int>(x);
+}
+
+// FNV-1a 64 of the parameters' bytes: two runs that print the same value
+// ended with the same parameters, to the bit.
+uint64_t checksum(const std::vector<float>& v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+std::vector<float> flatten(const Mlp& m) {
+  std::vector<float> flat;
+  for (const auto& Ly : m.layers) {
+    flat.insert(flat.end(), Ly.w.begin(), Ly.w.end());
+    flat.insert(flat.end(), Ly.b.begin(), Ly.b.end());
+  }
+  return flat;
+}
+
+void unflatten(Mlp& m, const std::vector<float>& flat) {
+  size_t at = 0;
+  for (auto& Ly : m.layers) {
+    std::copy(flat.begin() + static_cast<long>(at),
+              flat.begin() + static_cast<long>(at + Ly.w.size()), Ly.w.begin());
+    at += Ly.w.size();
+    std::copy(flat.begin() + static_cast<long>(at),
+              flat.begin() + static_cast<long>(at + Ly.b.size()), Ly.b.begin());
+    at += Ly.b.size();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 200, hidden = 128;
-  bool bucket_view = true;
+  int steps = 200, hidden = 128, checkpoint_every = 20, log_every = 20, sleep_ms = 0;
+  bool bucket_view = true, every_given = false;
+  std::string checkpoint, dump;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc)
-      steps = std::atoi(argv[++i]);
-    else if (a == "--hidden" && i + 1 < argc)
-      hidden = std::atoi(argv[++i]);
-    else if (a == "--copy")
+    if (a == "--copy") {
       bucket_view = false;
-    else {
-      std::fprintf(stderr, "usage: train_mlp [--steps N] [--hidden H] [--copy]\n");
-      return 2;
+      continue;
     }
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    static const char* const kTakeValues[] = {
+        "--steps",       "--hidden",    "--checkpoint",   "--checkpoint-every",
+        "--dump-params", "--log-every", "--step-sleep-ms"};
+    if (std::find(std::begin(kTakeValues), std::end(kTakeValues), a) == std::end(kTakeValues))
+      usage_error("unknown option '" + a + "'");
+    if (i + 1 >= argc) usage_error(a + " needs a value");
+    const char* v = argv[++i];
+    if (a == "--steps")
+      steps = parse_int(a, v, 0, 1000000000);
+    else if (a == "--hidden")
+      hidden = parse_int(a, v, 1, 4096);
+    else if (a == "--checkpoint")
+      checkpoint = v;
+    else if (a == "--checkpoint-every") {
+      checkpoint_every = parse_int(a, v, 1, 1000000000);
+      every_given = true;
+    } else if (a == "--dump-params")
+      dump = v;
+    else if (a == "--log-every")
+      log_every = parse_int(a, v, 1, 1000000000);
+    else  // --step-sleep-ms: slows a run so that a test can kill a rank mid-run
+      sleep_ms = parse_int(a, v, 0, 60000);
   }
+  if (every_given && checkpoint.empty())
+    usage_error("--checkpoint-every needs --checkpoint PATH: where to write the checkpoints");
+  int rank = -1;
   try {
     auto comm = collie::connect();
-    const int rank = comm->rank(), n = comm->size();
+    rank = comm->rank();
+    const int n = comm->size();
     const std::vector<int> sizes{16, hidden, hidden, hidden, 4};
     const int batch = 64;  // per rank
     Mlp teacher(sizes, 2024);
     Mlp model(sizes, 7 + rank);  // different per rank: the reducer broadcasts rank 0's
+
+    // A checkpoint, where there is one, replaces the initial values before
+    // the reducer broadcasts rank 0's (the same on every rank then), and
+    // its reducer state is loaded before the first backward.
+    const std::vector<uint64_t> shape(sizes.begin(), sizes.end());
+    std::optional<collie::example::Checkpoint> resume;
+    if (!checkpoint.empty()) resume = collie::example::load(*comm, checkpoint, shape);
+    if (resume) {
+      if (resume->params.size() != flatten(model).size())
+        throw std::runtime_error(
+            "checkpoint " + checkpoint + " holds " + std::to_string(resume->params.size()) +
+            " parameters and this model has " + std::to_string(flatten(model).size()));
+      unflatten(model, resume->params);
+    }
 
     // Parameters in registration order: w0, b0, w1, b1, ...
     std::vector<std::vector<float>> own_grads;
@@ -110,6 +219,14 @@ int main(int argc, char** argv) {
     opt.first_bucket_bytes = 64 * 1024;  // a small model: small buckets
     opt.bucket_bytes = 256 * 1024;
     collie::Reducer reducer(*comm, params, opt);
+    int first_step = 0;
+    if (resume) {
+      reducer.load_state(resume->rank_states[static_cast<size_t>(rank)]);
+      first_step = static_cast<int>(std::min<uint64_t>(resume->step, steps + 1u));
+      if (rank == 0)
+        std::printf("resuming from checkpoint %s at step %d\n", checkpoint.c_str(), first_step);
+      resume.reset();
+    }
     if (rank == 0)
       std::printf(
           "training a %d-%d-%d-%d-%d MLP on %d ranks x %d samples, %zu buckets, %s, "
@@ -118,11 +235,14 @@ int main(int argc, char** argv) {
           reducer.plan().buckets().size(), bucket_view ? "bucket views" : "copies",
           reducer.comm_hook().name().c_str());
 
-    std::mt19937 data_rng(100 + rank);
-    std::normal_distribution<float> gauss(0.0f, 1.0f);
     const float lr = 0.05f;
     const int L = static_cast<int>(model.layers.size());
-    for (int step = 0; step <= steps; ++step) {
+    for (int step = first_step; step <= steps; ++step) {
+      // This step's batch from (rank, step) alone: the same whether the run
+      // started at step 0 or resumed.
+      std::seed_seq seed{100u, static_cast<unsigned>(rank), static_cast<unsigned>(step)};
+      std::mt19937 data_rng(seed);
+      std::normal_distribution<float> gauss(0.0f, 1.0f);
       std::vector<float> x(static_cast<size_t>(batch) * sizes[0]);
       for (auto& v : x) v = gauss(data_rng);
       auto target = teacher.forward(x, batch).back();
@@ -177,27 +297,41 @@ int main(int argc, char** argv) {
         for (size_t k = 0; k < Ly.b.size(); ++k) Ly.b[k] -= lr * db[k];
       }
       comm->allreduce(collie::view_of(&loss, 1), collie::ReduceOp::avg).wait();
-      if (rank == 0 && step % 20 == 0) {
+      if (rank == 0 && step % log_every == 0) {
         const auto& st = reducer.last_stats();
         std::printf("step %4d  loss %.5f  (backward %.2f ms, exposed comm %.2f ms)\n", step, loss,
                     st.backward_us / 1e3, st.exposed_us / 1e3);
+        std::fflush(stdout);  // a watcher (the restart test) acts on it
       }
+      // After step s, s + 1 steps are done: the checkpoint resumes at s + 1.
+      if (!checkpoint.empty() && (step + 1) % checkpoint_every == 0)
+        collie::example::save(*comm, reducer, static_cast<uint64_t>(step + 1), shape,
+                              flatten(model), checkpoint);
+      if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     }
     // Replicas must agree to the bit: compare every rank's weights with rank 0's.
-    std::vector<float> flat, ref;
-    for (auto& Ly : model.layers) {
-      flat.insert(flat.end(), Ly.w.begin(), Ly.w.end());
-      flat.insert(flat.end(), Ly.b.begin(), Ly.b.end());
-    }
-    ref = flat;
+    std::vector<float> flat = flatten(model), ref = flat;
     comm->broadcast(collie::view_of(ref.data(), ref.size()), 0).wait();
     int64_t differs = std::memcmp(ref.data(), flat.data(), flat.size() * sizeof(float)) != 0;
     comm->allreduce(collie::view_of(&differs, 1), collie::ReduceOp::sum).wait();
-    if (rank == 0)
+    if (rank == 0) {
       std::printf("replicas identical on all %d ranks: %s\n", n, differs ? "NO" : "yes");
+      std::printf("final parameters: %zu floats, FNV-1a %016llx\n", flat.size(),
+                  static_cast<unsigned long long>(checksum(flat)));
+      if (!dump.empty()) {
+        std::ofstream f(dump, std::ios::binary | std::ios::trunc);
+        f.write(reinterpret_cast<const char*>(flat.data()),
+                static_cast<std::streamsize>(flat.size() * sizeof(float)));
+        if (!f.flush()) throw std::runtime_error("cannot write --dump-params " + dump);
+      }
+    }
     return differs ? 1 : 0;
-  } catch (const collie::Error& e) {
-    std::fprintf(stderr, "train_mlp: %s\n", e.what());
+  } catch (const std::exception& e) {
+    // Most of collie's errors name the rank already; the others say it here.
+    if (rank < 0 || std::strncmp(e.what(), "rank ", 5) == 0)
+      std::fprintf(stderr, "train_mlp: %s\n", e.what());
+    else
+      std::fprintf(stderr, "train_mlp: rank %d: %s\n", rank, e.what());
     return 1;
   }
 }

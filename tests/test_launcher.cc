@@ -501,6 +501,9 @@ TEST_F(Launcher, BadUsageSaysWhatToChange) {
       {{"-n", "2", "--nnodes", "2", "--node-rank", "1", "true"},
        "needs --master-addr and --master-port"},
       {{"-n", "2", "--grace-seconds"}, "--grace-seconds needs a value"},
+      {{"-n", "2", "--max-restarts", "-1", "true"}, "--max-restarts takes a whole number in 0.."},
+      {{"-n", "2", "--nnodes", "2", "--max-restarts", "1", "true"},
+       "--max-restarts works on one node only"},
   };
   for (const auto& c : cases) {
     auto r = run(c.args);
@@ -511,6 +514,121 @@ TEST_F(Launcher, BadUsageSaysWhatToChange) {
   auto h = run({"--help"});
   EXPECT_EQ(h.status, 0);
   EXPECT_TRUE(contains(h.out, "usage: collie-run")) << h.out;
+}
+
+// --max-restarts: torchrun's semantics. Rank 1 fails in the first two rounds;
+// rank 0 finishes at once every time, and is started again all the same
+// (the whole group restarts, not the failed rank alone). Each round has a
+// new store port and secret, and says which round it is.
+TEST_F(Launcher, ARestartStartsTheWholeGroupAgainWithAFreshRendezvous) {
+  auto logs = dir_ / "logs";
+  auto r = run({"-n", "2", "--max-restarts", "3", "--log-dir", logs.string(), "sh", "-c",
+                "echo round $COLLIE_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT "
+                "$TORCHELASTIC_MAX_RESTARTS $COLLIE_MASTER_PORT $COLLIE_JOB_SECRET "
+                "${COLLIE_STORE_FD:-nofd}; "
+                "if [ $RANK = 1 ] && [ $COLLIE_RESTART_COUNT -lt 2 ]; then exit 3; fi"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  std::map<std::string, std::vector<std::string>> rounds;  // by rank: what each round said
+  for (const auto& l : lines(r.out)) rounds[l.substr(0, 3)].push_back(l.substr(4));
+  ASSERT_EQ(rounds["[0]"].size(), 3u) << r.out;
+  ASSERT_EQ(rounds["[1]"].size(), 3u) << r.out;
+  std::set<std::string> ports, secrets;
+  for (int k = 0; k < 3; ++k) {
+    std::istringstream in0(rounds["[0]"][k]), in1(rounds["[1]"][k]);
+    std::string w0, c0, t0, m0, p0, s0, fd0, w1, c1, t1, m1, p1, s1, fd1;
+    in0 >> w0 >> c0 >> t0 >> m0 >> p0 >> s0 >> fd0;
+    in1 >> w1 >> c1 >> t1 >> m1 >> p1 >> s1 >> fd1;
+    EXPECT_EQ(c0, std::to_string(k)) << r.out;
+    EXPECT_EQ(c1, std::to_string(k)) << r.out;
+    EXPECT_EQ(t0, c0) << "TORCHELASTIC_RESTART_COUNT: " << r.out;
+    EXPECT_EQ(m0, "3") << "TORCHELASTIC_MAX_RESTARTS: " << r.out;
+    EXPECT_EQ(p0, p1) << "both ranks of a round meet at one store: " << r.out;
+    EXPECT_EQ(s0, s1) << r.out;
+    EXPECT_EQ(fd0, "3") << "rank 0 holds each round's store socket: " << r.out;
+    EXPECT_EQ(fd1, "nofd") << r.out;
+    ports.insert(p0);
+    secrets.insert(s0);
+  }
+  EXPECT_EQ(ports.size(), 3u) << "every round has a store of its own: " << r.out;
+  EXPECT_EQ(secrets.size(), 3u) << "every round has a secret of its own: " << r.out;
+  EXPECT_TRUE(contains(r.err, "collie-run: rank 1 exited with status 3")) << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting (attempt 1 of 3) with a fresh rendezvous")) << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting (attempt 2 of 3)")) << r.err;
+  EXPECT_FALSE(contains(r.err, "attempt 3 of 3")) << r.err;
+  EXPECT_FALSE(contains(r.err, "the job failed")) << r.err;
+  // The log keeps every round's output, each restart marked.
+  std::ifstream f(logs / "rank.0.log");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(text, "round 0 0 3")) << text;
+  EXPECT_TRUE(contains(text, "---- collie-run: restarting (attempt 2 of 3) ----\nround 2 2 3"))
+      << text;
+}
+
+// A user's secret is kept across rounds: other tools of the job may know it.
+TEST_F(Launcher, ARestartKeepsTheUsersSecret) {
+  auto r = run({"-n", "1", "--max-restarts", "1", "sh", "-c",
+                "echo $COLLIE_JOB_SECRET; [ $COLLIE_RESTART_COUNT = 1 ]"},
+               {"COLLIE_JOB_SECRET=given-by-user"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[0] given-by-user\n[0] given-by-user\n") << r.err;
+}
+
+// When the restarts run out, the job fails as it does without them, with
+// the last round's summary, and says so.
+TEST_F(Launcher, WhenRestartsRunOutTheJobFailsWithTheSummary) {
+  auto r = run({"-n", "2", "--max-restarts", "2", "sh", "-c",
+                "if [ $RANK = 1 ]; then echo \"failing in round $COLLIE_RESTART_COUNT\"; exit 3; "
+                "fi; sleep 60"});
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting (attempt 1 of 2)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting (attempt 2 of 2)")) << r.err;
+  EXPECT_FALSE(contains(r.err, "attempt 3 of")) << r.err;
+  std::string s = summary(r.err);
+  EXPECT_TRUE(contains(s, "root cause: rank 1 (pid ")) << r.err;
+  EXPECT_TRUE(contains(s, "[1] failing in round 2")) << s;
+  EXPECT_TRUE(contains(s, "after the last restart")) << s;
+  EXPECT_TRUE(contains(s, "rank 0, stopped by collie-run")) << s;
+  EXPECT_TRUE(contains(s, "no restarts left: 2 of 2 used")) << s;
+}
+
+// Without --max-restarts (0) a failure ends the job as it always did.
+TEST_F(Launcher, NoRestartsByDefault) {
+  auto r = run({"-n", "2", "sh", "-c",
+                "echo \"restart count $COLLIE_RESTART_COUNT\"; [ $RANK = 1 ] && exit 3; sleep 60"});
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_TRUE(contains(r.out, "[1] restart count 0")) << r.out;
+  EXPECT_FALSE(contains(r.err, "restarting")) << r.err;
+  EXPECT_FALSE(contains(r.err, "no restarts left")) << r.err;
+  EXPECT_TRUE(contains(summary(r.err), "root cause: rank 1")) << r.err;
+}
+
+// A stop asked of collie-run is not a failure to restart from.
+TEST_F(Launcher, AStopSignalIsNotRestarted) {
+  auto r = run({"-n", "2", "--max-restarts", "3", "sh", "-c",
+                "touch $T/ready.$RANK; while :; do sleep 0.05; done"},
+               {}, [&](pid_t launcher_pid) {
+                 EXPECT_TRUE(eventually([&] { return all_ready(2); }));
+                 kill(launcher_pid, SIGTERM);
+               });
+  EXPECT_EQ(r.status, 128 + SIGTERM) << r.err;
+  EXPECT_FALSE(contains(r.err, "restarting")) << r.err;
+}
+
+// A failure followed by a stop asked of collie-run (rank 0 sends SIGINT once
+// the launcher has reaped rank 1): the stop wins, and the summary says why
+// no restart came.
+TEST_F(Launcher, AStopAfterAFailureIsNotRestartedEither) {
+  auto r = run({"-n", "2", "--max-restarts", "3", "--grace-seconds", "1", "sh", "-c",
+                "if [ $RANK = 1 ]; then echo $$ > $T/p && mv $T/p $T/pid.1; exit 3; fi; "
+                "while [ ! -s $T/pid.1 ]; do sleep 0.01; done; "
+                "while kill -0 $(cat $T/pid.1) 2>/dev/null; do sleep 0.01; done; "
+                "kill -INT $PPID; sleep 60"});
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_FALSE(contains(r.err, "restarting")) << r.err;
+  EXPECT_TRUE(contains(summary(r.err), "root cause: rank 1")) << r.err;
+  EXPECT_TRUE(contains(summary(r.err),
+                       "not restarted: collie-run was told to stop (SIGINT); restarts 0 of 3 used"))
+      << r.err;
 }
 
 TEST_F(Launcher, BusyMasterPortIsNamed) {

@@ -1,7 +1,8 @@
 // comm/launch/collie_run.cc: collie-run, the launcher.
 //
 //   collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]
-//              [--grace-seconds S] [--log-dir D] [--no-prefix] prog args...
+//              [--max-restarts M] [--grace-seconds S] [--log-dir D] [--no-prefix]
+//              prog args...
 //
 // Starts N local ranks of a K-node job with collie's and torchrun's launch
 // variables, prefixes every output line with the rank, forwards SIGINT,
@@ -11,6 +12,16 @@
 // job exits with the first failing rank's status, and a summary names that
 // rank, how it ended and its last lines of output, and what became of the
 // others.
+//
+// With --max-restarts M, a failure instead stops the whole group in the same
+// way and starts every rank again, up to M times, as torchrun does: the ranks
+// that had finished too, and with a fresh rendezvous (a new store socket on
+// a new port, and a new secret unless the user gave one), so that nothing of
+// the old round can join the new one. The ranks see the count in
+// COLLIE_RESTART_COUNT (and torchrun's TORCHELASTIC_RESTART_COUNT and
+// TORCHELASTIC_MAX_RESTARTS), and resume from their own checkpoint. Only
+// on one node: the launchers of several nodes do not talk to each other, so
+// none could tell the others to begin a new round.
 //
 // Node 0's launcher binds the store's listening socket itself (on the given
 // port, or one the kernel picks) and hands the open socket to rank 0 as
@@ -58,13 +69,18 @@ constexpr size_t kTailLines = 10;  // of each rank's output, for the summary
 
 constexpr const char* kUsage =
     "usage: collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]\n"
-    "                  [--grace-seconds S] [--log-dir D] [--no-prefix] program [args...]\n"
+    "                  [--max-restarts M] [--grace-seconds S] [--log-dir D] [--no-prefix]\n"
+    "                  program [args...]\n"
     "  -n N               ranks to start on this node\n"
     "  --nnodes K         nodes in the job (default 1)\n"
     "  --node-rank R      this node's index, 0..K-1 (default 0)\n"
     "  --master-addr A    rank 0's host (default 127.0.0.1; required on nodes > 0)\n"
     "  --master-port P    rank 0's store port (default on node 0: a free port;\n"
     "                     required on nodes > 0)\n"
+    "  --max-restarts M   when a rank fails, stop every rank and start them all again\n"
+    "                     with a fresh rendezvous, up to M times (default 0); ranks\n"
+    "                     read the count in COLLIE_RESTART_COUNT and should resume\n"
+    "                     from a checkpoint; one node only\n"
     "  --grace-seconds S  after a rank fails, SIGKILL the rest S s after SIGTERM\n"
     "                     (default 5, or $COLLIE_RUN_GRACE)\n"
     "  --log-dir D        also write each rank's output to D/rank.<rank>.log\n"
@@ -79,6 +95,7 @@ struct Args {
   std::string master_addr;
   int master_port = -1;  // -1: not given
   int grace_seconds = 5;
+  int max_restarts = 0;
   bool prefix = true;
   std::string log_dir;
   std::vector<std::string> prog;
@@ -152,6 +169,8 @@ Args parse_args(int argc, char** argv) {
       a.master_port = parse_int(flag, take(), 1, 65535);
     else if (flag == "--grace-seconds")
       a.grace_seconds = parse_int(flag, take(), 0, 86400);
+    else if (flag == "--max-restarts")
+      a.max_restarts = parse_int(flag, take(), 0, 1000000);
     else if (flag == "--log-dir")
       a.log_dir = take();
     else
@@ -168,6 +187,12 @@ Args parse_args(int argc, char** argv) {
     usage_error("node " + std::to_string(a.node_rank) +
                 " needs --master-addr and --master-port: node 0's host and the port its "
                 "launcher uses (give node 0 --master-port too, or copy the port it prints)");
+  if (a.max_restarts > 0 && a.nnodes > 1)
+    usage_error(
+        "--max-restarts works on one node only: a restart must stop and start the ranks "
+        "of every node in the same round, and the node launchers do not talk to each "
+        "other; on several nodes, let the scheduler restart the whole job (each node's "
+        "launcher exits with the failing rank's status)");
   if (a.master_addr.empty()) a.master_addr = "127.0.0.1";
   return a;
 }
@@ -195,11 +220,14 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
+std::string signal_name(int sig) {
+  const char* name = sigabbrev_np(sig);
+  return name ? "SIG" + std::string(name) : std::to_string(sig);
+}
+
 std::string describe(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  const char* name = sigabbrev_np(WTERMSIG(status));
-  return "was killed by signal " +
-         (name ? "SIG" + std::string(name) : std::to_string(WTERMSIG(status)));
+  return "was killed by signal " + signal_name(WTERMSIG(status));
 }
 
 int exit_code(int status) {
@@ -243,11 +271,19 @@ class Job {
       }
     }
     share_cpus();
-    started_ = Clock::now();
-    ranks_.reserve(a_.nproc);
-    for (int local = 0; local < a_.nproc; ++local)
-      if (!spawn(local)) return 1;  // children die with us (PR_SET_PDEATHSIG)
-    return supervise();
+    do {
+      started_ = Clock::now();
+      ranks_.reserve(a_.nproc);
+      for (int local = 0; local < a_.nproc; ++local)
+        if (!spawn(local)) return 1;  // children die with us (PR_SET_PDEATHSIG)
+      supervise();
+      for (Rank& r : ranks_)
+        if (r.log_fd >= 0) close(r.log_fd);
+    } while (restart());
+    if (root_cause_) print_summary();
+    if (first_failure_) return exit_code(*first_failure_);
+    if (stop_signal_) return 128 + stop_signal_;
+    return 0;
   }
 
  private:
@@ -288,42 +324,7 @@ class Job {
       secret_ = random_secret();
     }
 
-    port_ = a_.master_port;
-    if (a_.node_rank == 0) {
-      // One node: only local ranks connect, so listen on the master address
-      // (loopback by default) rather than on every interface.
-      const std::string host = a_.nnodes == 1 ? a_.master_addr : "";
-      try {
-        store_ = collie::net::listen_tcp(host, port_ < 0 ? 0 : port_, "collie-run");
-        port_ = collie::net::local_port(store_.get());
-      } catch (const collie::Error& e) {
-        if (a_.master_port >= 0 && std::strstr(e.what(), "already in use"))
-          std::fprintf(stderr,
-                       "collie-run: port %d is already in use; pass another --master-port or "
-                       "omit it to let collie-run pick a free one\n",
-                       a_.master_port);
-        else
-          std::fprintf(stderr, "%s\n", e.what());
-        return false;
-      }
-      // torch.distributed in the ranks (init_process_group's env://) has its
-      // rank 0 serve a TCPStore on MASTER_PORT, so MASTER_PORT must not be
-      // collie's store port. Several nodes must agree without talking: P + 1.
-      // One node picks a port the kernel says is free.
-      if (a_.nnodes == 1 && a_.master_port < 0) {
-        try {
-          collie::net::Fd probe = collie::net::listen_tcp(a_.master_addr, 0, "collie-run");
-          torch_port_ = collie::net::local_port(probe.get());
-        } catch (const collie::Error&) {
-          torch_port_ = -1;
-        }
-      }
-      if (a_.nnodes > 1 && a_.master_port < 0)
-        std::fprintf(stderr,
-                     "collie-run: rank 0's store listens on port %d; start the other nodes "
-                     "with --master-addr <this host> --master-port %d\n",
-                     port_, port_);
-    }
+    if (!open_store()) return false;
 
     // SIGCHLD and the forwarded signals arrive through a signalfd, so one
     // poll() waits for output, exits and signals alike, with no timer tick.
@@ -339,18 +340,72 @@ class Job {
     return true;
   }
 
+  // Node 0: the store's listening socket for this round, on the given port
+  // or a new one the kernel picks, and MASTER_PORT for torch.distributed.
+  bool open_store() {
+    port_ = a_.master_port;
+    if (a_.node_rank != 0) return true;
+    // One node: only local ranks connect, so listen on the master address
+    // (loopback by default) rather than on every interface.
+    const std::string host = a_.nnodes == 1 ? a_.master_addr : "";
+    const int previous = store_port_;
+    try {
+      store_ = collie::net::listen_tcp(host, port_ < 0 ? 0 : port_, "collie-run");
+      port_ = collie::net::local_port(store_.get());
+      // A restart's port is not the last round's, even where the kernel
+      // would give the same one again: bound while the first is held, the
+      // second cannot be it.
+      if (a_.master_port < 0 && port_ == previous) {
+        collie::net::Fd other = collie::net::listen_tcp(host, 0, "collie-run");
+        store_ = std::move(other);
+        port_ = collie::net::local_port(store_.get());
+      }
+    } catch (const collie::Error& e) {
+      if (a_.master_port >= 0 && std::strstr(e.what(), "already in use"))
+        std::fprintf(stderr,
+                     "collie-run: port %d is already in use; pass another --master-port or "
+                     "omit it to let collie-run pick a free one\n",
+                     a_.master_port);
+      else
+        std::fprintf(stderr, "%s\n", e.what());
+      return false;
+    }
+    // torch.distributed in the ranks (init_process_group's env://) has its
+    // rank 0 serve a TCPStore on MASTER_PORT, so MASTER_PORT must not be
+    // collie's store port. Several nodes must agree without talking: P + 1.
+    // One node picks a port the kernel says is free.
+    if (a_.nnodes == 1 && a_.master_port < 0) {
+      try {
+        collie::net::Fd probe = collie::net::listen_tcp(a_.master_addr, 0, "collie-run");
+        torch_port_ = collie::net::local_port(probe.get());
+      } catch (const collie::Error&) {
+        torch_port_ = -1;
+      }
+    }
+    if (a_.nnodes > 1 && a_.master_port < 0)
+      std::fprintf(stderr,
+                   "collie-run: rank 0's store listens on port %d; start the other nodes "
+                   "with --master-addr <this host> --master-port %d\n",
+                   port_, port_);
+    store_port_ = port_;
+    return true;
+  }
+
   bool spawn(int local) {
     Rank& r = ranks_.emplace_back();
     r.rank = a_.node_rank * a_.nproc + local;
     if (a_.prefix) r.prefix = "[" + std::to_string(r.rank) + "] ";
     if (!a_.log_dir.empty()) {
       std::string path = a_.log_dir + "/rank." + std::to_string(r.rank) + ".log";
-      r.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      // A restarted rank's output follows its earlier rounds'.
+      r.log_fd = open(path.c_str(),
+                      O_WRONLY | O_CREAT | O_CLOEXEC | (restarts_ ? O_APPEND : O_TRUNC), 0644);
       if (r.log_fd < 0) {
         std::fprintf(stderr, "collie-run: --log-dir: cannot write %s: %s\n", path.c_str(),
                      std::strerror(errno));
         return false;
       }
+      if (restarts_ > 0) write_all(r.log_fd, "---- collie-run: " + attempt() + " ----\n");
     }
     // Output goes through pipes (prefixed, kept for the summary and the log
     // files) unless --no-prefix without --log-dir asks for the plain streams.
@@ -426,6 +481,9 @@ class Job {
     set("COLLIE_MASTER_ADDR", a_.master_addr);
     set("COLLIE_MASTER_PORT", std::to_string(port_));
     set("COLLIE_JOB_SECRET", secret_);
+    set("COLLIE_RESTART_COUNT", std::to_string(restarts_));
+    set("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_));
+    set("TORCHELASTIC_MAX_RESTARTS", std::to_string(a_.max_restarts));
     set("RANK", std::to_string(r.rank));
     set("WORLD_SIZE", std::to_string(world_));
     set("LOCAL_RANK", std::to_string(local));
@@ -445,7 +503,8 @@ class Job {
     _exit(127);
   }
 
-  int supervise() {
+  // Supervises one round until every rank has ended and its output is read.
+  void supervise() {
     for (;;) {
       bool all_exited = true, pipes_open = false;
       for (const Rank& r : ranks_) {
@@ -475,12 +534,47 @@ class Job {
       }
       wait_and_handle();
     }
-    if (root_cause_) print_summary();
-    for (Rank& r : ranks_)
-      if (r.log_fd >= 0) close(r.log_fd);
-    if (first_failure_) return exit_code(*first_failure_);
-    if (stop_signal_) return 128 + stop_signal_;
-    return 0;
+  }
+
+  // After a round: whether a failure is to be answered by another round,
+  // and if so, a fresh rendezvous for it and the round's state cleared. A
+  // stop asked of collie-run (SIGINT, SIGTERM, SIGHUP) is never restarted,
+  // nor is a round whose ranks all finished.
+  bool restart() {
+    if (!first_failure_ || restarts_ >= a_.max_restarts) return false;
+    handle_signals();  // one that came while the round ended wins over a restart
+    if (stop_signal_) return false;
+    const Rank& root = ranks_[*root_cause_];
+    // A new socket on a new port (unless the user fixed it) and a new secret
+    // (unless the user gave one): whatever is left of the old round cannot
+    // reach the new one. Opened before the old round's state goes, so that
+    // failing to open it still ends with the old round's summary.
+    ++restarts_;
+    if (!open_store()) {
+      --restarts_;
+      return false;
+    }
+    if (a_.env.job_secret.empty()) secret_ = random_secret();
+    char when[64];
+    std::snprintf(when, sizeof when, "%.2f s after the %s", root.ended_s,
+                  restarts_ > 1 ? "last restart" : "start");
+    write_all(STDERR_FILENO, "collie-run: rank " + std::to_string(root.rank) + " failed first (" +
+                                 describe(root.status) + ", " + when + "); all " +
+                                 std::to_string(ranks_.size()) + " ranks have ended; " + attempt() +
+                                 " with a fresh rendezvous\n");
+    ranks_.clear();
+    first_failure_.reset();
+    root_cause_.reset();
+    stop_at_.reset();
+    kill_at_.reset();
+    drain_until_.reset();
+    stop_sent_ = false;
+    return true;
+  }
+
+  std::string attempt() const {
+    return "restarting (attempt " + std::to_string(restarts_) + " of " +
+           std::to_string(a_.max_restarts) + ")";
   }
 
   void wait_and_handle() {
@@ -622,7 +716,8 @@ class Job {
     const Rank& root = ranks_[*root_cause_];
     std::string out = "collie-run: ---- the job failed ----\n";
     char when[64];
-    std::snprintf(when, sizeof when, "%.2f s after the start", root.ended_s);
+    const char* start = restarts_ > 0 ? "after the last restart" : "after the start";
+    std::snprintf(when, sizeof when, "%.2f s %s", root.ended_s, start);
     out += "collie-run: root cause: rank " + std::to_string(root.rank) + " (pid " +
            std::to_string(root.pid) + "), the first to fail, " + describe(root.status) + ", " +
            when;
@@ -637,10 +732,22 @@ class Job {
       } else if (WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) {
         out += who + " finished: " + describe(r.status) + "\n";
       } else {
-        std::snprintf(when, sizeof when, "%.2f s after the start", r.ended_s);
+        std::snprintf(when, sizeof when, "%.2f s %s", r.ended_s, start);
         out += who + " failed on its own " + when + ": " + describe(r.status) +
                (r.tail.empty() ? "\n" : "; its last line:\ncollie-run:   " + r.tail.back() + "\n");
       }
+    }
+    if (a_.max_restarts > 0) {
+      const std::string used =
+          std::to_string(restarts_) + " of " + std::to_string(a_.max_restarts) + " used";
+      if (restarts_ >= a_.max_restarts)
+        out += "collie-run: no restarts left: " + used + "\n";
+      else if (stop_signal_)
+        out += "collie-run: not restarted: collie-run was told to stop (" +
+               signal_name(stop_signal_) + "); restarts " + used + "\n";
+      else
+        out += "collie-run: not restarted: the next round could not start (above); restarts " +
+               used + "\n";
     }
     if (!a_.log_dir.empty())
       out += "collie-run: each rank's whole output: " + a_.log_dir + "/rank.<rank>.log\n";
@@ -651,6 +758,8 @@ class Job {
   int world_;
   std::string secret_;
   int port_ = -1;
+  int store_port_ = -1;    // the port of the last round's store (node 0)
+  int restarts_ = 0;       // rounds started again after a failure (--max-restarts)
   int torch_port_ = -1;    // MASTER_PORT: torch.distributed's own store, beside collie's
   collie::net::Fd store_;  // node 0: the store's listening socket until rank 0 has it
   sigset_t handled_{}, saved_mask_{};
