@@ -214,19 +214,13 @@ static int spin_us(const Env& env) {
   return static_cast<int>(*v);
 }
 
-Env tuned(const Env& env) {
-  const char* path = env("COLLIE_TUNING_FILE");
-  if (!path || !*path) return env;
+std::map<std::string, std::string> parse_tuning_file(std::istream& f, const std::string& path) {
   static const char* const kNames[] = {
       "COLLIE_TCP_LATENCY_US",  "COLLIE_TCP_GBPS",      "COLLIE_REDUCE_GBPS",
       "COLLIE_TCP_CHUNK_BYTES", "COLLIE_SOCKET_BUFFER", "COLLIE_SPIN_US",
       "COLLIE_SHM_CHUNK",       "COLLIE_SHM_SMALL",     "COLLIE_HIER_PIECE",
       "COLLIE_ALLREDUCE_ALGO",  "COLLIE_TCP_SOCKETS",   "COLLIE_TCP_SOCKET_MIN_BYTES"};
-  std::ifstream f(path);
-  if (!f)
-    throw bad(std::string("COLLIE_TUNING_FILE='") + path +
-              "' cannot be read; write one with collie-bench --tune, or unset it");
-  auto values = std::make_shared<std::map<std::string, std::string>>();
+  std::map<std::string, std::string> values;
   auto trim = [](std::string s) {
     s.erase(0, s.find_first_not_of(" \t\r"));
     s.erase(s.find_last_not_of(" \t\r") + 1);
@@ -237,7 +231,7 @@ Env tuned(const Env& env) {
     line = trim(line.substr(0, line.find('#')));
     if (line.empty()) continue;
     auto eq = line.find('=');
-    std::string where = std::string(path) + ":" + std::to_string(no);
+    std::string where = path + ":" + std::to_string(no);
     if (eq == std::string::npos)
       throw bad("COLLIE_TUNING_FILE " + where + ": '" + line + "' is not NAME=value");
     std::string name = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
@@ -251,8 +245,19 @@ Env tuned(const Env& env) {
       if (value.empty() || *end)
         throw bad("COLLIE_TUNING_FILE " + where + ": " + name + "='" + value + "' is not a number");
     }
-    (*values)[name] = value;
+    values[name] = value;
   }
+  return values;
+}
+
+Env tuned(const Env& env) {
+  const char* path = env("COLLIE_TUNING_FILE");
+  if (!path || !*path) return env;
+  std::ifstream f(path);
+  if (!f)
+    throw bad(std::string("COLLIE_TUNING_FILE='") + path +
+              "' cannot be read; write one with collie-bench --tune, or unset it");
+  auto values = std::make_shared<std::map<std::string, std::string>>(parse_tuning_file(f, path));
   return [env, values](const char* name) -> const char* {
     if (const char* v = env(name)) return v;
     auto it = values->find(name);
