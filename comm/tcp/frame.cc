@@ -45,26 +45,46 @@ ErrorCode code_of(uint8_t v) {
   return ErrorCode::internal;
 }
 
+namespace {
+
+// Whether a data frame's fields are ones a collie rank writes: a known op,
+// dtype and reduce op.
+bool known_fields(const FrameHeader& h) {
+  return h.op >= static_cast<uint8_t>(OpKind::allreduce) &&
+         h.op <= static_cast<uint8_t>(OpKind::split) && h.dtype < kNumDTypes &&
+         h.redop < kNumReduceOps;
+}
+
+}  // namespace
+
 FrameCheck check_frame(const FrameHeader& h, const OpDesc& expected, uint64_t bytes,
                        const std::string& me, const std::string& peer) {
   FrameHeader expect = make_header(FrameKind::data, expected, bytes);
   if (std::memcmp(&h, &expect, sizeof h) == 0) return FrameCheck::expected;
-  if (h.magic == kFrameMagic && h.kind == expect.kind &&
-      desc_of(h).describe() == expected.describe())
+  // The same step of the same operation, of another length: the ranks cut
+  // the operation into steps differently.
+  FrameHeader same_step = make_header(FrameKind::data, expected, h.bytes);
+  if (std::memcmp(&h, &same_step, sizeof h) == 0)
     throw Error(ErrorCode::mismatch,
                 expected.describe() + " on " + me + ": " + peer + " sent a step of " +
                     std::to_string(h.bytes) + " bytes where " + std::to_string(bytes) +
                     " were expected: the ranks use different COLLIE_* algorithm settings");
-  if (h.magic != kFrameMagic)
-    throw Error(ErrorCode::mismatch, expected.describe() + " on " + me + ": the connection from " +
-                                         peer +
-                                         " carried bytes that are not a collie frame "
-                                         "(different collie versions, or a corrupted stream)");
+  const Error not_a_frame(ErrorCode::mismatch,
+                          expected.describe() + " on " + me + ": the connection from " + peer +
+                              " carried bytes that are not a collie frame (different collie "
+                              "versions, or a corrupted stream)");
+  if (h.magic != kFrameMagic) throw not_a_frame;
   if (h.kind == static_cast<uint8_t>(FrameKind::abort)) return FrameCheck::abort;
   if (h.kind == static_cast<uint8_t>(FrameKind::bye))
     throw Error(ErrorCode::peer_lost, expected.describe() + " on " + me + ": " + peer +
                                           " has already destroyed its communicator (or exited)");
+  if (h.kind != static_cast<uint8_t>(FrameKind::data) || !known_fields(h)) throw not_a_frame;
   OpDesc theirs = desc_of(h);
+  // Another operation, as its description shows. A header that describes
+  // the same one and still differs (a reduce op on a broadcast, a tag on an
+  // all-reduce) is none that a rank writes: naming "the same" operation
+  // twice would say nothing.
+  if (theirs.describe() == expected.describe()) throw not_a_frame;
   throw Error(ErrorCode::mismatch, expected.describe() + " on " + me + " does not match " + peer +
                                        ", which called " + theirs.describe() +
                                        ": every rank must issue the same collectives in the same "
