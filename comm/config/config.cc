@@ -209,9 +209,13 @@ Launch resolve_launch(const Options& o, const Env& env) {
   if (o.timeout.count() > 0) {
     l.timeout = o.timeout;
   } else if (auto t = parse_double("COLLIE_TIMEOUT", env("COLLIE_TIMEOUT"))) {
-    if (*t <= 0)
+    // At least a millisecond, which is the unit it is kept in (less would
+    // round to no deadline at all), and at most 1e9 seconds (about 31
+    // years): deadlines are now + twice the timeout on a nanosecond clock,
+    // which a larger one would overflow.
+    if (!(*t >= 0.001 && *t <= 1e9))
       throw bad("COLLIE_TIMEOUT=" + std::string(env("COLLIE_TIMEOUT")) +
-                " must be a positive number of seconds");
+                " is not a number of seconds from 0.001 to 1e9");
     l.timeout = std::chrono::milliseconds(static_cast<long long>(*t * 1000.0 + 0.5));
   }
   return l;
