@@ -9,6 +9,7 @@
 # command that replays it. Without clang it says so and passes nothing.
 #   scripts/fuzz.sh [SECONDS]        (default 60; CI runs it)
 #   FUZZ_TARGETS="frame hook_spec" FUZZ_JOBS=2 scripts/fuzz.sh 600
+#   FUZZ_KEEP=1 scripts/fuzz.sh 600  (go on from the inputs the last run found)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -50,16 +51,24 @@ fi
 # regression inputs stay as they are), its log and any finding in OUT.
 run_one() {
   local t=$1 out="$build/fuzz-out/$1"
-  rm -rf "$out"
+  if [ -n "${FUZZ_KEEP:-}" ]; then
+    rm -f "$out"/crash-* "$out"/leak-* "$out"/timeout-* "$out"/oom-* "$out/rc"
+  else
+    rm -rf "$out"
+  fi
   mkdir -p "$out/corpus"
   local dirs=("tests/fuzz/corpus/$t")
   [ -d "tests/fuzz/regressions/$t" ] && dirs+=("tests/fuzz/regressions/$t")
-  "$build/tests/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
-    -print_final_stats=1 -artifact_prefix="$out/" "$out/corpus" "${dirs[@]}" >"$out/log" 2>&1
+  # The CPU time it took (user and system), for the record of how long each
+  # target has been fuzzed (docs/fuzzing.md).
+  local TIMEFORMAT='%U %S'
+  { time "$build/tests/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+    -print_final_stats=1 -artifact_prefix="$out/" "$out/corpus" "${dirs[@]}" >"$out/log" 2>&1; } \
+    2>"$out/cpu"
   echo $? >"$out/rc"
 }
 export -f run_one
-export build seconds
+export build seconds FUZZ_KEEP
 echo "fuzz: $n_targets targets, ${seconds} s each, $jobs at a time"
 # shellcheck disable=SC2086 # the target names are words
 printf '%s\n' $targets | xargs -P "$jobs" -I{} bash -c 'run_one {}'
@@ -70,9 +79,11 @@ for t in $targets; do
   out="$build/fuzz-out/$t"
   rc=$(cat "$out/rc" 2>/dev/null || echo 1)
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/log")
+  cpu=$(awk '{ printf "%.0f", $1 + $2 }' "$out/cpu" 2>/dev/null)
   if [ "$rc" = 0 ]; then
     passed=$((passed + 1))
-    echo "fuzz_$t: passed (${runs:-?} inputs in ${seconds} s, $(find "$out/corpus" -type f | wc -l) new)"
+    echo "fuzz_$t: passed (${runs:-?} inputs in ${seconds} s, ${cpu:-?} s of CPU," \
+      "$(find "$out/corpus" -type f | wc -l) new in $out/corpus)"
   else
     failed=$((failed + 1))
     echo "fuzz_$t: FAILED (exit $rc); its log, $out/log, ends:"
