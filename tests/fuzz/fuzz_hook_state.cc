@@ -4,8 +4,9 @@
 //
 // Input: one byte that picks a hook spec (tests/fuzz/models.h) or, past
 // them, a model averager; then the state. Contract: it is refused with an
-// invalid_argument error, or it loads, and then what the hook saves loads
-// into a fresh one, which saves the same bytes (an averager's state is its
+// invalid_argument error, or it loads, and then what the hook saves is what
+// it loaded (read independently: tests/fuzz/models.h) and loads into a fresh
+// one, which saves the same bytes (an averager's state is its
 // step count, saved back as it was loaded); and the hook, driven by a
 // reducer at one rank, reduces the model's gradients (or refuses a state
 // that does not fit its buckets, with an invalid_argument error), leaving
@@ -56,6 +57,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!hook) return 0;  // not in this build
   if (!fuzz::accepted([&] { hook->load_state(state); })) return 0;
   const Bytes saved = hook->save_state();
+  FUZZ_CHECK(saved == fuzz::hook_canonical(spec, state),
+             "the saved state is not the loaded one (hook " + spec + ")");
   {
     std::unique_ptr<CommHook> fresh = make_comm_hook(spec);
     FUZZ_CHECK(fuzz::accepted([&] { fresh->load_state(saved); }),

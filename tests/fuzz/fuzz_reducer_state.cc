@@ -4,7 +4,8 @@
 //
 // Input: one byte that picks the reducer's comm hook (tests/fuzz/models.h),
 // then the checkpoint. Contract: it is refused with an invalid_argument
-// error, or it loads, and then: what the reducer saves loads into a fresh
+// error, or it loads, and then: what the reducer saves is what it loaded
+// (read independently: tests/fuzz/models.h), and loads into a fresh
 // reducer, which saves the same bytes again (a checkpoint round-trips); and
 // the reducer trains on from it, reducing the model's gradients at one rank
 // (or refusing a hook state that does not fit the buckets, with an
@@ -27,7 +28,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Reducer red(fuzz::solo(), m.params(), fuzz::reducer_options(spec));
   if (!fuzz::accepted([&] { red.load_state(state); })) return 0;
 
+  // What it saves is what it loaded: the reducer's fields as written, the
+  // hook's state as the hook keeps it.
   const Bytes saved = red.save_state();
+  auto was = fuzz::read_reducer_checkpoint(state), out = fuzz::read_reducer_checkpoint(saved);
+  FUZZ_CHECK(was && out, "a loaded or saved checkpoint that does not parse (hook " + spec + ")");
+  FUZZ_CHECK(
+      was->params == out->params && was->iteration == out->iteration &&
+          was->rebuilt == out->rebuilt && was->order == out->order,
+      "the saved iteration, layout or parameter count is not the loaded one (hook " + spec + ")");
+  FUZZ_CHECK(out->hook == fuzz::hook_canonical(spec, was->hook),
+             "the saved hook state is not the loaded one (hook " + spec + ")");
   {
     fuzz::Model m2;
     Reducer fresh(fuzz::solo(), m2.params(), fuzz::reducer_options(spec));

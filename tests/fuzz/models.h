@@ -3,12 +3,17 @@
 // communicator of one rank, the hooks and averagers whose state is loaded,
 // and a small model whose gradients travel through them. The seed maker
 // saves real checkpoints of exactly these, so that the fuzzer starts from
-// inputs that load and mutates them from there.
+// inputs that load and mutates them from there. The targets read the
+// checkpoint formats here too, independently of collie's own readers, to
+// check what a loaded state saves.
 #pragma once
 
 #include <cmath>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "collie/comm.h"
@@ -112,6 +117,98 @@ inline void train_step(Reducer& red, Model& m, uint64_t it) {
 inline constexpr int kNumAveragers = 2;
 inline std::vector<float> averaged_values() {
   return {1.5f, -2.0f, 0.25f};
+}
+
+// --- the checkpoint formats, read here independently of collie's readers ---
+
+// Little-endian u64s and length-prefixed byte strings; nullopt past the end.
+class Reader {
+ public:
+  explicit Reader(const Bytes& b) : b_(b) {}
+  std::optional<uint64_t> u64() {
+    if (b_.size() - at_ < 8) return std::nullopt;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(b_[at_ + i]) << (8 * i);
+    at_ += 8;
+    return v;
+  }
+  std::optional<Bytes> bytes() {
+    auto n = u64();
+    if (!n || *n > b_.size() - at_) return std::nullopt;
+    Bytes v(b_.begin() + static_cast<long>(at_), b_.begin() + static_cast<long>(at_ + *n));
+    at_ += *n;
+    return v;
+  }
+  Bytes rest() const { return Bytes(b_.begin() + static_cast<long>(at_), b_.end()); }
+
+ private:
+  const Bytes& b_;
+  size_t at_ = 0;
+};
+
+inline void put(Bytes& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+// A reducer checkpoint: magic, parameter count, iteration, rebuilt, the
+// bucket order (count, then each), the hook's state (length, then bytes).
+struct ReducerCheckpoint {
+  uint64_t params = 0, iteration = 0;
+  bool rebuilt = false;
+  std::vector<uint64_t> order;
+  Bytes hook;
+};
+inline std::optional<ReducerCheckpoint> read_reducer_checkpoint(const Bytes& b) {
+  Reader r(b);
+  ReducerCheckpoint c;
+  auto magic = r.u64(), params = r.u64(), iteration = r.u64(), rebuilt = r.u64(), count = r.u64();
+  if (!count) return std::nullopt;
+  c.params = *params;
+  c.iteration = *iteration;
+  c.rebuilt = *rebuilt != 0;
+  for (uint64_t i = 0; i < *count; ++i) {
+    auto p = r.u64();
+    if (!p) return std::nullopt;
+    c.order.push_back(*p);
+  }
+  auto hook = r.bytes();
+  if (!hook || !r.rest().empty()) return std::nullopt;
+  (void)magic;
+  c.hook = *hook;
+  return c;
+}
+
+// What PowerSGD saves after loading `b` (which it accepted): the same
+// header, then its per-bucket states in bucket order, the last of any
+// bucket given twice, have_q as 0 or 1.
+inline Bytes powersgd_canonical(const Bytes& b) {
+  Reader r(b);
+  Bytes out;
+  for (int i = 0; i < 5; ++i) put(out, r.u64().value_or(0));  // magic, rank, batched, iter, draws
+  uint64_t count = r.u64().value_or(0);
+  std::map<uint64_t, std::tuple<uint64_t, bool, Bytes, Bytes>> states;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t index = r.u64().value_or(0), layout = r.u64().value_or(0);
+    bool have_q = r.u64().value_or(0) != 0;
+    Bytes q = r.bytes().value_or(Bytes{}), error = r.bytes().value_or(Bytes{});
+    states[index] = {layout, have_q, q, error};
+  }
+  put(out, states.size());
+  for (const auto& [index, st] : states) {
+    put(out, index);
+    put(out, std::get<0>(st));
+    put(out, std::get<1>(st));
+    for (const Bytes* v : {&std::get<2>(st), &std::get<3>(st)}) {
+      put(out, v->size());
+      out.insert(out.end(), v->begin(), v->end());
+    }
+  }
+  return out;
+}
+
+// What a hook of `spec` saves after loading `state` (which it accepted).
+inline Bytes hook_canonical(const std::string& spec, const Bytes& state) {
+  return spec.find("powersgd") != std::string::npos ? powersgd_canonical(state) : state;
 }
 
 }  // namespace collie::fuzz
