@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -22,6 +23,9 @@ namespace {
 Error bad(const std::string& msg) {
   return Error(ErrorCode::invalid_argument, msg);
 }
+
+// The most ranks (and ranks on one host) a job may have.
+constexpr long long kMaxRanks = 1 << 20;
 
 std::optional<long long> parse_int(const char* name, const char* value) {
   if (!value) return std::nullopt;
@@ -121,14 +125,10 @@ Launch resolve_launch(const Options& o, const Env& env) {
                            : world           ? world->second
                                              : "WORLD_SIZE";
 
-  if (o.rank >= 0)
-    l.rank = o.rank;
-  else if (rank)
-    l.rank = static_cast<int>(rank->first);
-  if (o.world_size >= 0)
-    l.world_size = o.world_size;
-  else if (world)
-    l.world_size = static_cast<int>(world->first);
+  // Compared as the numbers written, and only then narrowed to int: a
+  // RANK of 4294967296 must be refused, not read as rank 0.
+  const long long rank_v = o.rank >= 0 ? o.rank : rank ? rank->first : 0;
+  const long long world_v = o.world_size >= 0 ? o.world_size : world ? world->first : 1;
 
   bool have_rank = o.rank >= 0 || rank;
   bool have_world = o.world_size >= 0 || world;
@@ -139,28 +139,34 @@ Launch resolve_launch(const Options& o, const Env& env) {
   if (have_world && !have_rank)
     throw bad(world_name + " is set but no rank is: set RANK (or COLLIE_RANK) to 0 .. " +
               world_name + "-1");
-  if (world && o.world_size < 0 && (world->first < 1 || world->first > 1 << 20))
+  if (world && o.world_size < 0 && (world->first < 1 || world->first > kMaxRanks))
     throw bad(world->second + "=" + std::to_string(world->first) +
-              " is not a valid world size; it must be at least 1");
-  if (l.world_size < 1) throw bad(world_name + " must be at least 1");
-  if (l.rank < 0 || l.rank >= l.world_size)
-    throw bad(rank_name + "=" + std::to_string(l.rank) + " is not below " + world_name + "=" +
-              std::to_string(l.world_size) + ": ranks count from 0 to " +
-              std::to_string(l.world_size - 1));
+              " is not a valid world size; it must be 1 to " + std::to_string(kMaxRanks));
+  if (world_v < 1) throw bad(world_name + " must be at least 1");
+  if (rank_v < 0 || rank_v >= world_v)
+    throw bad(rank_name + "=" + std::to_string(rank_v) + " is not below " + world_name + "=" +
+              std::to_string(world_v) + ": ranks count from 0 to " + std::to_string(world_v - 1));
+  l.rank = static_cast<int>(rank_v);
+  l.world_size = static_cast<int>(world_v);
   l.source = o.rank >= 0 ? "options"
              : rank      ? rank->second.substr(0, rank->second.find('_'))
                          : "none";
 
   auto local_rank = first_int(env, &Source::local_rank);
   auto local_world = first_int(env, &Source::local_world);
-  l.local_rank = o.local_rank >= 0 ? o.local_rank : local_rank ? int(local_rank->first) : l.rank;
-  l.local_world_size = o.local_world_size >= 0 ? o.local_world_size
-                       : local_world           ? int(local_world->first)
-                       : local_rank            ? l.world_size
-                                               : l.world_size;
-  if (l.local_world_size < 1 || l.local_rank < 0 || l.local_rank >= l.local_world_size)
-    throw bad("local rank " + std::to_string(l.local_rank) + " is not below the local world size " +
-              std::to_string(l.local_world_size) + ": check LOCAL_RANK / LOCAL_WORLD_SIZE");
+  const long long local_rank_v = o.local_rank >= 0 ? o.local_rank
+                                 : local_rank      ? local_rank->first
+                                                   : l.rank;
+  const long long local_world_v = o.local_world_size >= 0 ? o.local_world_size
+                                  : local_world           ? local_world->first
+                                                          : l.world_size;
+  if (local_world_v < 1 || local_world_v > kMaxRanks || local_rank_v < 0 ||
+      local_rank_v >= local_world_v)
+    throw bad("local rank " + std::to_string(local_rank_v) + " is not below the local world size " +
+              std::to_string(local_world_v) + " (at most " + std::to_string(kMaxRanks) +
+              "): check LOCAL_RANK / LOCAL_WORLD_SIZE");
+  l.local_rank = static_cast<int>(local_rank_v);
+  l.local_world_size = static_cast<int>(local_world_v);
 
   // Rendezvous address.
   l.master_addr = o.master_addr;
@@ -181,7 +187,12 @@ Launch resolve_launch(const Options& o, const Env& env) {
         if (std::string_view(s.port) == "MASTER_PORT" && agent && std::string_view(agent) == "True")
           l.master_port = l.master_port == 65535 ? l.master_port - 1 : l.master_port + 1;
       }
-  if (auto fd = parse_int("COLLIE_STORE_FD", env("COLLIE_STORE_FD"))) l.store_fd = int(*fd);
+  if (auto fd = parse_int("COLLIE_STORE_FD", env("COLLIE_STORE_FD"))) {
+    if (*fd < 0 || *fd > INT_MAX)
+      throw bad("COLLIE_STORE_FD=" + std::to_string(*fd) +
+                " is not a file descriptor (collie-run sets it for rank 0; unset it)");
+    l.store_fd = static_cast<int>(*fd);
+  }
   if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;
   if (l.world_size > 1 && !o.store && l.store_file.empty()) {
     if (l.master_addr.empty()) {
@@ -210,9 +221,13 @@ Launch resolve_launch(const Options& o, const Env& env) {
   if (o.timeout.count() > 0) {
     l.timeout = o.timeout;
   } else if (auto t = parse_double("COLLIE_TIMEOUT", env("COLLIE_TIMEOUT"))) {
-    if (*t <= 0)
+    // At least a millisecond, which is the unit it is kept in (less would
+    // round to no deadline at all), and at most 1e9 seconds (about 31
+    // years): deadlines are now + twice the timeout on a nanosecond clock,
+    // which a larger one would overflow.
+    if (!(*t >= 0.001 && *t <= 1e9))
       throw bad("COLLIE_TIMEOUT=" + std::string(env("COLLIE_TIMEOUT")) +
-                " must be a positive number of seconds");
+                " is not a number of seconds from 0.001 to 1e9");
     l.timeout = std::chrono::milliseconds(static_cast<long long>(*t * 1000.0 + 0.5));
   }
   return l;
@@ -222,23 +237,19 @@ Launch resolve_launch(const Options& o, const Env& env) {
 static int spin_us(const Env& env) {
   auto v = parse_int("COLLIE_SPIN_US", env("COLLIE_SPIN_US"));
   if (!v) return -1;
-  if (*v < 0) throw bad("COLLIE_SPIN_US must be 0 or more");
+  if (*v < 0 || *v > 1000000)
+    throw bad("COLLIE_SPIN_US=" + std::to_string(*v) +
+              " is not 0 to 1000000 (microseconds of busy-polling before sleeping)");
   return static_cast<int>(*v);
 }
 
-Env tuned(const Env& env) {
-  const char* path = env("COLLIE_TUNING_FILE");
-  if (!path || !*path) return env;
+std::map<std::string, std::string> parse_tuning_file(std::istream& f, const std::string& path) {
   static const char* const kNames[] = {
       "COLLIE_TCP_LATENCY_US",  "COLLIE_TCP_GBPS",      "COLLIE_REDUCE_GBPS",
       "COLLIE_TCP_CHUNK_BYTES", "COLLIE_SOCKET_BUFFER", "COLLIE_SPIN_US",
       "COLLIE_SHM_CHUNK",       "COLLIE_SHM_SMALL",     "COLLIE_HIER_PIECE",
       "COLLIE_ALLREDUCE_ALGO",  "COLLIE_TCP_SOCKETS",   "COLLIE_TCP_SOCKET_MIN_BYTES"};
-  std::ifstream f(path);
-  if (!f)
-    throw bad(std::string("COLLIE_TUNING_FILE='") + path +
-              "' cannot be read; write one with collie-bench --tune, or unset it");
-  auto values = std::make_shared<std::map<std::string, std::string>>();
+  std::map<std::string, std::string> values;
   auto trim = [](std::string s) {
     s.erase(0, s.find_first_not_of(" \t\r"));
     s.erase(s.find_last_not_of(" \t\r") + 1);
@@ -249,7 +260,7 @@ Env tuned(const Env& env) {
     line = trim(line.substr(0, line.find('#')));
     if (line.empty()) continue;
     auto eq = line.find('=');
-    std::string where = std::string(path) + ":" + std::to_string(no);
+    std::string where = path + ":" + std::to_string(no);
     if (eq == std::string::npos)
       throw bad("COLLIE_TUNING_FILE " + where + ": '" + line + "' is not NAME=value");
     std::string name = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
@@ -263,8 +274,19 @@ Env tuned(const Env& env) {
       if (value.empty() || *end)
         throw bad("COLLIE_TUNING_FILE " + where + ": " + name + "='" + value + "' is not a number");
     }
-    (*values)[name] = value;
+    values[name] = value;
   }
+  return values;
+}
+
+Env tuned(const Env& env) {
+  const char* path = env("COLLIE_TUNING_FILE");
+  if (!path || !*path) return env;
+  std::ifstream f(path);
+  if (!f)
+    throw bad(std::string("COLLIE_TUNING_FILE='") + path +
+              "' cannot be read; write one with collie-bench --tune, or unset it");
+  auto values = std::make_shared<std::map<std::string, std::string>>(parse_tuning_file(f, path));
   return [env, values](const char* name) -> const char* {
     if (const char* v = env(name)) return v;
     auto it = values->find(name);
@@ -295,8 +317,12 @@ TcpTuning tcp_tuning(const Env& raw) {
     t.chunk_bytes = static_cast<size_t>(*v);
   }
   t.spin_us = spin_us(env);
-  if (auto v = parse_int("COLLIE_SOCKET_BUFFER", env("COLLIE_SOCKET_BUFFER")))
+  if (auto v = parse_int("COLLIE_SOCKET_BUFFER", env("COLLIE_SOCKET_BUFFER"))) {
+    if (*v < 0 || *v > INT_MAX)
+      throw bad("COLLIE_SOCKET_BUFFER=" + std::to_string(*v) +
+                " is not 0 (the kernel's autotuning) to 2147483647 bytes");
     t.socket_buffer_bytes = static_cast<int>(*v);
+  }
   if (auto v = parse_int("COLLIE_TCP_SOCKETS", env("COLLIE_TCP_SOCKETS"))) {
     if (*v < 1 || *v > 16) throw bad("COLLIE_TCP_SOCKETS must be 1 to 16 (connections per peer)");
     t.sockets_per_peer = static_cast<int>(*v);
@@ -402,7 +428,8 @@ std::string backend(const Options& o, const Env& env) {
 int reducer_log_every(const Env& env) {
   auto v = parse_int("COLLIE_REDUCER_LOG_EVERY", env("COLLIE_REDUCER_LOG_EVERY"));
   if (!v) return 100;
-  if (*v < 1) throw bad("COLLIE_REDUCER_LOG_EVERY must be at least 1");
+  if (*v < 1 || *v > INT_MAX)
+    throw bad("COLLIE_REDUCER_LOG_EVERY=" + std::to_string(*v) + " is not 1 to 2147483647");
   return static_cast<int>(*v);
 }
 

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <iosfwd>
+#include <map>
 #include <string>
 
 #include "collie/comm.h"
@@ -53,6 +55,9 @@ Launch resolve_launch(const Options& options, const Env& env);
 // a line that is not NAME=value, or a name that is not a tuning variable is
 // an error naming the file and the line.
 Env tuned(const Env& env);
+// The settings of a tuning file read from `in` (`path` names it in errors),
+// checked as tuned() checks them.
+std::map<std::string, std::string> parse_tuning_file(std::istream& in, const std::string& path);
 
 // Settings of the TCP backend's algorithm choice and progress loop (read
 // through tuned()).

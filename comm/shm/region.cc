@@ -37,7 +37,8 @@ std::shared_ptr<void> allocate_region(size_t bytes) {
     t.by_base[reinterpret_cast<uintptr_t>(p)] = RegionRef{t.next_id++, fd, len, 0};
   }
   // The fd stays open while the memory lives: peers open it through /proc.
-  return std::shared_ptr<void>(p, [fd, len](void* q) {
+  // (fd = fd: clang before 16 cannot capture a structured binding.)
+  return std::shared_ptr<void>(p, [fd = fd, len](void* q) {
     {
       Table& tb = table();
       std::lock_guard lk(tb.mu);

@@ -10,29 +10,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "comm/tcp/frame.h"
+
 namespace collie::tcp {
-
-namespace {
-
-constexpr uint32_t kMagic = 0x434c4c31;  // "CLL1"
-constexpr size_t kMaxAbortText = 4096;
-
-enum class FrameKind : uint8_t { data = 1, abort = 2, bye = 3 };
-
-}  // namespace
-
-struct FrameHeader {
-  uint32_t magic;
-  uint8_t kind;
-  uint8_t op;
-  uint8_t dtype;
-  uint8_t redop;  // for abort frames: the ErrorCode
-  uint32_t seq;
-  int32_t tag;
-  uint64_t count;
-  uint64_t bytes;
-};
-static_assert(sizeof(FrameHeader) == 32);
 
 struct Mesh::Lane {
   struct Item {
@@ -86,31 +66,6 @@ Mesh::~Mesh() {
 
 namespace {
 
-FrameHeader make_header(FrameKind kind, const OpDesc& d, uint64_t bytes) {
-  FrameHeader h{};
-  h.magic = kMagic;
-  h.kind = static_cast<uint8_t>(kind);
-  h.op = static_cast<uint8_t>(d.op);
-  h.dtype = static_cast<uint8_t>(d.dtype);
-  h.redop = static_cast<uint8_t>(d.redop);
-  h.seq = d.seq;
-  h.tag = d.tag;
-  h.count = d.count;
-  h.bytes = bytes;
-  return h;
-}
-
-OpDesc desc_of(const FrameHeader& h) {
-  OpDesc d;
-  d.op = static_cast<OpKind>(h.op);
-  d.dtype = static_cast<DType>(h.dtype < kNumDTypes ? h.dtype : 0);
-  d.redop = static_cast<ReduceOp>(h.redop < kNumReduceOps ? h.redop : 0);
-  d.seq = h.seq;
-  d.tag = h.tag;
-  d.count = h.count;
-  return d;
-}
-
 // Reads the text of an abort frame whose header is already consumed.
 std::string read_abort_text(int fd, uint64_t bytes) {
   size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, kMaxAbortText));
@@ -123,34 +78,7 @@ std::string read_abort_text(int fd, uint64_t bytes) {
   return text;
 }
 
-ErrorCode code_of(uint8_t v) {
-  if (v >= 1 && v <= kNumErrorCodes) return static_cast<ErrorCode>(v);
-  return ErrorCode::internal;
-}
-
 }  // namespace
-
-void Mesh::fail_from_frame(int c, const FrameHeader& h, const OpDesc& expected) {
-  const int peer = peer_of(c);
-  std::string me = names_(rank_);
-  if (h.magic != kMagic)
-    throw Error(ErrorCode::mismatch, expected.describe() + " on " + me + ": the connection from " +
-                                         names_(peer) +
-                                         " carried bytes that are not a collie frame "
-                                         "(different collie versions, or a corrupted stream)");
-  if (h.kind == static_cast<uint8_t>(FrameKind::abort)) {
-    std::string text = read_abort_text(conns_[c].fd.get(), h.bytes);
-    throw Error(code_of(h.redop), names_(peer) + " aborted the communicator: " + text);
-  }
-  if (h.kind == static_cast<uint8_t>(FrameKind::bye))
-    throw Error(ErrorCode::peer_lost, expected.describe() + " on " + me + ": " + names_(peer) +
-                                          " has already destroyed its communicator (or exited)");
-  OpDesc theirs = desc_of(h);
-  throw Error(ErrorCode::mismatch, expected.describe() + " on " + me + " does not match " +
-                                       names_(peer) + ", which called " + theirs.describe() +
-                                       ": every rank must issue the same collectives in the same "
-                                       "order with the same counts, dtypes and ops");
-}
 
 void Mesh::lost(int c, const OpDesc& desc, const std::string& how, bool can_read) {
   const int q = peer_of(c);
@@ -168,10 +96,9 @@ void Mesh::lost(int c, const OpDesc& desc, const std::string& how, bool can_read
       } catch (const Error&) {
         break;
       }
-      if (h.magic != kMagic) break;
+      if (h.magic != kFrameMagic) break;
       if (h.kind == static_cast<uint8_t>(FrameKind::abort))
-        throw Error(code_of(h.redop),
-                    names_(q) + " aborted the communicator: " + read_abort_text(fd, h.bytes));
+        throw abort_error(h, names_(q), read_abort_text(fd, h.bytes));
       if (h.kind != static_cast<uint8_t>(FrameKind::data)) break;
       try {
         for (uint64_t left = h.bytes; left > 0;) {
@@ -212,13 +139,13 @@ void Mesh::check_hangup(int c) {
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0)
     lost(c, current_, "(its connection closed: the process died, was killed, or aborted)", false);
-  if (static_cast<size_t>(n) == sizeof h && h.magic == kMagic &&
+  if (static_cast<size_t>(n) == sizeof h && h.magic == kFrameMagic &&
       h.kind == static_cast<uint8_t>(FrameKind::abort)) {
     ::recv(p.fd.get(), &h, sizeof h, MSG_DONTWAIT);
     std::string text = read_abort_text(p.fd.get(), h.bytes);
-    throw Error(code_of(h.redop), names_(q) + " aborted the communicator: " + text);
+    throw abort_error(h, names_(q), text);
   }
-  if (static_cast<size_t>(n) == sizeof h && h.magic == kMagic &&
+  if (static_cast<size_t>(n) == sizeof h && h.magic == kFrameMagic &&
       h.kind == static_cast<uint8_t>(FrameKind::bye))
     p.departed = true;
   // Data ahead of us (the peer ran on to a later op and then left): it is
@@ -321,17 +248,8 @@ bool Mesh::pump_recv(int c) {
       p.recv_hdr_got += static_cast<size_t>(n);
       if (p.recv_hdr_got < sizeof(FrameHeader)) continue;
       const FrameHeader& h = p.recv_hdr;
-      FrameHeader expect = make_header(FrameKind::data, it.desc, it.bytes);
-      if (std::memcmp(&h, &expect, sizeof h) != 0) {
-        if (h.magic == kMagic && h.kind == expect.kind &&
-            desc_of(h).describe() == it.desc.describe())
-          throw Error(ErrorCode::mismatch,
-                      it.desc.describe() + " on " + names_(rank_) + ": " + names_(q) +
-                          " sent a step of " + std::to_string(h.bytes) + " bytes where " +
-                          std::to_string(it.bytes) +
-                          " were expected: the ranks use different COLLIE_* algorithm settings");
-        fail_from_frame(c, h, it.desc);
-      }
+      if (check_frame(h, it.desc, it.bytes, names_(rank_), names_(q)) == FrameCheck::abort)
+        throw abort_error(h, names_(q), read_abort_text(p.fd.get(), h.bytes));
     }
     while (p.recv_got < it.bytes) {
       ssize_t n = ::recv(p.fd.get(), it.data + p.recv_got, it.bytes - p.recv_got, MSG_DONTWAIT);
@@ -449,13 +367,7 @@ void Mesh::send_last_frame(uint8_t kind, uint8_t code, const std::string& text) 
     // Only at a frame boundary: in the middle of a frame the peer would read
     // this as payload; there the half-close below tells it instead.
     if (p.send_done == 0) {
-      FrameHeader h{};
-      h.magic = kMagic;
-      h.kind = kind;
-      h.redop = code;
-      h.bytes = text.size();
-      std::string frame(reinterpret_cast<const char*>(&h), sizeof h);
-      frame += text;
+      std::string frame = last_frame(static_cast<FrameKind>(kind), code, text);
       [[maybe_unused]] ssize_t n =
           ::send(p.fd.get(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     }

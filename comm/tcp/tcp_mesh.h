@@ -1,7 +1,7 @@
 // comm/tcp/tcp_mesh.h: one TCP connection to every peer of a communicator,
 // the framing on them, and the progress loop: collie's TCP Transport.
 //
-// Every message is a frame: a 32-byte header (what op, which step of the op
+// Every message is a frame (comm/tcp/frame.h): a 32-byte header (what op, which step of the op
 // sequence, dtype, count, payload length) and a payload. Receivers check
 // the header against what they expect, so ranks that call different
 // collectives, or the same one with different counts or dtypes, get an error
@@ -39,8 +39,6 @@
 #include "comm/transport.h"
 
 namespace collie::tcp {
-
-struct FrameHeader;  // the wire header, in tcp_mesh.cc
 
 class Mesh final : public Transport {
  public:
@@ -86,7 +84,6 @@ class Mesh final : public Transport {
   // Sends `kind` (abort or bye) to every peer where a frame boundary allows,
   // then half-closes every socket.
   void send_last_frame(uint8_t kind, uint8_t code, const std::string& text) noexcept;
-  [[noreturn]] void fail_from_frame(int c, const FrameHeader& h, const OpDesc& expected);
 
   const int rank_;
   const RankNames names_;  // for messages
