@@ -104,7 +104,15 @@ inline void check_launch(const config::Env& env) {
   if (fd.value)
     FUZZ_CHECK(l.store_fd == *fd.value, "store fd " + std::to_string(l.store_fd) +
                                             " resolved from " + std::to_string(*fd.value));
-  FUZZ_CHECK(!l.secret.empty(), "no secret");
+  // The secret is only ever the one given (never made up from the job id,
+  // which travels in clear); the job identity always names the world size.
+  const char* given = env("COLLIE_JOB_SECRET");
+  FUZZ_CHECK(l.secret == (given ? given : ""), "a secret that was not given");
+  const std::string size_part =
+      std::to_string(l.world_size) + (l.world_size == 1 ? " rank" : " ranks");
+  FUZZ_CHECK(l.job.size() >= size_part.size() &&
+                 l.job.compare(l.job.size() - size_part.size(), size_part.size(), size_part) == 0,
+             "job identity '" + l.job + "' does not end with the world size");
   // A deadline is now + timeout (twice it, and a second, for waits) on a
   // nanosecond clock: it must be at least a millisecond and leave room.
   FUZZ_CHECK(l.timeout.count() >= 1 && l.timeout.count() <= 1'000'000'000'000LL,
