@@ -328,6 +328,31 @@ TEST(Faults, TheStallInspectorNamesARankThatDoesNotAnswer) {
   }
 }
 
+// A stopped rank's kernel still acknowledges what it is sent, and answers
+// the probes into its closed window: the others must not say the network
+// to it is down (that is said only of a peer that acknowledges nothing,
+// resends included: tests/launch/link_faults.sh takes a link down). 16 Mi
+// floats, so that the senders fill its window and probe.
+TEST(Faults, AStoppedRankIsNotTakenForANetworkFault) {
+  auto out = run_ranks(
+      3,
+      [](int rank, Options opt) {
+        auto c = connect(opt);
+        std::vector<float> x(16 << 20, 1.0f);
+        c->allreduce(view_of(x.data(), 1), ReduceOp::sum).wait();
+        if (rank == 2) raise(SIGSTOP);  // the harness kills it at its limit
+        c->allreduce(view_of(x.data(), x.size()), ReduceOp::sum).wait();
+        return std::string("done");
+      },
+      3s, {}, 12s);
+  for (int r : {0, 1}) {
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "timeout") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "rank 2 did not answer within")) << describe(out);
+    EXPECT_FALSE(contains(out[r].message(), "the network to")) << describe(out);
+  }
+}
+
 // Destroying a communicator while rank 0, which serves the store, cannot be
 // reached (stopped here; a link down in tests/launch/link_faults.sh): the
 // stall inspector's goodbye to its watcher goes through the store, and used
