@@ -16,6 +16,7 @@ packages=(
   libssl-dev                                                         # libcrypto: the handshakes' HMAC-SHA256
   python3-torch libtorch-dev                                         # collie.torch, torchrun, PyTorch's DDP; the libtorch example
   slurmctld slurmd slurm-client munge                                # the srun test's one-node SLURM
+  iproute2                                                           # ip netns, tc: the two-host and network-fault tests
 )
 
 # DPkg::Lock::Timeout makes install wait for the dpkg lock, but update takes
