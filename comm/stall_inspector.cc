@@ -80,14 +80,25 @@ void StallInspector::stop() {
   if (stopped_) return;
   stopped_ = true;
   if (!watcher_.joinable()) return;
-  try {
-    store_->set(ask_key(rank_), to_bytes("stop"));
-    watcher_.join();
-  } catch (const Error&) {
-    // The store cannot be reached: the watcher's own wait ends with it, or
-    // with the process. It owns everything it touches.
-    watcher_.detach();
+  // Within the inspection's budget, and not at all when an inspection found
+  // the store out of reach: with the link to rank 0's host down, the
+  // store's own deadline (COLLIE_TIMEOUT) held every rank there that long
+  // at exit, after it had reported its error.
+  if (!unreachable_.load()) {
+    try {
+      store_->set(ask_key(rank_), to_bytes("stop"), budget());
+      watcher_.join();
+      return;
+    } catch (const Error&) {
+    }
   }
+  // The store cannot be reached: the watcher's own wait ends with it, or
+  // with the process. It owns everything it touches.
+  watcher_.detach();
+}
+
+milliseconds StallInspector::budget() const {
+  return std::clamp(timeout_ / 4, milliseconds(1000), milliseconds(5000));
 }
 
 void StallInspector::issued(uint32_t seq) {
@@ -113,8 +124,12 @@ std::string StallInspector::report_key() const {
 }
 
 Error StallInspector::explain(const OpDesc& desc, const Error& e) {
-  const auto budget = std::clamp(timeout_ / 4, milliseconds(1000), milliseconds(5000));
+  const auto budget = this->budget();
   const auto until = std::chrono::steady_clock::now() + budget;
+  auto left = [&] {
+    auto l = std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
+    return std::max(l, milliseconds(1));
+  };
   const uint32_t n = desc.seq;
   struct State {
     bool answered = false;
@@ -130,20 +145,28 @@ Error StallInspector::explain(const OpDesc& desc, const Error& e) {
   try {
     // The ranks whose deadlines pass together ask once: the first report
     // stands for all of them, and every rank's error says the same.
-    if (store_->check({report_key()})) return with(to_string(store_->get(report_key())));
+    try {
+      return with(to_string(store_->get(report_key(), milliseconds(1))));
+    } catch (const Error& r) {
+      if (r.code() != ErrorCode::timeout) throw;
+    }
+    // Within the budget: a rank cut off from rank 0's host (a link down)
+    // used to wait the store's whole deadline here, and so report its
+    // timeout only at twice COLLIE_TIMEOUT.
     for (int q = 0; q < size_; ++q)
-      if (q != rank_) store_->set(ask_key(q), to_bytes("#" + std::to_string(n)));
+      if (q != rank_) store_->set(ask_key(q), to_bytes("#" + std::to_string(n)), left());
   } catch (const Error& s) {
+    unreachable_.store(true);
     return Error(e.code(), std::string(e.what()) +
                                "; the store could not be reached to ask the other ranks where "
-                               "they are: " +
+                               "they are (this rank is cut off from rank 0, or rank 0 is dead "
+                               "or stopped): " +
                                s.what());
   }
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    auto left = std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
     try {
-      std::string v = to_string(store_->get(state_key(q), std::max(left, milliseconds(1))));
+      std::string v = to_string(store_->get(state_key(q), left()));
       unsigned long long i = 0, c = 0;
       if (std::sscanf(v.c_str(), "%llu %llu", &i, &c) == 2)
         st[static_cast<size_t>(q)] = {true, static_cast<uint32_t>(i), static_cast<uint32_t>(c)};

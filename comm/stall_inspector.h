@@ -15,6 +15,7 @@
 // is doing; one that does not is dead, stopped, or cut off from rank 0.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -59,6 +60,9 @@ class StallInspector {
   std::string ask_key(int q) const;
   std::string state_key(int q) const;
   std::string report_key() const;
+  // How long an inspection waits for answers, and the goodbye to the
+  // watcher for the store: a quarter of the timeout, within 1 to 5 s.
+  std::chrono::milliseconds budget() const;
 
   const std::shared_ptr<Store> store_;
   const std::string key_;
@@ -67,6 +71,7 @@ class StallInspector {
   const std::shared_ptr<Shared> progress_;
   std::thread watcher_;
   bool stopped_ = false;
+  std::atomic<bool> unreachable_{false};  // an inspection could not reach the store
 };
 
 }  // namespace collie

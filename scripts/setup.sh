@@ -17,6 +17,7 @@ packages=(
   python3-torch libtorch-dev                                         # collie.torch, torchrun, PyTorch's DDP; the libtorch example
   slurmctld slurmd slurm-client munge                                # the srun test's one-node SLURM
   clang libclang-rt-14-dev                                           # the fuzz targets: clang's libFuzzer (scripts/fuzz.sh)
+  iproute2                                                           # ip netns, tc: the two-host and network-fault tests
 )
 
 # DPkg::Lock::Timeout makes install wait for the dpkg lock, but update takes

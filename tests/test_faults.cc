@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
@@ -500,6 +501,62 @@ TEST(Faults, SurvivorsRebuildTheReducerOnTheShrunkCommunicatorAndFinishExactly) 
     EXPECT_EQ(shrunk[r].report, second[0].report) << "rank " << r;
   }
   EXPECT_NE(second[0].report, first[0].report);  // it trained on
+}
+
+// A stopped rank's kernel still acknowledges what it is sent, and answers
+// the probes into its closed window: the others must not say the network
+// to it is down (that is said only of a peer that acknowledges nothing,
+// resends included: tests/launch/link_faults.sh takes a link down). 16 Mi
+// floats, so that the senders fill its window and probe.
+TEST(Faults, AStoppedRankIsNotTakenForANetworkFault) {
+  auto out = run_ranks(
+      3,
+      [](int rank, Options opt) {
+        auto c = connect(opt);
+        std::vector<float> x(16 << 20, 1.0f);
+        c->allreduce(view_of(x.data(), 1), ReduceOp::sum).wait();
+        if (rank == 2) raise(SIGSTOP);  // the harness kills it at its limit
+        c->allreduce(view_of(x.data(), x.size()), ReduceOp::sum).wait();
+        return std::string("done");
+      },
+      3s, {}, 12s);
+  for (int r : {0, 1}) {
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "timeout") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "rank 2 did not answer within")) << describe(out);
+    EXPECT_FALSE(contains(out[r].message(), "the network to")) << describe(out);
+  }
+}
+
+// Destroying a communicator while rank 0, which serves the store, cannot be
+// reached (stopped here; a link down in tests/launch/link_faults.sh): the
+// stall inspector's goodbye to its watcher goes through the store, and used
+// to wait the store's whole deadline (30 s here) before the destructor
+// returned; it waits the inspection's budget at most now.
+TEST(Faults, ACommunicatorIsDestroyedPromptlyWhenTheStoreIsOutOfReach) {
+  auto out = run_ranks(
+      2,
+      [](int rank, Options opt) {
+        auto c = connect(opt);
+        std::vector<int64_t> pids(2);
+        int64_t me = getpid();
+        c->allgather(view_of(&me, 1), view_of(pids.data(), 2)).wait();
+        if (rank == 0) raise(SIGSTOP);  // the harness kills it at its limit
+        // Rank 0 stopped (state T in /proc/PID/stat) before the destructor runs.
+        for (int i = 0; i < 2000; ++i) {
+          std::ifstream stat("/proc/" + std::to_string(pids[0]) + "/stat");
+          std::string line;
+          std::getline(stat, line);
+          auto close = line.rfind(')');
+          if (close != std::string::npos && line.compare(close, 3, ") T") == 0) break;
+          std::this_thread::sleep_for(5ms);
+        }
+        c.reset();
+        return std::string("destroyed");
+      },
+      30s, {}, 15s);
+  EXPECT_FALSE(out[1].hung) << describe(out);
+  EXPECT_TRUE(out[1].ok()) << describe(out);
 }
 
 // A rank that finishes early (its communicator destroyed cleanly) while the

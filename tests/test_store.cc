@@ -268,6 +268,28 @@ TEST(TcpStore, TimeoutNamesTheKeyTheStoreAndTheClient) {
   EXPECT_TRUE(contains(e.msg, "test client")) << e.msg;
 }
 
+// A write with its own deadline gives up at that deadline, not the store's:
+// the stall inspector asks through the store when a link may be down, and
+// must not wait COLLIE_TIMEOUT for an answer (a stopped server stands in
+// for one that cannot be reached). Through a PrefixStore too.
+TEST(TcpStore, ASetWithItsOwnDeadlineGivesUpAtItNotTheStores) {
+  ServerProcess server;
+  std::shared_ptr<Store> c = client(server.port, kSecret, 60s);
+  PrefixStore p(client(server.port, kSecret, 60s), "pre/");
+  c->set("reachable", to_bytes("yes"), 5s);
+  p.set("k", to_bytes("v"), 5s);
+  EXPECT_EQ(to_string(c->get("reachable")), "yes");
+  EXPECT_EQ(to_string(c->get("pre/k")), "v");
+  ASSERT_EQ(kill(server.pid, SIGSTOP), 0);
+  Caught e = error_of([&] { c->set("unanswered", to_bytes("x"), 200ms); });
+  EXPECT_EQ(e.code, ErrorCode::timeout) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "'unanswered' after 200 ms")) << e.msg;
+  e = error_of([&] { p.set("k2", to_bytes("x"), 200ms); });
+  EXPECT_EQ(e.code, ErrorCode::timeout) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "'pre/k2' after 200 ms")) << e.msg;
+  kill(server.pid, SIGCONT);
+}
+
 TEST(TcpStore, ATimedOutGetLeavesNoStaleAnswerForTheNextRequest) {
   ServerProcess server;
   auto c = client(server.port);

@@ -269,6 +269,16 @@ class HierRunner final : public HostRunner {
       } catch (const Error& e) {
         // The stage beside may still write into the output: stop it (the
         // latch ends its wait) and wait for it before reporting.
+        if (posted && e.code() == ErrorCode::timeout && Deadline::clock::now() >= dl) {
+          // A stage inside the host timed out waiting for a host mate, which
+          // is itself stuck across hosts; the stage beside has the same
+          // deadline, now passed, so it ends by itself at once. Its error
+          // names the rank on the other host that is missing, where this
+          // one named only the host mate; and with the latch left clear the
+          // executor asks every rank where it is (the stall inspector).
+          if (auto beside = beside_.join()) throw *beside;
+          throw;
+        }
         if (posted) {
           failure_->set(e);
           across_->wake();

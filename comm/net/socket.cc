@@ -232,6 +232,19 @@ void set_buffer_sizes(int fd, int bytes) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
 }
 
+std::chrono::milliseconds unacknowledged_for(int fd) {
+  tcp_info ti{};
+  socklen_t len = sizeof ti;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return {};
+  // tcpi_retransmits and tcpi_probes count the tries since the last
+  // acknowledgement (any acknowledgement resets them), so the age of that
+  // acknowledgement is how long the link has been silent.
+  const bool resent = ti.tcpi_unacked > 0 && ti.tcpi_retransmits > 0;
+  const bool unanswered_probes = ti.tcpi_probes >= 2;
+  if (!resent && !unanswered_probes) return {};
+  return std::chrono::milliseconds(ti.tcpi_last_ack_recv);
+}
+
 namespace {
 void wait_io(int fd, short events, Deadline deadline, const std::string& what, const char* verb) {
   for (;;) {

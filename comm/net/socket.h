@@ -76,6 +76,16 @@ void set_nodelay(int fd);
 void set_cloexec(int fd, bool on);
 void set_buffer_sizes(int fd, int bytes);
 
+// How long the TCP socket `fd` has had data for the other end and heard no
+// acknowledgement, when the kernel has already tried again without one:
+// data in flight resent after a retransmission timeout, or (nothing in
+// flight, as when this host's own link is down and nothing can leave)
+// unanswered probes, twice or more. The network to the other end, or its
+// host, is then gone. Zero otherwise: a peer process that is only stalled
+// does not count, since its kernel acknowledges data and probes alike (its
+// window closes instead).
+std::chrono::milliseconds unacknowledged_for(int fd);
+
 // Reads/writes exactly `n` bytes or throws: timeout when `deadline` passes,
 // peer_lost when the connection closes or breaks. Works on blocking and
 // non-blocking sockets (waits with poll). `what` names the other end.

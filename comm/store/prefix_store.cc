@@ -24,6 +24,9 @@ std::vector<std::string> PrefixStore::prefixed(const std::vector<std::string>& k
 void PrefixStore::set(const std::string& key, const Bytes& value) {
   base_->set(prefix_ + key, value);
 }
+void PrefixStore::set(const std::string& key, const Bytes& value, Millis t) {
+  base_->set(prefix_ + key, value, t);
+}
 Bytes PrefixStore::get(const std::string& key) {
   return base_->get(prefix_ + key, timeout_);
 }

@@ -516,9 +516,10 @@ class TcpStoreClient final : public TcpStore {
     return std::make_unique<TcpStoreClient>(ep_.host, ep_.port, auth_, timeout_, who_);
   }
 
-  void set(const std::string& key, const Bytes& value) override {
+  void set(const std::string& key, const Bytes& value) override { set(key, value, timeout_); }
+  void set(const std::string& key, const Bytes& value, Millis timeout) override {
     check_value(key, value);
-    call(kSet, {key, view(value)}, timeout_, {key});
+    call(kSet, {key, view(value)}, timeout, {key});
   }
   Bytes get(const std::string& key) override { return get(key, timeout_); }
   Bytes get(const std::string& key, Millis timeout) override {

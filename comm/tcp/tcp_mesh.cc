@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "comm/core/log.h"
 #include "comm/tcp/frame.h"
 
 namespace collie::tcp {
@@ -279,10 +280,35 @@ void Mesh::timed_out() {
     }
     if (!p.sends.empty()) who = "waiting for " + names_(peer_of(c)) + " to receive";
   }
+  // Peers that have acknowledged nothing this rank sent them, resent and
+  // all, for a second or more: a network fault, not a stalled rank (whose
+  // kernel acknowledges). Named here, since the rank this op waits for may
+  // be a neighbour that waits on the broken link itself.
+  std::vector<int> cut;
+  std::chrono::milliseconds longest{0};
+  for (int q = 0; q < size_; ++q) {
+    std::chrono::milliseconds silent{0};
+    for (int l = 0; l < lanes_; ++l)
+      if (conns_[lane(q, l)].fd.valid())
+        silent = std::max(silent, net::unacknowledged_for(conns_[lane(q, l)].fd.get()));
+    if (silent >= std::chrono::seconds(1)) {
+      cut.push_back(q);
+      longest = std::max(longest, silent);
+    }
+  }
+  std::string network;
+  if (!cut.empty()) {
+    const bool many = cut.size() > 1;
+    network = "; nothing sent to " + std::string(many ? "ranks " : "rank ") + names_.list(cut) +
+              " has been acknowledged for " + (many ? "up to " : "") + log::seconds(longest) +
+              ", though resent: the network to " +
+              (many ? "them (or their hosts)" : "it (or its host)") + " is down";
+  }
   throw Error(ErrorCode::timeout, current_.describe() + " on " + names_(rank_) + " timed out " +
                                       who +
                                       " (that rank is stalled, or is not calling the same "
-                                      "collective; COLLIE_TIMEOUT sets the deadline)");
+                                      "collective; COLLIE_TIMEOUT sets the deadline)" +
+                                      network);
 }
 
 void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {

@@ -30,6 +30,14 @@ class Store {
   virtual ~Store() = default;
 
   virtual void set(const std::string& key, const Bytes& value) = 0;
+  // The same within `timeout`: for a write that must not wait the store's
+  // whole deadline for a store that cannot be reached (the stall
+  // inspector's question to the other ranks, its goodbye). A store that
+  // cannot bound a write keeps its own deadline.
+  virtual void set(const std::string& key, const Bytes& value, Millis timeout) {
+    (void)timeout;
+    set(key, value);
+  }
   // Waits until `key` exists, then returns its value.
   virtual Bytes get(const std::string& key) = 0;
   virtual Bytes get(const std::string& key, Millis timeout) = 0;
@@ -110,6 +118,7 @@ class PrefixStore : public Store {
  public:
   PrefixStore(std::shared_ptr<Store> base, std::string prefix);
   void set(const std::string& key, const Bytes& value) override;
+  void set(const std::string& key, const Bytes& value, Millis timeout) override;
   Bytes get(const std::string& key) override;
   Bytes get(const std::string& key, Millis timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;

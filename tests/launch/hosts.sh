@@ -12,6 +12,15 @@
 # Both halves must exit 0; their output is printed, host by host. The
 # environment (COLLIE_BACKEND, ...) passes through to the ranks.
 #
+# HOSTS_NPROC=K: K ranks per host (default 2; collie-run launcher only).
+# HOSTS_FAULT=PROGRAM (netns modes, collie-run launcher): runs
+#   PROGRAM NS_A DEV_A NS_B DEV_B OUT_A OUT_B
+# alongside the two halves (started just before them), to shape, cut or
+# restore the link while they run (tests/launch/link_faults.sh); OUT_A and
+# OUT_B are the files the halves write their output to as they go. Its
+# output is printed after theirs (it is stopped if still running when they
+# have ended), and its exit status is its own business.
+#
 # HOSTS_LAUNCHER=mpirun (netns modes only): one Open MPI mpirun in the first
 # namespace starts all 4 ranks, its daemon on the second host through a
 # launch agent (plm_rsh_agent, in ssh's place) that enters that namespace.
@@ -26,6 +35,10 @@ export COLLIE_JOB_SECRET=${COLLIE_JOB_SECRET:-hosts-test-$$-$RANDOM}
 work=$(mktemp -d)
 ns=() pids=()
 cleanup() {
+  # Stopped while the halves run (a caller's time limit): what they said so far.
+  if [ "${#pids[@]}" -gt 0 ]; then
+    for h in a b; do [ -s "$work/$h.txt" ] && { echo "== host $h, still running, so far:"; cat "$work/$h.txt"; }; done
+  fi
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null; done
   rm -rf "$work"
@@ -101,13 +114,28 @@ case $mode in
     echo "usage: hosts.sh names|netns|netns:RATE BUILD_ROOT PROGRAM [ARGS...]"; exit 2 ;;
 esac
 
-on_host a -n 2 --nnodes 2 --node-rank 0 --master-addr "$addr" --master-port "$port" "$@" \
+np=${HOSTS_NPROC:-2}
+: >"$work/a.txt"; : >"$work/b.txt"
+fault_pid=
+if [ -n "${HOSTS_FAULT:-}" ]; then
+  [ "${#ns[@]}" = 2 ] || { echo "HOSTS_FAULT needs a netns mode"; exit 2; }
+  "$HOSTS_FAULT" "${ns[0]}" "$va" "${ns[1]}" "$vb" "$work/a.txt" "$work/b.txt" >"$work/fault.txt" 2>&1 &
+  fault_pid=$!
+fi
+on_host a -n "$np" --nnodes 2 --node-rank 0 --master-addr "$addr" --master-port "$port" "$@" \
   >"$work/a.txt" 2>&1 & pids+=($!)
-on_host b -n 2 --nnodes 2 --node-rank 1 --master-addr "$addr" --master-port "$port" "$@" \
+on_host b -n "$np" --nnodes 2 --node-rank 1 --master-addr "$addr" --master-port "$port" "$@" \
   >"$work/b.txt" 2>&1 & pids+=($!)
 wait "${pids[0]}"; rc_a=$?
 wait "${pids[1]}"; rc_b=$?
 pids=()
-echo "== host a (ranks 0, 1), exit $rc_a"; cat "$work/a.txt"
-echo "== host b (ranks 2, 3), exit $rc_b"; cat "$work/b.txt"
+ranks() { seq -s ', ' $(($1 * np)) $(($1 * np + np - 1)); }
+echo "== host a (ranks $(ranks 0)), exit $rc_a"; cat "$work/a.txt"
+echo "== host b (ranks $(ranks 1)), exit $rc_b"; cat "$work/b.txt"
+if [ -n "$fault_pid" ]; then
+  # Still waiting for something the job never printed: the job has ended.
+  kill "$fault_pid" 2>/dev/null && echo "(the job ended first: stopped)" >>"$work/fault.txt"
+  wait "$fault_pid"
+  echo "== the fault ($HOSTS_FAULT), exit $?"; cat "$work/fault.txt"
+fi
 [ $rc_a = 0 ] && [ $rc_b = 0 ] || { echo FAILED; exit 1; }
