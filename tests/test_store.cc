@@ -268,6 +268,27 @@ TEST(TcpStore, TimeoutNamesTheKeyTheStoreAndTheClient) {
   EXPECT_TRUE(contains(e.msg, "test client")) << e.msg;
 }
 
+// Whether every thread of `pid` is in the stopped state ('T' in
+// /proc/<pid>/task/<tid>/stat) within 10 s.
+bool all_threads_stopped(pid_t pid) {
+  namespace fs = std::filesystem;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (int i = 0; i < 1000; ++i) {
+    bool all = true;
+    for (const auto& t : fs::directory_iterator(tasks)) {
+      std::ifstream f(t.path() / "stat");
+      std::string line;
+      std::getline(f, line);
+      auto close = line.rfind(')');
+      if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'T')
+        all = false;
+    }
+    if (all) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
 // A write with its own deadline gives up at that deadline, not the store's:
 // the stall inspector asks through the store when a link may be down, and
 // must not wait COLLIE_TIMEOUT for an answer (a stopped server stands in
@@ -281,6 +302,9 @@ TEST(TcpStore, ASetWithItsOwnDeadlineGivesUpAtItNotTheStores) {
   EXPECT_EQ(to_string(c->get("reachable")), "yes");
   EXPECT_EQ(to_string(c->get("pre/k")), "v");
   ASSERT_EQ(kill(server.pid, SIGSTOP), 0);
+  // kill() returns before the stop takes: the server's thread, woken by a
+  // request, could still answer it. Wait until every thread is stopped.
+  ASSERT_TRUE(all_threads_stopped(server.pid)) << "the server did not stop";
   Caught e = error_of([&] { c->set("unanswered", to_bytes("x"), 200ms); });
   EXPECT_EQ(e.code, ErrorCode::timeout) << e.msg;
   EXPECT_TRUE(contains(e.msg, "'unanswered' after 200 ms")) << e.msg;
