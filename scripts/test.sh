@@ -17,6 +17,10 @@ fi
 # shellcheck disable=SC2206 # MESON_ARGS is a list of options, split on spaces
 args+=(${MESON_ARGS:-})
 scripts/build.sh "$BUILD" "${args[@]}" || { echo "0 passed, 1 failed"; exit 1; }
+# OpenSSL's lifetime state is not collie's leak (scripts/lsan.supp).
+case $SANITIZE in *address*)
+  export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}" ;;
+esac
 suite_args=()
 [ -n "${SUITE:-}" ] && suite_args=(--suite "$SUITE")
 meson test -C "$BUILD" --print-errorlogs "${suite_args[@]}" 2>&1 | tail -n 60
