@@ -35,7 +35,6 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -44,6 +43,7 @@
 #include "comm/net/auth.h"
 #include "comm/net/socket.h"
 #include "comm/store/parse_int.h"
+#include "comm/store/store_protocol.h"
 
 namespace collie {
 
@@ -52,60 +52,12 @@ namespace {
 using net::Clock;
 using net::Deadline;
 
-enum Op : uint8_t { kHello = 1, kSet, kGet, kAdd, kWait, kCompareSet, kDelete, kCheck, kProof };
-enum Status : uint8_t { kOk = 0, kFailed = 1, kRefused = 2 };
+using namespace store_detail;
 
-// The magic names the protocol version too: a client of another version is
-// dropped at the handshake instead of misreading replies.
-constexpr std::string_view kMagic = "collie-store-2";
-constexpr size_t kMaxKey = 4096;
-constexpr size_t kMaxValue = size_t{64} << 20;
-// compare_set carries two values; a wait may carry many keys.
-constexpr size_t kMaxRecord = 2 * kMaxValue + (size_t{64} << 10);
-// Before the handshake is done a connection may make the server buffer no more.
-constexpr size_t kMaxHello = 1024;
 constexpr auto kHandshakeTime = std::chrono::seconds(10);
 // How long to pause accepting when the process is out of file descriptors:
 // the listener stays readable, so polling it would spin.
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
-
-void put_u32(std::string& s, uint32_t v) {
-  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-uint32_t get_u32(const char* c) {
-  auto p = reinterpret_cast<const uint8_t*>(c);
-  return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
-}
-
-// A whole message: length, then a record of `head` and the fields.
-std::string message(uint8_t head, const std::vector<std::string_view>& fields) {
-  size_t len = 1;
-  for (auto f : fields) len += 4 + f.size();
-  std::string msg;
-  msg.reserve(4 + len);
-  put_u32(msg, static_cast<uint32_t>(len));
-  msg.push_back(static_cast<char>(head));
-  for (auto f : fields) {
-    put_u32(msg, static_cast<uint32_t>(f.size()));
-    msg.append(f);
-  }
-  return msg;
-}
-
-// Splits the fields of a record after its head byte; false when malformed.
-bool parse_fields(std::string_view rec, std::vector<std::string>& out) {
-  out.clear();
-  size_t at = 1;
-  while (at < rec.size()) {
-    if (rec.size() - at < 4) return false;
-    uint32_t len = get_u32(rec.data() + at);
-    at += 4;
-    if (len > rec.size() - at) return false;
-    out.emplace_back(rec.substr(at, len));
-    at += len;
-  }
-  return true;
-}
 
 using store_detail::parse_i64;
 
@@ -113,32 +65,10 @@ std::vector<std::string_view> views(const std::vector<std::string>& v) {
   return {v.begin(), v.end()};
 }
 
-// The two MACs of a handshake: distinct labels, so that neither side's
-// proof can be reflected back as the other's.
-auth::Mac server_mac(const std::string& secret, std::string_view job, std::string_view client_nonce,
-                     std::string_view server_nonce) {
-  return auth::mac(secret, {kMagic, "server", job, client_nonce, server_nonce});
-}
-auth::Mac client_mac(const std::string& secret, std::string_view job, std::string_view client_nonce,
-                     std::string_view server_nonce) {
-  return auth::mac(secret, {kMagic, "client", job, client_nonce, server_nonce});
-}
-
-std::string_view mac_view(const auth::Mac& m) {
-  return {reinterpret_cast<const char*>(m.data()), m.size()};
-}
-
-std::string list_keys(const std::vector<std::string>& keys) {
-  std::string s;
-  for (size_t i = 0; i < keys.size() && i < 8; ++i) s += (i ? ", " : "") + keys[i];
-  if (keys.size() > 8) s += ", ... (" + std::to_string(keys.size()) + " in all)";
-  return s;
-}
-
 class Server final : public TcpStoreServer {
  public:
   Server(net::Fd listener, StoreAuth auth)
-      : listener_(std::move(listener)), auth_(std::move(auth)) {
+      : listener_(std::move(listener)), proto_(std::move(auth)) {
     port_ = net::local_port(listener_.get());
     net::set_nonblocking(listener_.get(), true);
     int p[2];
@@ -161,17 +91,8 @@ class Server final : public TcpStoreServer {
  private:
   struct Conn {
     net::Fd fd;
-    std::string in;   // bytes received, not yet a whole record
-    std::string out;  // replies not yet sent, from out_at on
-    size_t out_at = 0;
-    bool authed = false;
-    std::string client_nonce;  // from the hello; empty until then
-    auth::Nonce server_nonce{};
-    bool closing = false;  // refused: close once `out` is sent
+    Session* s;  // owned by proto_
     Deadline hello_deadline;
-    uint8_t parked_op = 0;            // a get or wait waiting for keys
-    std::vector<std::string> parked;  // the keys it waits for
-    bool has_output() const { return out_at < out.size(); }
   };
 
   void loop() {
@@ -186,16 +107,17 @@ class Server final : public TcpStoreServer {
       pfds.push_back({listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
       pfds.push_back({wake_r_.get(), POLLIN, 0});
       for (auto& c : conns_) {
-        short ev = c.closing ? 0 : POLLIN;
-        if (c.has_output()) ev |= POLLOUT;
+        short ev = c.s->closing ? 0 : POLLIN;
+        if (c.s->has_output()) ev |= POLLOUT;
         pfds.push_back({c.fd.get(), ev, 0});
-        if (!c.authed) wake = std::min(wake, c.hello_deadline);
+        if (!c.s->authed) wake = std::min(wake, c.hello_deadline);
       }
       int n = ::poll(pfds.data(), pfds.size(), net::poll_timeout_ms(wake));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
         // Cannot wait any more (out of memory): close everything, so that
         // clients see a lost store at once instead of waiting for deadlines.
+        for (auto& c : conns_) proto_.close(c.s);
         conns_.clear();
         listener_.reset();
         return;
@@ -206,17 +128,21 @@ class Server final : public TcpStoreServer {
       now = Clock::now();
       for (size_t i = 0; i < polled; ++i) {
         Conn& c = conns_[i];
-        if (!c.authed && now >= c.hello_deadline) c.fd.reset();
+        if (!c.s->authed && now >= c.hello_deadline) c.fd.reset();
         short re = pfds[i + 2].revents;
-        if (c.fd.valid() && !c.closing && (re & (POLLIN | POLLHUP | POLLERR))) read_from(c);
+        if (c.fd.valid() && !c.s->closing && (re & (POLLIN | POLLHUP | POLLERR))) read_from(c);
       }
       // A set by one connection may have answered requests parked on any
       // other, so send to every connection, not only those polled writable.
       for (auto& c : conns_) {
-        if (c.fd.valid() && c.has_output()) flush(c);
-        if (c.fd.valid() && c.closing && !c.has_output()) c.fd.reset();
+        if (c.fd.valid() && c.s->has_output()) flush(c);
+        if (c.fd.valid() && c.s->closing && !c.s->has_output()) c.fd.reset();
       }
-      std::erase_if(conns_, [](const Conn& c) { return !c.fd.valid(); });
+      std::erase_if(conns_, [this](const Conn& c) {
+        if (c.fd.valid()) return false;
+        proto_.close(c.s);
+        return true;
+      });
     }
   }
 
@@ -228,10 +154,7 @@ class Server final : public TcpStoreServer {
         return !(errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM);
       }
       net::set_nodelay(fd);
-      Conn c;
-      c.fd.reset(fd);
-      c.hello_deadline = Clock::now() + kHandshakeTime;
-      conns_.push_back(std::move(c));
+      conns_.push_back({net::Fd(fd), proto_.open(), Clock::now() + kHandshakeTime});
     }
   }
 
@@ -240,9 +163,15 @@ class Server final : public TcpStoreServer {
     for (;;) {
       ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
       if (n > 0) {
-        c.in.append(buf, static_cast<size_t>(n));
-        if (!handle_records(c)) return;
-        continue;
+        if (proto_.receive(*c.s, {buf, static_cast<size_t>(n)})) continue;
+        if (c.s->dropped) {
+          c.fd.reset();
+        } else if (c.s->closing) {
+          // Logged here, with the address, for whoever runs rank 0.
+          log::warn("store on port " + std::to_string(port_) + ": refused a client at " +
+                    net::peer_host(c.fd.get()) + ": " + c.s->refusal);
+        }
+        return;
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n < 0 && errno == EINTR) continue;
@@ -251,171 +180,13 @@ class Server final : public TcpStoreServer {
     }
   }
 
-  // Handles every whole record in c.in; false when the connection is done
-  // reading (dropped, or refused and closing).
-  bool handle_records(Conn& c) {
-    for (;;) {
-      if (c.in.size() < 4) return true;
-      uint32_t len = get_u32(c.in.data());
-      // The cap is checked on the declared length, before buffering any of
-      // the record, so a garbage length costs nothing.
-      if (len == 0 || len > (c.authed ? kMaxRecord : kMaxHello)) {
-        c.fd.reset();
-        return false;
-      }
-      if (c.in.size() - 4 < len) return true;
-      std::string rec = c.in.substr(4, len);
-      c.in.erase(0, 4 + size_t{len});
-      if (!handle(c, rec)) return false;
-    }
-  }
-
-  bool handle(Conn& c, const std::string& rec) {
-    const uint8_t op = static_cast<uint8_t>(rec[0]);
-    std::vector<std::string> f;
-    if (!parse_fields(rec, f)) {
-      c.fd.reset();
-      return false;
-    }
-    if (!c.authed) return handshake(c, op, f);
-    if (c.parked_op != 0) {
-      // A client sends one request at a time; anything else is not ours.
-      c.fd.reset();
-      return false;
-    }
-    switch (op) {
-      case kSet:
-        if (f.size() != 2 || f[0].size() > kMaxKey || f[1].size() > kMaxValue)
-          return fail(c, "malformed set");
-        data_[f[0]] = std::move(f[1]);
-        c.out += message(kOk, {});
-        wake_parked();
-        return true;
-      case kGet:
-      case kWait:
-        if (f.empty() || (op == kGet && f.size() != 1) || !keys_ok(f))
-          return fail(c, "malformed get/wait");
-        c.parked_op = op;
-        c.parked = std::move(f);
-        answer_if_ready(c);
-        return true;
-      case kAdd: {
-        int64_t cur = 0, delta = 0, sum = 0;
-        if (f.size() != 2 || f[0].size() > kMaxKey || !parse_i64(f[1], delta))
-          return fail(c, "malformed add");
-        auto it = data_.find(f[0]);
-        if (it != data_.end() && !parse_i64(it->second, cur))
-          return fail(c, "add: the value under '" + f[0] + "' is not an integer");
-        if (__builtin_add_overflow(cur, delta, &sum))
-          return fail(c, "add: the value under '" + f[0] + "' would overflow int64");
-        std::string v = std::to_string(sum);
-        data_[f[0]] = v;
-        c.out += message(kOk, {v});
-        wake_parked();
-        return true;
-      }
-      case kCompareSet: {
-        if (f.size() != 3 || f[0].size() > kMaxKey || f[2].size() > kMaxValue)
-          return fail(c, "malformed compare_set");
-        auto it = data_.find(f[0]);
-        bool match = it == data_.end() ? f[1].empty() : it->second == f[1];
-        if (!match) {
-          c.out += message(kOk, {it == data_.end() ? std::string_view() : it->second});
-          return true;
-        }
-        c.out += message(kOk, {f[2]});
-        data_[f[0]] = std::move(f[2]);
-        wake_parked();
-        return true;
-      }
-      case kDelete: {
-        if (f.size() != 1 || !keys_ok(f)) return fail(c, "malformed delete");
-        bool existed = data_.erase(f[0]) > 0;
-        c.out += message(kOk, {existed ? "1" : "0"});
-        return true;
-      }
-      case kCheck: {
-        if (!keys_ok(f)) return fail(c, "malformed check");
-        std::vector<std::string_view> missing;
-        for (auto& k : f)
-          if (!data_.count(k)) missing.push_back(k);
-        c.out += message(kOk, missing);
-        return true;
-      }
-      default:
-        return fail(c, "unknown request " + std::to_string(op));
-    }
-  }
-
-  // Hello, then proof. Anything that is not a collie client of this version
-  // is dropped without a word; a collie client of another job or without
-  // the secret is told why, and the refusal logged with its address.
-  bool handshake(Conn& c, uint8_t op, const std::vector<std::string>& f) {
-    if (c.client_nonce.empty()) {
-      if (op != kHello || f.size() != 3 || f[0] != kMagic || f[2].size() != auth::kNonceBytes) {
-        c.fd.reset();
-        return false;
-      }
-      if (f[1] != auth_.job)
-        return refuse(c, "this store serves job '" + auth_.job + "' and the client is of job '" +
-                             f[1].substr(0, 300) +
-                             "' (a rank of another job pointed at this store's port?)");
-      c.client_nonce = f[2];
-      c.server_nonce = auth::fresh_nonce();
-      std::string_view sn = auth::view(c.server_nonce);
-      c.out += message(kOk, {sn, mac_view(server_mac(auth_.secret, auth_.job, f[2], sn))});
-      return true;
-    }
-    if (op != kProof || f.size() != 1) {
-      c.fd.reset();
-      return false;
-    }
-    if (!auth::same(client_mac(auth_.secret, auth_.job, c.client_nonce, auth::view(c.server_nonce)),
-                    f[0]))
-      return refuse(c, "the job secret does not match");
-    c.authed = true;
-    c.out += message(kOk, {});
-    return true;
-  }
-
-  // Says why before closing, so that the client can tell a refusal from a
-  // crash; and logs it here, with the address, for whoever runs rank 0.
-  bool refuse(Conn& c, const std::string& why) {
-    log::warn("store on port " + std::to_string(port_) + ": refused a client at " +
-              net::peer_host(c.fd.get()) + ": " + why);
-    c.out += message(kRefused, {why});
-    c.closing = true;
-    return false;
-  }
-
-  static bool keys_ok(const std::vector<std::string>& keys) {
-    return std::all_of(keys.begin(), keys.end(), [](auto& k) { return k.size() <= kMaxKey; });
-  }
-
-  bool fail(Conn& c, const std::string& why) {
-    c.out += message(kFailed, {why});
-    return true;
-  }
-
-  void answer_if_ready(Conn& c) {
-    for (auto& k : c.parked)
-      if (!data_.count(k)) return;
-    c.out += c.parked_op == kGet ? message(kOk, {data_[c.parked[0]]}) : message(kOk, {});
-    c.parked.clear();
-    c.parked_op = 0;
-  }
-
-  void wake_parked() {
-    for (auto& c : conns_)
-      if (c.fd.valid() && c.parked_op) answer_if_ready(c);
-  }
-
   void flush(Conn& c) {
-    while (c.has_output()) {
-      ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_at, c.out.size() - c.out_at,
+    Session& s = *c.s;
+    while (s.has_output()) {
+      ssize_t n = ::send(c.fd.get(), s.out.data() + s.out_at, s.out.size() - s.out_at,
                          MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n > 0) {
-        c.out_at += static_cast<size_t>(n);
+        s.out_at += static_cast<size_t>(n);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -424,17 +195,16 @@ class Server final : public TcpStoreServer {
       return;
     }
     // Advancing an offset instead of erasing keeps a 64 MiB reply linear.
-    c.out.clear();
-    c.out_at = 0;
+    s.out.clear();
+    s.out_at = 0;
   }
 
   net::Fd listener_;
-  const StoreAuth auth_;
+  ServerProtocol proto_;
   int port_ = 0;
   net::Fd wake_r_, wake_w_;
   std::atomic<bool> stop_{false};
   std::vector<Conn> conns_;
-  std::map<std::string, std::string> data_;
   std::thread thread_;
 };
 
@@ -640,16 +410,24 @@ class TcpStoreClient final : public TcpStore {
     exchange(message(kProof, {proof}));
   }
 
-  // Connects again after a timed-out request; a store that cannot be
-  // reached now is lost for good, and every later call says so.
-  void reconnect() {
+  // Connects again after a timed-out request, within the request's own
+  // deadline `limit` where that comes first: a store that does not answer
+  // in time is a timeout of that request, as on the old connection. A store
+  // that cannot be reached within kReconnectTime is lost for good, and
+  // every later call says so.
+  void reconnect(Deadline limit) {
+    const Deadline own = net::deadline_after(kReconnectTime);
+    const Deadline deadline = std::min(limit, own);
     try {
-      Deadline deadline = net::deadline_after(kReconnectTime);
       fd_ = net::connect_tcp(ep_, deadline, who_ + ": reconnecting to " + where());
       hello(deadline);
     } catch (const Error& e) {
       fd_.reset();
       if (e.code() == ErrorCode::invalid_argument) throw;
+      if (e.code() == ErrorCode::timeout && limit < own)
+        throw Error(ErrorCode::timeout,
+                    who_ + ": the request's deadline passed while reconnecting to " + where() +
+                        ": " + e.what());
       throw lose(e.what());
     }
   }
@@ -674,7 +452,7 @@ class TcpStoreClient final : public TcpStore {
                       " ms waiting for another thread's request to " + where() +
                       " to finish, before asking for key(s) " + list_keys(keys));
     if (!lost_.empty()) throw Error(ErrorCode::peer_lost, lost_);
-    if (!fd_.valid()) reconnect();
+    if (!fd_.valid()) reconnect(deadline);
     const std::string what = who_ + ": " + where();
     std::string r;
     try {
@@ -706,7 +484,7 @@ class TcpStoreClient final : public TcpStore {
     std::vector<std::string> missing = keys;
     if (keys.size() > 1) {
       try {
-        reconnect();
+        reconnect(net::deadline_after(kReconnectTime));
         const std::string what = who_ + ": " + where();
         Deadline d = net::deadline_after(kReconnectTime);
         std::string msg = message(kCheck, views(keys));
