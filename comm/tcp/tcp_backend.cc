@@ -15,6 +15,7 @@
 #include "comm/host_executor.h"
 #include "comm/net/auth.h"
 #include "comm/net/socket.h"
+#include "comm/tcp/handshake.h"
 #include "comm/tcp/tcp_mesh.h"
 
 namespace collie::tcp {
@@ -22,63 +23,6 @@ namespace collie::tcp {
 namespace {
 
 using std::chrono::milliseconds;
-
-// The first bytes on every mesh connection: who is calling, for which
-// communicator, which of its connections to this rank it is (`lane` of
-// `lanes`), and a fresh nonce. Fixed size so that a stray client's garbage
-// is read in one bounded piece and refused. Then the acceptor answers with a
-// Challenge (its nonce and its proof that it knows the job secret), the
-// connector with its own proof, and the acceptor with kAck: the handshake of
-// comm/net/auth.h, with the hello's bytes and the job identity under both
-// MACs.
-struct Hello {
-  uint32_t magic;
-  uint32_t version;
-  int32_t from;
-  int32_t to;
-  int16_t lane;
-  int16_t lanes;
-  char key[108];
-  uint8_t nonce[auth::kNonceBytes];
-};
-static_assert(sizeof(Hello) == 160);
-struct Challenge {
-  uint8_t nonce[auth::kNonceBytes];
-  uint8_t mac[auth::kMacBytes];
-};
-constexpr uint32_t kHelloMagic = 0x434c4c48;  // "CLLH"
-constexpr uint32_t kVersion = 3;
-constexpr char kAck[4] = {'c', 'o', 'k', '1'};
-
-Hello make_hello(int from, int to, int lane, int lanes, const std::string& key) {
-  Hello h{};
-  h.magic = kHelloMagic;
-  h.version = kVersion;
-  h.from = from;
-  h.to = to;
-  h.lane = static_cast<int16_t>(lane);
-  h.lanes = static_cast<int16_t>(lanes);
-  std::strncpy(h.key, key.c_str(), sizeof h.key - 1);
-  auth::Nonce n = auth::fresh_nonce();
-  std::memcpy(h.nonce, n.data(), n.size());
-  return h;
-}
-
-template <typename T>
-std::string_view bytes_of(const T& v) {
-  return {reinterpret_cast<const char*>(&v), sizeof v};
-}
-
-// The acceptor's and the connector's proofs: distinct labels, so that
-// neither can be reflected back as the other's.
-auth::Mac mesh_mac(const config::Launch& l, std::string_view side, const Hello& h,
-                   std::string_view acceptor_nonce) {
-  return auth::mac(l.secret, {"collie-mesh-3", side, l.job, bytes_of(h), acceptor_nonce});
-}
-
-std::string_view mac_bytes(const uint8_t (&m)[auth::kMacBytes]) {
-  return {reinterpret_cast<const char*>(m), auth::kMacBytes};
-}
 
 // Builds the full mesh, `lanes` connections to each peer (peer-major, as
 // Mesh takes them): connect to lower ranks, accept higher ones.
@@ -88,6 +32,7 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
   auto deadline = net::deadline_after(s.launch.timeout);
   std::string who = names(rank);
   std::vector<net::Fd> peers(static_cast<size_t>(n * lanes));
+  const HandshakeKeys secrets{s.launch.secret, s.launch.job};
 
   net::Fd listener = net::listen_tcp(s.listen_host, 0, who + ": mesh listener");
   std::string addr = net::Endpoint{s.listen_host.empty() ? "127.0.0.1" : s.listen_host,
@@ -110,7 +55,7 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
         net::parse_endpoint(collie::to_string(s.store->get(keys[q])), "address of " + names(q));
     std::string what = who + ": connecting to " + names(q) + " at " + ep.str();
     net::Fd fd = net::connect_tcp(ep, deadline, what);
-    const Hello h = make_hello(rank, q, c % lanes, lanes, s.key);
+    const Hello h = make_hello(rank, q, c % lanes, lanes, s.key, auth::fresh_nonce());
     net::write_full(fd.get(), &h, sizeof h, deadline, what);
     auto refused = [&](const Error& e) {
       if (e.code() != ErrorCode::peer_lost) throw e;
@@ -125,12 +70,12 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
     } catch (const Error& e) {
       throw refused(e);
     }
-    const std::string_view acceptor_nonce = bytes_of(ch.nonce);
-    const auth::Mac proof = mesh_mac(s.launch, "connector", h, acceptor_nonce);
+    const auth::Mac proof =
+        connector_mac(secrets, h, {reinterpret_cast<const char*>(ch.nonce), sizeof ch.nonce});
     // The proof goes out even when the acceptor's is wrong, so that the
     // acceptor logs the refusal with this rank's address.
     net::write_full(fd.get(), proof.data(), proof.size(), deadline, what);
-    if (!auth::same(mesh_mac(s.launch, "acceptor", h, acceptor_nonce), mac_bytes(ch.mac)))
+    if (!acceptor_proved(secrets, h, ch))
       throw Error(ErrorCode::invalid_argument,
                   what +
                       ": it could not prove that it knows this job's secret (COLLIE_JOB_SECRET "
@@ -150,15 +95,11 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
   // with its own short handshake deadline, so a stray client that sends
   // nothing or garbage is dropped without holding up the real peers. A
   // connection in its handshake reads the hello, then (once the challenge is
-  // sent) the connector's proof.
+  // sent) the connector's proof (comm/tcp/handshake.h).
   struct Pending {
     net::Fd fd;
-    Hello hello{};
-    size_t got = 0;
     net::Deadline deadline;
-    bool challenged = false;
-    auth::Nonce nonce{};
-    uint8_t proof[auth::kMacBytes]{};
+    AcceptorHandshake hs;
   };
   std::vector<Pending> pending;
   std::string refused;  // the last refusal, for the timeout's message
@@ -192,53 +133,41 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
     if (pfds[0].revents & POLLIN) {
       int fd = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0)
-        pending.push_back({net::Fd(fd), {}, 0, std::min(deadline, now + std::chrono::seconds(10))});
+        pending.push_back({net::Fd(fd), std::min(deadline, now + std::chrono::seconds(10)),
+                           AcceptorHandshake(secrets, rank, n, s.key, auth::fresh_nonce())});
     }
     for (size_t i = 0; i < pending.size();) {
       Pending& p = pending[i];
       bool drop = now >= p.deadline;
-      char* into =
-          p.challenged ? reinterpret_cast<char*>(p.proof) : reinterpret_cast<char*>(&p.hello);
-      const size_t want = p.challenged ? sizeof p.proof : sizeof p.hello;
+      auto step = AcceptorHandshake::Step::reading;
       if (!drop && (pfds.size() > i + 1 && pfds[i + 1].revents)) {
-        ssize_t got = ::recv(p.fd.get(), into + p.got, want - p.got, MSG_DONTWAIT);
+        ssize_t got = ::recv(p.fd.get(), p.hs.into(), p.hs.want(), MSG_DONTWAIT);
         if (got > 0)
-          p.got += static_cast<size_t>(got);
+          step = p.hs.advance(static_cast<size_t>(got));
         else if (got == 0 || (errno != EAGAIN && errno != EINTR))
           drop = true;
       }
-      if (!drop && p.got == want && !p.challenged) {
-        const Hello& h = p.hello;
-        bool ok = h.magic == kHelloMagic && h.version == kVersion && h.to == rank &&
-                  h.from > rank && h.from < n && h.lane >= 0 && h.lanes > 0 &&
-                  std::string(h.key, strnlen(h.key, sizeof h.key)) == s.key;
-        if (ok) {
-          // Answer with this side's nonce and proof; the connector's proof
-          // comes next. A challenge is 64 bytes on a fresh socket: it fits
-          // in the send buffer, so the write does not wait.
-          p.nonce = auth::fresh_nonce();
-          Challenge ch{};
-          std::memcpy(ch.nonce, p.nonce.data(), p.nonce.size());
-          const auth::Mac m = mesh_mac(s.launch, "acceptor", h, auth::view(p.nonce));
-          std::memcpy(ch.mac, m.data(), m.size());
-          try {
-            net::write_full(p.fd.get(), &ch, sizeof ch, p.deadline,
-                            who + ": answering " + net::peer_host(p.fd.get()));
-            p.challenged = true;
-            p.got = 0;
-          } catch (const Error&) {
-            drop = true;  // it hung up: whoever it was, the real peers go on
-          }
-        } else {
-          refuse(net::peer_host(p.fd.get()) +
-                 " that is not a rank of this communicator (a stray client, or another job's "
-                 "rank)");
-          drop = true;
+      using Step = AcceptorHandshake::Step;
+      if (drop || step == Step::reading) {
+        // (nothing more to do with it now)
+      } else if (step == Step::challenge) {
+        // Answer with this side's nonce and proof; the connector's proof
+        // comes next. A challenge is 64 bytes on a fresh socket: it fits in
+        // the send buffer, so the write does not wait.
+        try {
+          net::write_full(p.fd.get(), p.hs.challenge().data(), p.hs.challenge().size(), p.deadline,
+                          who + ": answering " + net::peer_host(p.fd.get()));
+        } catch (const Error&) {
+          drop = true;  // it hung up: whoever it was, the real peers go on
         }
-      } else if (!drop && p.got == want) {
-        const Hello& h = p.hello;
-        if (!auth::same(mesh_mac(s.launch, "connector", h, auth::view(p.nonce)),
-                        mac_bytes(p.proof))) {
+      } else if (step == Step::stranger) {
+        refuse(net::peer_host(p.fd.get()) +
+               " that is not a rank of this communicator (a stray client, or another job's "
+               "rank)");
+        drop = true;
+      } else {
+        const Hello& h = p.hs.hello();
+        if (step == Step::unproved) {
           refuse(net::peer_host(p.fd.get()) + " claiming to be " + names(h.from) +
                  " that could not prove it knows this job's secret");
         } else if (h.lanes != lanes) {
