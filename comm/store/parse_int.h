@@ -10,11 +10,13 @@
 namespace collie::store_detail {
 
 inline bool parse_i64(const std::string& s, int64_t& v) {
-  if (s.empty()) return false;
+  // strtoll alone would also take leading blanks and a plus sign.
+  if (s.empty() || !(s[0] == '-' || (s[0] >= '0' && s[0] <= '9'))) return false;
   char* end = nullptr;
   errno = 0;
   long long x = std::strtoll(s.c_str(), &end, 10);
-  if (*end != '\0' || errno == ERANGE) return false;
+  // (The end, not a NUL inside: "7\0x" is not a number.)
+  if (end != s.c_str() + s.size() || errno == ERANGE) return false;
   v = x;
   return true;
 }
