@@ -311,7 +311,16 @@ TEST(TcpStore, ASetWithItsOwnDeadlineGivesUpAtItNotTheStores) {
   e = error_of([&] { p.set("k2", to_bytes("x"), 200ms); });
   EXPECT_EQ(e.code, ErrorCode::timeout) << e.msg;
   EXPECT_TRUE(contains(e.msg, "'pre/k2' after 200 ms")) << e.msg;
+  // The next request reconnects (the timed-out one dropped its
+  // connection): the stopped store accepts, and never answers the
+  // handshake. That is this request's timeout, within its own deadline, and
+  // not a store lost for good.
+  e = error_of([&] { c->get("reachable", 200ms); });
+  EXPECT_EQ(e.code, ErrorCode::timeout) << e.msg;
+  EXPECT_TRUE(contains(e.msg, "deadline passed while reconnecting")) << e.msg;
   kill(server.pid, SIGCONT);
+  EXPECT_EQ(to_string(c->get("reachable")), "yes");
+  EXPECT_EQ(to_string(p.get("k")), "v");
 }
 
 TEST(TcpStore, ATimedOutGetLeavesNoStaleAnswerForTheNextRequest) {
