@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "comm/core/state_bytes.h"
+#include "comm/store/store_protocol.h"
 #include "comm/tcp/frame.h"
+#include "comm/tcp/handshake.h"
 #include "tests/fuzz/models.h"
 
 using namespace collie;
@@ -182,6 +184,70 @@ void environments() {
 
 }  // namespace
 
+// Sessions of fuzz_store.cc's command language: a command byte is
+// (what << 2) | connection, what: 0 raw bytes, 1 a request, 2 an honest
+// handshake, 3 its hello alone, 4 close and reopen. A request is its op, the
+// number of fields and, per field, an index into the target's pool (0 "a",
+// 1 "b", 4 "1", 6 INT64_MAX, 8 "7").
+void store_sessions() {
+  using namespace store_detail;
+  auto bytes = [](std::initializer_list<int> v) {
+    std::string s;
+    for (int b : v) s += static_cast<char>(b);
+    return s;
+  };
+  auto raw = [](int conn, const std::string& b) {
+    std::string s;
+    s += static_cast<char>(conn);
+    s += static_cast<char>(b.size() & 0xff);
+    s += static_cast<char>(b.size() >> 8);
+    return s + b;
+  };
+  // Two connections: one parks a get and a wait, the other sets, adds,
+  // compares and sets, deletes and checks.
+  write("store", "two-clients",
+        bytes({1, 8,       9, 5, kGet,        1,      0, 4, kSet, 2, 0,     8, 4, kAdd,
+               2, 1,       4, 4, kCompareSet, 3,      0, 8, 4,    5, kWait, 2, 0, 1,
+               4, kDelete, 1, 0, 4,           kCheck, 2, 0, 1,    4, kAdd,  2, 1, 6}));
+  // A second request while a get is parked; an unknown op; a malformed set.
+  write("store", "parked-twice", bytes({0, 8, 4, kGet, 1, 1, 4, kSet, 1, 0}));
+  write("store", "malformed", bytes({0, 8, 4, 11, 0, 4, kSet, 1, 0, 4, kAdd, 2, 0, 7}));
+  // Before the handshake: garbage, a request, a hello of another job, a
+  // proof that is not the secret's, a length over the cap.
+  write("store", "garbage", raw(0, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+  write("store", "request-first", bytes({0, 4, kSet, 2, 0, 1}));
+  write("store", "other-job",
+        raw(0, message(kHello, {kMagic, "another job", std::string(auth::kNonceBytes, 'n')})));
+  write("store", "forged-proof",
+        bytes({0, 12}) + raw(0, message(kProof, {std::string(auth::kMacBytes, 'p')})));
+  write("store", "huge-length", raw(0, bytes({0xff, 0xff, 0xff, 0x7f, kHello})));
+  // A connection closed with a request parked, then reopened.
+  write("store", "close-parked", bytes({1, 8, 9, 4, kGet, 1, 0, 16, 5, kSet, 2, 0, 4}));
+}
+
+// fuzz_handshake.cc's inputs: n, rank, the mode (0 any bytes, 1 honest,
+// 2 changed in flight, 3 replayed), then the mode's bytes.
+void handshakes() {
+  auto b = [](std::initializer_list<int> v) {
+    std::string s;
+    for (int x : v) s += static_cast<char>(x);
+    return s;
+  };
+  auth::Nonce n{};
+  n.fill(7);
+  const tcp::Hello h = tcp::make_hello(3, 1, 0, 1, "collie/comm/0", n);
+  const std::string hello(reinterpret_cast<const char*>(&h), sizeof h);
+  write("handshake", "any-bytes-real-hello", b({4, 1, 0}) + hello);
+  write("handshake", "any-bytes-stranger", b({4, 1, 0}) + "GET / HTTP/1.1\r\n");
+  write("handshake", "honest", b({6, 2, 1, 1, 2, 1, 9, 159, 31}));
+  // Changed in flight: the key (refused), its padding and the nonce (both
+  // still of this communicator, and then not proved).
+  write("handshake", "changed-key", b({6, 2, 2, 0, 1, 0, 9, 20, 1}));
+  write("handshake", "changed-padding", b({6, 2, 2, 0, 1, 0, 9, 100, 0x20}));
+  write("handshake", "changed-nonce", b({6, 2, 2, 0, 1, 0, 9, 140, 1}));
+  write("handshake", "replayed", b({3, 0, 3, 1, 1, 0, 5}));
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: fuzz_make_seeds DIR (e.g. tests/fuzz/corpus)\n");
@@ -192,6 +258,8 @@ int main(int argc, char** argv) {
   checkpoints();
   hook_specs();
   environments();
+  store_sessions();
+  handshakes();
   std::printf("fuzz_make_seeds: seeds written under %s\n", root.c_str());
   return 0;
 }
