@@ -61,10 +61,13 @@ void make_rendezvous(const Options& options, BackendContext& ctx) {
       throw Error(ErrorCode::invalid_argument, launch.no_rendezvous);
     std::shared_ptr<TcpStoreServer> server;
     int port = launch.master_port;
-    if (launch.rank == 0) server = store_server(port, launch);
+    // Under collie-run the launcher serves the store, and rank 0 is one
+    // more client: the store outlives any rank.
+    if (launch.rank == 0 && !launch.launcher_store) server = store_server(port, launch);
     if (server) port = server->port();
-    auto client = TcpStore::connect(launch.master_addr, port, {launch.secret, launch.job},
-                                    launch.timeout, who);
+    auto client =
+        TcpStore::connect(launch.master_addr, port, {launch.secret, launch.job}, launch.timeout,
+                          who, launch.launcher_store ? "collie-run on node 0" : "rank 0");
     ctx.listen_host = client->local_address();
     ctx.store = std::move(client);
     ctx.keep_alive = server;

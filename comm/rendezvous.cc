@@ -57,10 +57,12 @@ void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
       return;
     } catch (const Error& e) {
       if (e.code() == ErrorCode::peer_lost)
-        throw Error(ErrorCode::peer_lost, "rendezvous on " + who +
-                                              " lost the store that rank 0 serves (rank 0 exited, "
-                                              "perhaps at its own deadline) while " +
-                                              missing_ranks() + ": " + e.what());
+        throw Error(ErrorCode::peer_lost,
+                    "rendezvous on " + who +
+                        " lost the rendezvous store (did rank 0, or the collie-run "
+                        "of node 0, that serves it exit, perhaps at its own "
+                        "deadline?) while " +
+                        missing_ranks() + ": " + e.what());
       if (e.code() != ErrorCode::timeout) throw;
       try {
         for (int q = 0; q < n; ++q)

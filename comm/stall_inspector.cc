@@ -159,8 +159,9 @@ Error StallInspector::explain(const OpDesc& desc, const Error& e) {
     unreachable_.store(true);
     return Error(e.code(), std::string(e.what()) +
                                "; the store could not be reached to ask the other ranks where "
-                               "they are (this rank is cut off from rank 0, or rank 0 is dead "
-                               "or stopped): " +
+                               "they are (this rank is cut off from the store's host, or the "
+                               "process that serves it, rank 0 or collie-run, is dead or "
+                               "stopped): " +
                                s.what());
   }
   for (int q = 0; q < size_; ++q) {

@@ -12,7 +12,7 @@
 // until a rank times out. The rank whose op timed out sets every other
 // rank's ask key, and waits a short while (a quarter of the timeout, within
 // 1 to 5 s) for their answers. A rank that answers is alive, whatever it
-// is doing; one that does not is dead, stopped, or cut off from rank 0.
+// is doing; one that does not is dead, stopped, or cut off from the store.
 #pragma once
 
 #include <atomic>

@@ -236,29 +236,58 @@ TEST_F(Launcher, NodeZeroOfSeveralSaysWhichPortItPicked) {
   EXPECT_EQ(torch_port, port + 1) << "every node computes torch's port from the one given";
 }
 
-TEST_F(Launcher, OnlyRankZeroGetsTheListeningStoreSocket) {
+TEST_F(Launcher, TheLauncherServesTheStoreAndNoRankHoldsASocket) {
   // Every rank counts the sockets it holds and looks for the descriptor the
-  // launcher's parent leaked (kLeakedFd); rank 0 finds the inode of
-  // COLLIE_STORE_FD among the sockets in LISTEN state (0A) on COLLIE_MASTER_PORT.
+  // launcher's parent leaked (kLeakedFd); each finds a socket in LISTEN
+  // state (0A) on COLLIE_MASTER_PORT that none of them holds: collie-run's.
   static_assert(kLeakedFd == 9);
   const std::string prog = R"sh(
     n=0
     for f in /proc/$$/fd/*; do case $(readlink $f) in socket:*) n=$((n+1));; esac; done
-    echo sockets $n
+    echo sockets $n launcher-store ${COLLIE_LAUNCHER_STORE:-unset} ${COLLIE_STORE_FD:-nofd}
     [ -e /proc/$$/fd/9 ] && echo leaked
-    if [ -n "$COLLIE_STORE_FD" ]; then
-      ino=$(readlink /proc/$$/fd/$COLLIE_STORE_FD | tr -dc 0-9)
-      awk -v p=":$(printf %04X $COLLIE_MASTER_PORT)" -v i=$ino \
-        '$4 == "0A" && substr($2, length($2) - 4) == p && $10 == i {print "listening on the port"}' \
-        /proc/net/tcp /proc/net/tcp6
-    fi)sh";
+    awk -v p=":$(printf %04X $COLLIE_MASTER_PORT)" \
+      '$4 == "0A" && substr($2, length($2) - 4) == p {print "listening on the port"}' \
+      /proc/net/tcp /proc/net/tcp6)sh";
   auto r = run({"-n", "3", "sh", "-c", prog});
   ASSERT_EQ(r.status, 0) << r.err;
   auto out = lines(r.out);
   std::multiset<std::string> got(out.begin(), out.end());
-  EXPECT_EQ(got, (std::multiset<std::string>{"[0] sockets 1", "[0] listening on the port",
-                                             "[1] sockets 0", "[2] sockets 0"}))
+  EXPECT_EQ(got, (std::multiset<std::string>{
+                     "[0] sockets 0 launcher-store 1 nofd", "[0] listening on the port",
+                     "[1] sockets 0 launcher-store 1 nofd", "[1] listening on the port",
+                     "[2] sockets 0 launcher-store 1 nofd", "[2] listening on the port"}))
       << r.out << r.err;
+}
+
+// --keep-going: a rank that fails does not stop the others.
+TEST_F(Launcher, KeepGoingLetsTheOthersFinishAfterARankIsKilled) {
+  auto r = run({"--keep-going", "-n", "3", "sh", "-c",
+                "if [ $RANK = 1 ]; then kill -9 $$; fi; sleep 2; echo survived $RANK"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "[0] survived 0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[2] survived 2")) << r.out;
+  EXPECT_TRUE(contains(r.err,
+                       "rank 1 was killed by signal SIGKILL; --keep-going: the other "
+                       "ranks go on"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 1 was lost: was killed by signal SIGKILL")) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 0 finished: exited with status 0")) << r.err;
+  EXPECT_FALSE(contains(r.err, "the job failed")) << r.err;
+}
+
+TEST_F(Launcher, KeepGoingFailsTheJobWhenARankExitsNonZeroOrNoneFinishes) {
+  auto r = run({"--keep-going", "-n", "3", "sh", "-c",
+                "if [ $RANK = 1 ]; then exit 3; fi; sleep 2; echo survived $RANK"});
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_TRUE(contains(r.out, "[0] survived 0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[2] survived 2")) << r.out;
+  EXPECT_TRUE(contains(r.err, "rank 1 failed: exited with status 3")) << r.err;
+  r = run({"--keep-going", "-n", "2", "sh", "-c", "kill -9 $$"});
+  EXPECT_EQ(r.status, 128 + SIGKILL) << r.err;
+  r = run({"--keep-going", "--max-restarts", "1", "-n", "2", "true"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "give one")) << r.err;
 }
 
 TEST_F(Launcher, AFailingRankEndsTheJobWithItsStatus) {
@@ -544,7 +573,7 @@ TEST_F(Launcher, ARestartStartsTheWholeGroupAgainWithAFreshRendezvous) {
     EXPECT_EQ(m0, "3") << "TORCHELASTIC_MAX_RESTARTS: " << r.out;
     EXPECT_EQ(p0, p1) << "both ranks of a round meet at one store: " << r.out;
     EXPECT_EQ(s0, s1) << r.out;
-    EXPECT_EQ(fd0, "3") << "rank 0 holds each round's store socket: " << r.out;
+    EXPECT_EQ(fd0, "nofd") << "collie-run serves each round's store itself: " << r.out;
     EXPECT_EQ(fd1, "nofd") << r.out;
     ports.insert(p0);
     secrets.insert(s0);

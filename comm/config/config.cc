@@ -93,6 +93,8 @@ std::optional<int> port_from_job_id(const Env& env) {
   return std::nullopt;
 }
 
+}  // namespace
+
 // What tells this job apart from another that reaches the same store or
 // mesh: the launcher's job id where it gives one (COLLIE_JOB_ID, torchrun's
 // run id, Open MPI's and SLURM's job ids), and always the world size. Sent
@@ -113,8 +115,6 @@ std::string job_identity(const Env& env, int world_size) {
     }
   return id + std::to_string(world_size) + (world_size == 1 ? " rank" : " ranks");
 }
-
-}  // namespace
 
 Launch resolve_launch(const Options& o, const Env& env) {
   Launch l;
@@ -193,6 +193,8 @@ Launch resolve_launch(const Options& o, const Env& env) {
                 " is not a file descriptor (collie-run sets it for rank 0; unset it)");
     l.store_fd = static_cast<int>(*fd);
   }
+  if (const char* v = env("COLLIE_LAUNCHER_STORE"); v && std::string_view(v) == "1")
+    l.launcher_store = true;
   if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;
   if (l.world_size > 1 && !o.store && l.store_file.empty()) {
     if (l.master_addr.empty()) {

@@ -37,7 +37,11 @@ struct Launch {
   // Who the job is ("TORCHELASTIC_RUN_ID=abc, 4 ranks"): compared in clear
   // at every handshake, so that a rank of another job is refused by name.
   std::string job;
-  int store_fd = -1;       // listening socket handed down by collie-run (rank 0)
+  int store_fd = -1;  // listening socket handed down by collie-run (rank 0)
+  // COLLIE_LAUNCHER_STORE=1: the launcher (collie-run on node 0) serves the
+  // store at master_addr:master_port for the job's life, and rank 0 is one
+  // more client, so the store outlives any rank (rank 0 included).
+  bool launcher_store = false;
   std::string store_file;  // COLLIE_STORE_FILE: rendezvous through a shared file instead
   std::string source;      // which launcher's variables were used, for messages
   // Why no rendezvous store can be made ("" when one can): an error only
@@ -47,6 +51,9 @@ struct Launch {
 };
 
 Launch resolve_launch(const Options& options, const Env& env);
+// The job identity a rank of `world_size` ranks resolves from `env`
+// (Launch::job), for a launcher that serves the store.
+std::string job_identity(const Env& env, int world_size);
 
 // The environment with COLLIE_TUNING_FILE's settings under it: a file of
 // NAME=value lines (# comments), written by `collie-bench --tune`, whose

@@ -1,8 +1,8 @@
 // comm/launch/collie_run.cc: collie-run, the launcher.
 //
 //   collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]
-//              [--max-restarts M] [--grace-seconds S] [--log-dir D] [--no-prefix]
-//              prog args...
+//              [--max-restarts M | --keep-going] [--grace-seconds S] [--log-dir D]
+//              [--no-prefix] prog args...
 //
 // Starts N local ranks of a K-node job with collie's and torchrun's launch
 // variables, prefixes every output line with the rank, forwards SIGINT,
@@ -23,10 +23,19 @@
 // on one node: the launchers of several nodes do not talk to each other, so
 // none could tell the others to begin a new round.
 //
-// Node 0's launcher binds the store's listening socket itself (on the given
-// port, or one the kernel picks) and hands the open socket to rank 0 as
-// COLLIE_STORE_FD: no other process can take the port between choosing it and
-// using it, which a find-a-free-port-then-tell-rank-0 scheme cannot promise.
+// With --keep-going, a failed rank is reported and the others go on: for
+// programs whose survivors shrink the communicator and carry on
+// (Communicator::shrink). The job then fails only if a rank exits with a
+// non-zero status, or no rank finishes; ranks killed by a signal are named
+// as lost.
+//
+// Node 0's launcher serves the rendezvous store itself (as torchrun's agent
+// does), on a socket it binds before any rank starts (on the given port, or
+// one the kernel picks): no other process can take the port between choosing
+// it and using it, and the store outlives every rank, rank 0 included, so
+// that survivors can still agree through it and the stall inspector can
+// still report. The ranks see COLLIE_LAUNCHER_STORE=1, and rank 0 connects
+// as one more client.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -44,11 +53,13 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "collie/store.h"
 #include "comm/config/config.h"
 #include "comm/core/log.h"
 #include "comm/core/topology.h"
@@ -59,7 +70,6 @@ namespace {
 using collie::net::Clock;
 using collie::net::Deadline;
 
-constexpr int kStoreFd = 3;             // where rank 0 finds the store socket
 constexpr size_t kMaxLine = 64 * 1024;  // longer lines are cut, not buffered forever
 constexpr auto kPipeDrain = std::chrono::seconds(2);
 // After the first failure, how long the other ranks have to end on their
@@ -69,24 +79,28 @@ constexpr size_t kTailLines = 10;  // of each rank's output, for the summary
 
 constexpr const char* kUsage =
     "usage: collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]\n"
-    "                  [--max-restarts M] [--grace-seconds S] [--log-dir D] [--no-prefix]\n"
-    "                  program [args...]\n"
+    "                  [--max-restarts M | --keep-going] [--grace-seconds S] [--log-dir D]\n"
+    "                  [--no-prefix] program [args...]\n"
     "  -n N               ranks to start on this node\n"
     "  --nnodes K         nodes in the job (default 1)\n"
     "  --node-rank R      this node's index, 0..K-1 (default 0)\n"
     "  --master-addr A    rank 0's host (default 127.0.0.1; required on nodes > 0)\n"
-    "  --master-port P    rank 0's store port (default on node 0: a free port;\n"
+    "  --master-port P    the store's port (default on node 0: a free port;\n"
     "                     required on nodes > 0)\n"
     "  --max-restarts M   when a rank fails, stop every rank and start them all again\n"
     "                     with a fresh rendezvous, up to M times (default 0); ranks\n"
     "                     read the count in COLLIE_RESTART_COUNT and should resume\n"
     "                     from a checkpoint; one node only\n"
+    "  --keep-going       a rank that fails does not stop the others (for programs\n"
+    "                     whose survivors shrink the communicator and go on); the job\n"
+    "                     fails if a rank exits non-zero or none finishes\n"
     "  --grace-seconds S  after a rank fails, SIGKILL the rest S s after SIGTERM\n"
     "                     (default 5, or $COLLIE_RUN_GRACE)\n"
     "  --log-dir D        also write each rank's output to D/rank.<rank>.log\n"
     "  --no-prefix        pass output through without the '[rank] ' prefix\n"
     "A job on several nodes needs the same COLLIE_JOB_SECRET exported on every node.\n"
-    "Ranks inherit only stdin, stdout and stderr (rank 0 also the store socket).\n";
+    "Node 0's collie-run serves the rendezvous store itself, so that it outlives every\n"
+    "rank; ranks inherit only stdin, stdout and stderr.\n";
 
 struct Args {
   int nproc = -1;
@@ -96,6 +110,7 @@ struct Args {
   int master_port = -1;  // -1: not given
   int grace_seconds = 5;
   int max_restarts = 0;
+  bool keep_going = false;
   bool prefix = true;
   std::string log_dir;
   std::vector<std::string> prog;
@@ -151,6 +166,10 @@ Args parse_args(int argc, char** argv) {
       a.prefix = false;
       continue;
     }
+    if (flag == "--keep-going") {
+      a.keep_going = true;
+      continue;
+    }
     auto take = [&]() -> std::string {
       if (has_value) return value;
       if (i + 1 >= argc) usage_error(flag + " needs a value");
@@ -193,6 +212,10 @@ Args parse_args(int argc, char** argv) {
         "of every node in the same round, and the node launchers do not talk to each "
         "other; on several nodes, let the scheduler restart the whole job (each node's "
         "launcher exits with the failing rank's status)");
+  if (a.max_restarts > 0 && a.keep_going)
+    usage_error(
+        "--keep-going and --max-restarts ask for opposite things after a failure (the "
+        "survivors go on, or every rank starts again); give one");
   if (a.master_addr.empty()) a.master_addr = "127.0.0.1";
   return a;
 }
@@ -260,7 +283,7 @@ class Job {
   explicit Job(Args a) : a_(std::move(a)), world_(a_.nnodes * a_.nproc) {}
 
   int run() {
-    if (!prepare()) return 2;
+    if (!prepare() || !serve_store()) return 2;
     if (!a_.log_dir.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(a_.log_dir, ec);
@@ -283,6 +306,7 @@ class Job {
     if (root_cause_) print_summary();
     if (first_failure_) return exit_code(*first_failure_);
     if (stop_signal_) return 128 + stop_signal_;
+    if (!lost_.empty()) return kept_going();
     return 0;
   }
 
@@ -391,6 +415,25 @@ class Job {
     return true;
   }
 
+  // Node 0: serves the round's store from collie-run itself, on the socket
+  // open_store() bound, so that it outlives every rank (rank 0 included).
+  // Started once prepare() has blocked the handled signals, so that the
+  // server's thread inherits the mask and never takes a SIGCHLD meant for
+  // the signalfd. The last round's server goes first.
+  bool serve_store() {
+    if (a_.node_rank != 0) return true;
+    server_.reset();
+    try {
+      const collie::StoreAuth auth{
+          secret_, collie::config::job_identity(collie::config::process_env(), world_)};
+      server_ = collie::TcpStoreServer::start(0, auth, store_.release());
+    } catch (const collie::Error& e) {
+      std::fprintf(stderr, "collie-run: serving the store: %s\n", e.what());
+      return false;
+    }
+    return true;
+  }
+
   bool spawn(int local) {
     Rank& r = ranks_.emplace_back();
     r.rank = a_.node_rank * a_.nproc + local;
@@ -432,7 +475,6 @@ class Job {
       r.out = {out[0], STDOUT_FILENO, {}};
       r.err = {err[0], STDERR_FILENO, {}};
     }
-    if (r.rank == 0) store_.reset();  // rank 0 holds the only copy from now on
     return true;
   }
 
@@ -456,17 +498,9 @@ class Job {
       dup2(out, STDOUT_FILENO);
       dup2(err, STDERR_FILENO);
     }
-    int first_closed = kStoreFd;
+    // Nothing past stderr: the store is served here, not by rank 0.
+    const int first_closed = 3;
     unsetenv("COLLIE_STORE_FD");
-    if (store_.valid()) {
-      // dup2 onto a fixed number also clears FD_CLOEXEC, for this child only.
-      if (store_.get() == kStoreFd)
-        collie::net::set_cloexec(kStoreFd, false);
-      else
-        dup2(store_.get(), kStoreFd);
-      setenv("COLLIE_STORE_FD", std::to_string(kStoreFd).c_str(), 1);
-      first_closed = kStoreFd + 1;
-    }
     // Whatever our own parent leaked to us is not the ranks' business.
     if (close_range(first_closed, ~0u, 0) != 0)
       for (int fd = first_closed; fd < 65536; ++fd) close(fd);
@@ -481,6 +515,7 @@ class Job {
     set("COLLIE_MASTER_ADDR", a_.master_addr);
     set("COLLIE_MASTER_PORT", std::to_string(port_));
     set("COLLIE_JOB_SECRET", secret_);
+    set("COLLIE_LAUNCHER_STORE", "1");
     set("COLLIE_RESTART_COUNT", std::to_string(restarts_));
     set("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_));
     set("TORCHELASTIC_MAX_RESTARTS", std::to_string(a_.max_restarts));
@@ -550,11 +585,13 @@ class Job {
     // reach the new one. Opened before the old round's state goes, so that
     // failing to open it still ends with the old round's summary.
     ++restarts_;
-    if (!open_store()) {
+    const std::string old_secret = secret_;
+    if (a_.env.job_secret.empty()) secret_ = random_secret();
+    if (!open_store() || !serve_store()) {
       --restarts_;
+      secret_ = old_secret;
       return false;
     }
-    if (a_.env.job_secret.empty()) secret_ = random_secret();
     char when[64];
     std::snprintf(when, sizeof when, "%.2f s after the %s", root.ended_s,
                   restarts_ > 1 ? "last restart" : "start");
@@ -630,6 +667,14 @@ class Job {
       bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       // Once we are stopping the job, exits are our doing, not new failures.
       if (!failed || stopping()) continue;
+      if (a_.keep_going) {
+        lost_.push_back(static_cast<size_t>(&r - ranks_.data()));
+        bool others = false;
+        for (const Rank& o : ranks_) others = others || o.running;
+        std::fprintf(stderr, "collie-run: rank %d %s%s\n", r.rank, describe(status).c_str(),
+                     others ? "; --keep-going: the other ranks go on" : "");
+        continue;
+      }
       first_failure_ = status;
       root_cause_ = static_cast<size_t>(&r - ranks_.data());
       bool others = false;
@@ -754,6 +799,31 @@ class Job {
     write_all(STDERR_FILENO, out);
   }
 
+  // --keep-going, once every rank has ended: what became of each, and the
+  // job's status: the first non-zero exit status, else failure when no
+  // rank finished, else 0 (the survivors finished; the lost are named).
+  int kept_going() const {
+    std::string out = "collie-run: ---- --keep-going: ranks failed, the others went on ----\n";
+    std::optional<int> failed_exit;
+    bool finished = false;
+    for (const Rank& r : ranks_) {
+      char when[64];
+      std::snprintf(when, sizeof when, "%.2f s after the start", r.ended_s);
+      const bool ok = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0;
+      finished = finished || ok;
+      if (!ok && WIFEXITED(r.status) && !failed_exit) failed_exit = r.status;
+      out += "collie-run: rank " + std::to_string(r.rank) +
+             (ok                    ? " finished"
+              : WIFEXITED(r.status) ? " failed"
+                                    : " was lost") +
+             ": " + describe(r.status) + (ok ? "" : ", " + std::string(when)) + "\n";
+    }
+    write_all(STDERR_FILENO, out);
+    if (failed_exit) return exit_code(*failed_exit);
+    if (!finished) return exit_code(ranks_[lost_.front()].status);
+    return 0;
+  }
+
   Args a_;
   int world_;
   std::string secret_;
@@ -761,7 +831,9 @@ class Job {
   int store_port_ = -1;    // the port of the last round's store (node 0)
   int restarts_ = 0;       // rounds started again after a failure (--max-restarts)
   int torch_port_ = -1;    // MASTER_PORT: torch.distributed's own store, beside collie's
-  collie::net::Fd store_;  // node 0: the store's listening socket until rank 0 has it
+  collie::net::Fd store_;  // node 0: the store's listening socket until served
+  std::unique_ptr<collie::TcpStoreServer> server_;  // node 0: this round's store
+  std::vector<size_t> lost_;                        // --keep-going: ranks that failed
   sigset_t handled_{}, saved_mask_{};
   int sigfd_ = -1;
   std::vector<Rank> ranks_;

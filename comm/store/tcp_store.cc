@@ -259,11 +259,13 @@ constexpr auto kReconnectTime = std::chrono::seconds(3);
 
 class TcpStoreClient final : public TcpStore {
  public:
-  TcpStoreClient(std::string host, int port, StoreAuth auth, Millis timeout, std::string who)
+  TcpStoreClient(std::string host, int port, StoreAuth auth, Millis timeout, std::string who,
+                 std::string served_by)
       : TcpStore(timeout),
         ep_{std::move(host), port},
         auth_(std::move(auth)),
-        who_(std::move(who)) {
+        who_(std::move(who)),
+        served_by_(std::move(served_by)) {
     std::string what = who_ + ": connecting to " + where();
     Deadline deadline = net::deadline_after(timeout);
     fd_ = net::connect_tcp(ep_, deadline, what);
@@ -283,7 +285,7 @@ class TcpStoreClient final : public TcpStore {
   std::string local_address() const override { return local_; }
 
   std::unique_ptr<Store> connect_again() override {
-    return std::make_unique<TcpStoreClient>(ep_.host, ep_.port, auth_, timeout_, who_);
+    return std::make_unique<TcpStoreClient>(ep_.host, ep_.port, auth_, timeout_, who_, served_by_);
   }
 
   void set(const std::string& key, const Bytes& value) override { set(key, value, timeout_); }
@@ -433,8 +435,8 @@ class TcpStoreClient final : public TcpStore {
   }
 
   Error lose(const std::string& cause) {
-    lost_ = who_ + ": lost the connection to " + where() +
-            " (rank 0 serves it: did it exit?): " + cause;
+    lost_ = who_ + ": lost the connection to " + where() + " (" + served_by_ +
+            " serves it: did it exit?): " + cause;
     return Error(ErrorCode::peer_lost, lost_);
   }
 
@@ -504,6 +506,7 @@ class TcpStoreClient final : public TcpStore {
   const net::Endpoint ep_;
   const StoreAuth auth_;
   const std::string who_;
+  const std::string served_by_;
   std::string local_;  // set once, by the constructor
   net::Fd fd_;         // invalid after a timed-out request, until the next call
   std::string lost_;   // why the store is gone, once it is
@@ -531,8 +534,8 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(int port, const StoreAuth&
 
 std::unique_ptr<TcpStore> TcpStore::connect(const std::string& host, int port,
                                             const StoreAuth& auth, Millis timeout,
-                                            const std::string& who) {
-  return std::make_unique<TcpStoreClient>(host, port, auth, timeout, who);
+                                            const std::string& who, const std::string& served_by) {
+  return std::make_unique<TcpStoreClient>(host, port, auth, timeout, who, served_by);
 }
 
 }  // namespace collie

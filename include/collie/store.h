@@ -97,9 +97,11 @@ class TcpStoreServer {
 class TcpStore : public Store {
  public:
   // Connects to host:port, retrying until `timeout` passes (the server may
-  // not be up yet). `who` names this client in messages ("rank 3").
+  // not be up yet). `who` names this client in messages ("rank 3"), and
+  // `served_by` the process that serves the store ("rank 0", "collie-run").
   static std::unique_ptr<TcpStore> connect(const std::string& host, int port, const StoreAuth& auth,
-                                           Millis timeout, const std::string& who);
+                                           Millis timeout, const std::string& who,
+                                           const std::string& served_by = "rank 0");
   // The local address of the connection to the server: the interface this
   // host uses to reach rank 0, which is the one its peers can reach it on.
   virtual std::string local_address() const = 0;

@@ -104,6 +104,9 @@ inline void check_launch(const config::Env& env) {
   if (fd.value)
     FUZZ_CHECK(l.store_fd == *fd.value, "store fd " + std::to_string(l.store_fd) +
                                             " resolved from " + std::to_string(*fd.value));
+  const char* launcher_store = env("COLLIE_LAUNCHER_STORE");
+  FUZZ_CHECK(l.launcher_store == (launcher_store && std::string(launcher_store) == "1"),
+             "COLLIE_LAUNCHER_STORE resolved otherwise than as written");
   // The secret is only ever the one given (never made up from the job id,
   // which travels in clear); the job identity always names the world size.
   const char* given = env("COLLIE_JOB_SECRET");
