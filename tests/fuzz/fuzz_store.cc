@@ -137,12 +137,7 @@ class Harness {
         // Whatever the bytes did to the keys, the model follows the server
         // from here; the connections still modelled may have had their
         // parked requests answered by them.
-        model_ = proto_.data();
-        // A parked request the bytes answered (by a set, perhaps undone by
-        // a delete before the model could see it) leaves the model.
-        for (auto& o : conns_)
-          if (o.modelled && o.parked_op && o.s->parked_op == 0) o.modelled = false;
-        wake_parked();
+        resync();
         break;
       }
       case 1:
@@ -190,6 +185,17 @@ class Harness {
     c.parked.clear();
   }
 
+  // After bytes the model did not follow changed what they changed: the
+  // model takes the server's keys, and a parked request they answered (by a
+  // set, perhaps undone by a delete before the model could see it) leaves
+  // the model.
+  void resync() {
+    model_ = proto_.data();
+    for (auto& o : conns_)
+      if (o.modelled && o.parked_op && o.s->parked_op == 0) o.modelled = false;
+    wake_parked();
+  }
+
   void wake_parked() {
     for (auto& o : conns_) {
       if (!o.modelled || !o.parked_op) continue;
@@ -208,7 +214,8 @@ class Harness {
     for (int n = in.byte() % 4; n > 0; --n) f.push_back(field(in));
     const bool gone = c.s->dropped || c.s->closing;
     proto_.receive(*c.s, message(op, {f.begin(), f.end()}));
-    if (!c.modelled || gone) return;
+    if (gone) return;
+    if (!c.modelled) return resync();
     if (!c.proved) {
       // Before the handshake, a request of any other kind is dropped; a
       // hello is judged by the server (its nonce is not the honest one's),
