@@ -72,6 +72,8 @@ void make_rendezvous(const Options& options, BackendContext& ctx) {
     ctx.store = std::move(client);
     ctx.keep_alive = server;
   }
+  if (ctx.store && !options.store && !launch.store_prefix.empty())
+    ctx.store = std::make_shared<PrefixStore>(ctx.store, launch.store_prefix);
 }
 
 // The backend `entry` makes for `ctx`. A host backend takes CUDA tensors

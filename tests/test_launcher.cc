@@ -105,6 +105,12 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+// A port free on this host now (the kernel's pick, given back at once).
+int free_port() {
+  auto fd = collie::net::listen_tcp("127.0.0.1", 0, "test");
+  return collie::net::local_port(fd.get());
+}
+
 class Launcher : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -531,8 +537,6 @@ TEST_F(Launcher, BadUsageSaysWhatToChange) {
        "needs --master-addr and --master-port"},
       {{"-n", "2", "--grace-seconds"}, "--grace-seconds needs a value"},
       {{"-n", "2", "--max-restarts", "-1", "true"}, "--max-restarts takes a whole number in 0.."},
-      {{"-n", "2", "--nnodes", "2", "--max-restarts", "1", "true"},
-       "--max-restarts works on one node only"},
   };
   for (const auto& c : cases) {
     auto r = run(c.args);
@@ -658,6 +662,128 @@ TEST_F(Launcher, AStopAfterAFailureIsNotRestartedEither) {
   EXPECT_TRUE(contains(summary(r.err),
                        "not restarted: collie-run was told to stop (SIGINT); restarts 0 of 3 used"))
       << r.err;
+}
+
+// With the port fixed by the user, the first round's store serves every
+// round (it holds the port; a new one could not bind it), each round's keys
+// under a prefix of its own. The restart used to fail with "port P is
+// already in use", its own store holding it.
+TEST_F(Launcher, ARestartOnAFixedPortKeepsTheStoreAndPrefixesTheRound) {
+  const std::string port = std::to_string(free_port());
+  auto r = run({"-n", "2", "--master-port", port, "--max-restarts", "2", "sh", "-c",
+                "echo $COLLIE_RESTART_COUNT $COLLIE_MASTER_PORT $COLLIE_STORE_PREFIX; "
+                "if [ $RANK = 1 ] && [ $COLLIE_RESTART_COUNT = 0 ]; then exit 3; fi"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting (attempt 1 of 2)")) << r.err;
+  auto out = lines(r.out);
+  std::set<std::string> got(out.begin(), out.end());
+  EXPECT_EQ(got,
+            (std::set<std::string>{"[0] 0 " + port + " round0/", "[1] 0 " + port + " round0/",
+                                   "[0] 1 " + port + " round1/", "[1] 1 " + port + " round1/"}))
+      << r.out;
+}
+
+// Two nodes' launchers on this host, started together on one port with one
+// secret; `node1` gets node 1's launcher pid while they run.
+std::pair<Result, Result> run_two_nodes(const std::vector<std::string>& args,
+                                        const std::function<void(pid_t)>& node1 = nullptr) {
+  const std::string port = std::to_string(free_port());
+  auto node = [&](int k) {
+    std::vector<std::string> a{"--nnodes",      "2",         "--node-rank",   std::to_string(k),
+                               "--master-addr", "127.0.0.1", "--master-port", port};
+    a.insert(a.end(), args.begin(), args.end());
+    return a;
+  };
+  const std::vector<std::string> env{"COLLIE_JOB_SECRET=two-nodes", "COLLIE_TIMEOUT=5",
+                                     "COLLIE_RUN_GRACE=1"};
+  Result r0;
+  std::thread t([&] { r0 = run(node(0), env); });
+  Result r1 = run(node(1), env, node1);
+  t.join();
+  return {r0, r1};
+}
+
+// --max-restarts on several nodes: rank 3 (node 1) fails in the first
+// round while node 0's ranks still run; node 0's launcher learns it through
+// the store, stops its ranks, and both nodes start every rank again.
+TEST_F(Launcher, ARestartOnSeveralNodesStartsEveryNodesRanksAgain) {
+  auto [a, b] = run_two_nodes({"-n", "2", "--max-restarts", "2", "sh", "-c",
+                               "echo round $COLLIE_RESTART_COUNT $COLLIE_STORE_PREFIX; "
+                               "if [ $COLLIE_RESTART_COUNT = 0 ]; then "
+                               "  if [ $RANK = 3 ]; then sleep 0.3; exit 3; fi; "
+                               "  [ $RANK = 2 ] || exec sleep 60; "
+                               "fi"});
+  EXPECT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(b.status, 0) << b.err;
+  for (const auto& [r, ranks] :
+       {std::pair{&a, std::vector{0, 1}}, std::pair{&b, std::vector{2, 3}}})
+    for (int rank : ranks)
+      for (int round : {0, 1}) {
+        const std::string line = "[" + std::to_string(rank) + "] round " + std::to_string(round) +
+                                 " round" + std::to_string(round) + "/";
+        EXPECT_TRUE(contains(r->out, line)) << line << "\n" << r->out;
+      }
+  EXPECT_TRUE(contains(a.err, "the job failed on another node: rank 3 on node 1 (pid ")) << a.err;
+  EXPECT_TRUE(contains(a.err, "exited with status 3, 0.")) << a.err;
+  EXPECT_TRUE(contains(a.err, "s after the start; stopping this node's ranks")) << a.err;
+  EXPECT_TRUE(contains(b.err, "collie-run: rank 3 exited with status 3")) << b.err;
+  for (const Result* r : {&a, &b}) {
+    EXPECT_TRUE(contains(r->err, "the job's first failure: rank 3 on node 1")) << r->err;
+    EXPECT_TRUE(
+        contains(r->err, "the ranks of all 2 nodes have ended; restarting (attempt 1 of 2)"))
+        << r->err;
+    EXPECT_FALSE(contains(r->err, "attempt 2 of 2")) << r->err;
+  }
+}
+
+// When the restarts run out, both nodes fail with the job's root cause:
+// node 1 its own rank's status and summary, node 0 the same status and the
+// other node's root cause. Node 0's ranks finish at once every round, and
+// are started again all the same.
+TEST_F(Launcher, WhenRestartsRunOutOnSeveralNodesEveryNodeFailsWithTheRootCause) {
+  auto [a, b] = run_two_nodes({"-n", "2", "--max-restarts", "1", "sh", "-c",
+                               "echo round $COLLIE_RESTART_COUNT; [ $RANK != 3 ] || exit 3"});
+  EXPECT_EQ(a.status, 3) << a.err;
+  EXPECT_EQ(b.status, 3) << b.err;
+  EXPECT_TRUE(contains(a.out, "[0] round 1")) << a.out;
+  EXPECT_TRUE(contains(summary(a.err), "root cause, on another node: rank 3 on node 1 (pid "))
+      << a.err;
+  EXPECT_TRUE(contains(summary(b.err), "root cause: rank 3 (pid ")) << b.err;
+  for (const Result* r : {&a, &b}) {
+    EXPECT_TRUE(contains(r->err, "restarting (attempt 1 of 1)")) << r->err;
+    EXPECT_TRUE(contains(summary(r->err), "no restarts left: 1 of 1 used")) << r->err;
+  }
+}
+
+// A stop asked of one node's launcher is no failure to restart from: the
+// other node's ranks are stopped too, and neither starts another round.
+TEST_F(Launcher, AStopSignalToOneNodeStopsEveryNodeWithoutARestart) {
+  auto [a, b] = run_two_nodes(
+      {"-n", "1", "--max-restarts", "3", "sh", "-c", "touch $T/ready.$RANK; exec sleep 60"},
+      [&](pid_t node1) {
+        EXPECT_TRUE(eventually([&] { return all_ready(2); }));
+        kill(node1, SIGINT);
+      });
+  EXPECT_EQ(b.status, 128 + SIGINT) << b.err;
+  EXPECT_EQ(a.status, 128 + SIGINT) << a.err;
+  EXPECT_TRUE(contains(a.err, "collie-run on node 1 was told to stop (SIGINT)")) << a.err;
+  for (const Result* r : {&a, &b}) EXPECT_FALSE(contains(r->err, "restarting")) << r->err;
+}
+
+// A node whose launcher dies (kill -9: its ranks go with it) never ends the
+// round: the other node stops waiting for it within the timeout (5 s) plus
+// the grace period plus 10 s, names it, and does not restart.
+TEST_F(Launcher, ANodeWhoseLauncherDiesIsNamedAndNothingRestarts) {
+  auto [a, b] = run_two_nodes({"-n", "1", "--max-restarts", "3", "sh", "-c",
+                               "touch $T/ready.$RANK; [ $RANK = 0 ] || exec sleep 60"},
+                              [&](pid_t node1) {
+                                EXPECT_TRUE(eventually([&] { return all_ready(2); }));
+                                kill(node1, SIGKILL);
+                              });
+  EXPECT_EQ(b.status, 128 + SIGKILL);
+  EXPECT_EQ(a.status, 1) << a.err;
+  EXPECT_TRUE(contains(a.err, "node(s) 1 did not end round 0 within 16 s")) << a.err;
+  EXPECT_FALSE(contains(a.err, "restarting")) << a.err;
 }
 
 TEST_F(Launcher, BusyMasterPortIsNamed) {

@@ -116,6 +116,20 @@ std::string job_identity(const Env& env, int world_size) {
   return id + std::to_string(world_size) + (world_size == 1 ? " rank" : " ranks");
 }
 
+// COLLIE_TIMEOUT, when set.
+static std::optional<std::chrono::milliseconds> timeout(const Env& env) {
+  auto t = parse_double("COLLIE_TIMEOUT", env("COLLIE_TIMEOUT"));
+  if (!t) return std::nullopt;
+  // At least a millisecond, which is the unit it is kept in (less would
+  // round to no deadline at all), and at most 1e9 seconds (about 31 years):
+  // deadlines are now + twice the timeout on a nanosecond clock, which a
+  // larger one would overflow.
+  if (!(*t >= 0.001 && *t <= 1e9))
+    throw bad("COLLIE_TIMEOUT=" + std::string(env("COLLIE_TIMEOUT")) +
+              " is not a number of seconds from 0.001 to 1e9");
+  return std::chrono::milliseconds(static_cast<long long>(*t * 1000.0 + 0.5));
+}
+
 Launch resolve_launch(const Options& o, const Env& env) {
   Launch l;
   auto rank = first_int(env, &Source::rank);
@@ -195,6 +209,7 @@ Launch resolve_launch(const Options& o, const Env& env) {
   }
   if (const char* v = env("COLLIE_LAUNCHER_STORE"); v && std::string_view(v) == "1")
     l.launcher_store = true;
+  if (const char* v = env("COLLIE_STORE_PREFIX"); v && *v) l.store_prefix = v;
   if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;
   if (l.world_size > 1 && !o.store && l.store_file.empty()) {
     if (l.master_addr.empty()) {
@@ -220,18 +235,10 @@ Launch resolve_launch(const Options& o, const Env& env) {
     if (const char* v = env("COLLIE_JOB_SECRET")) l.secret = v;
   l.job = job_identity(env, l.world_size);
 
-  if (o.timeout.count() > 0) {
+  if (o.timeout.count() > 0)
     l.timeout = o.timeout;
-  } else if (auto t = parse_double("COLLIE_TIMEOUT", env("COLLIE_TIMEOUT"))) {
-    // At least a millisecond, which is the unit it is kept in (less would
-    // round to no deadline at all), and at most 1e9 seconds (about 31
-    // years): deadlines are now + twice the timeout on a nanosecond clock,
-    // which a larger one would overflow.
-    if (!(*t >= 0.001 && *t <= 1e9))
-      throw bad("COLLIE_TIMEOUT=" + std::string(env("COLLIE_TIMEOUT")) +
-                " is not a number of seconds from 0.001 to 1e9");
-    l.timeout = std::chrono::milliseconds(static_cast<long long>(*t * 1000.0 + 0.5));
-  }
+  else if (auto t = timeout(env))
+    l.timeout = *t;
   return l;
 }
 
@@ -482,6 +489,7 @@ LauncherSettings launcher_settings(const Env& env) {
     return v && *v;
   };
   l.thread_count_set = set("OMP_NUM_THREADS") || set("OPENBLAS_NUM_THREADS");
+  if (auto t = timeout(env)) l.timeout = *t;
   return l;
 }
 

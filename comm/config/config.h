@@ -42,6 +42,11 @@ struct Launch {
   // store at master_addr:master_port for the job's life, and rank 0 is one
   // more client, so the store outlives any rank (rank 0 included).
   bool launcher_store = false;
+  // COLLIE_STORE_PREFIX: every key this rank puts in the store goes under
+  // it. collie-run sets "round<r>/" when the launchers of several nodes
+  // share one store across restarts, so that a round's keys never meet an
+  // earlier round's.
+  std::string store_prefix;
   std::string store_file;  // COLLIE_STORE_FILE: rendezvous through a shared file instead
   std::string source;      // which launcher's variables were used, for messages
   // Why no rendezvous store can be made ("" when one can): an error only
@@ -170,6 +175,9 @@ struct LauncherSettings {
   int grace_seconds = 5;          // COLLIE_RUN_GRACE: SIGTERM to SIGKILL, 0..86400
   std::string job_secret;         // COLLIE_JOB_SECRET ("" when unset)
   bool thread_count_set = false;  // OMP_NUM_THREADS or OPENBLAS_NUM_THREADS is set
+  // COLLIE_TIMEOUT, as the ranks read it: bounds how long the launchers of
+  // several nodes wait for each other at the end of a round.
+  std::chrono::milliseconds timeout{300000};
 };
 LauncherSettings launcher_settings(const Env& env);
 

@@ -19,9 +19,17 @@
 // a new port, and a new secret unless the user gave one), so that nothing of
 // the old round can join the new one. The ranks see the count in
 // COLLIE_RESTART_COUNT (and torchrun's TORCHELASTIC_RESTART_COUNT and
-// TORCHELASTIC_MAX_RESTARTS), and resume from their own checkpoint. Only
-// on one node: the launchers of several nodes do not talk to each other, so
-// none could tell the others to begin a new round.
+// TORCHELASTIC_MAX_RESTARTS), and resume from their own checkpoint.
+//
+// On several nodes the launchers agree through the store node 0's launcher
+// serves for the whole job (as torchrun's agents do through their
+// rendezvous): a launcher whose rank fails writes the round's failure key
+// (the first writer is the job's root cause) and every other launcher,
+// which looks for it every 200 ms, stops its own ranks; once a node's ranks
+// have all ended, its launcher says so, and when every node has, all of
+// them restart (or all stop: no restarts left, or one was told to stop).
+// The ranks of round r put their keys under "round<r>/"
+// (COLLIE_STORE_PREFIX), so nothing of an earlier round meets them.
 //
 // With --keep-going, a failed rank is reported and the others go on: for
 // programs whose survivors shrink the communicator and carry on
@@ -76,6 +84,9 @@ constexpr auto kPipeDrain = std::chrono::seconds(2);
 // own (and say why) before they are stopped.
 constexpr auto kReportWindow = std::chrono::seconds(1);
 constexpr size_t kTailLines = 10;  // of each rank's output, for the summary
+// Several nodes with --max-restarts: how often a launcher looks in the store
+// for a failure on another node (torchrun's agents poll at 0.1 to 5 s).
+constexpr auto kCheckEvery = std::chrono::milliseconds(200);
 
 constexpr const char* kUsage =
     "usage: collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]\n"
@@ -90,7 +101,8 @@ constexpr const char* kUsage =
     "  --max-restarts M   when a rank fails, stop every rank and start them all again\n"
     "                     with a fresh rendezvous, up to M times (default 0); ranks\n"
     "                     read the count in COLLIE_RESTART_COUNT and should resume\n"
-    "                     from a checkpoint; one node only\n"
+    "                     from a checkpoint; on several nodes, every node's\n"
+    "                     launcher takes part (give each the same value)\n"
     "  --keep-going       a rank that fails does not stop the others (for programs\n"
     "                     whose survivors shrink the communicator and go on); the job\n"
     "                     fails if a rank exits non-zero or none finishes\n"
@@ -206,12 +218,6 @@ Args parse_args(int argc, char** argv) {
     usage_error("node " + std::to_string(a.node_rank) +
                 " needs --master-addr and --master-port: node 0's host and the port its "
                 "launcher uses (give node 0 --master-port too, or copy the port it prints)");
-  if (a.max_restarts > 0 && a.nnodes > 1)
-    usage_error(
-        "--max-restarts works on one node only: a restart must stop and start the ranks "
-        "of every node in the same round, and the node launchers do not talk to each "
-        "other; on several nodes, let the scheduler restart the whole job (each node's "
-        "launcher exits with the failing rank's status)");
   if (a.max_restarts > 0 && a.keep_going)
     usage_error(
         "--keep-going and --max-restarts ask for opposite things after a failure (the "
@@ -284,6 +290,7 @@ class Job {
 
   int run() {
     if (!prepare() || !serve_store()) return 2;
+    if (!join_agents()) return stop_signal_ ? 128 + stop_signal_ : 2;
     if (!a_.log_dir.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(a_.log_dir, ec);
@@ -303,7 +310,8 @@ class Job {
       for (Rank& r : ranks_)
         if (r.log_fd >= 0) close(r.log_fd);
     } while (restart());
-    if (root_cause_) print_summary();
+    if (root_cause_ || remote_failure_) print_summary();
+    if (remote_failure_) return remote_exit_;
     if (first_failure_) return exit_code(*first_failure_);
     if (stop_signal_) return 128 + stop_signal_;
     if (!lost_.empty()) return kept_going();
@@ -516,6 +524,7 @@ class Job {
     set("COLLIE_MASTER_PORT", std::to_string(port_));
     set("COLLIE_JOB_SECRET", secret_);
     set("COLLIE_LAUNCHER_STORE", "1");
+    if (store_for_the_job()) set("COLLIE_STORE_PREFIX", round_key(""));
     set("COLLIE_RESTART_COUNT", std::to_string(restarts_));
     set("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_));
     set("TORCHELASTIC_MAX_RESTARTS", std::to_string(a_.max_restarts));
@@ -567,6 +576,7 @@ class Job {
         signal_ranks(SIGKILL);
         kill_at_.reset();
       }
+      watch_other_nodes();
       wait_and_handle();
     }
   }
@@ -576,18 +586,20 @@ class Job {
   // stop asked of collie-run (SIGINT, SIGTERM, SIGHUP) is never restarted,
   // nor is a round whose ranks all finished.
   bool restart() {
+    if (agents()) return restart_every_node();
     if (!first_failure_ || restarts_ >= a_.max_restarts) return false;
     handle_signals();  // one that came while the round ended wins over a restart
     if (stop_signal_) return false;
     const Rank& root = ranks_[*root_cause_];
-    // A new socket on a new port (unless the user fixed it) and a new secret
-    // (unless the user gave one): whatever is left of the old round cannot
-    // reach the new one. Opened before the old round's state goes, so that
-    // failing to open it still ends with the old round's summary.
+    // A new socket on a new port and a new secret (unless the user gave
+    // one): whatever is left of the old round cannot reach the new one.
+    // Opened before the old round's state goes, so that failing to open it
+    // still ends with the old round's summary. With the port fixed, the
+    // first round's store serves every round, each under its own prefix.
     ++restarts_;
     const std::string old_secret = secret_;
-    if (a_.env.job_secret.empty()) secret_ = random_secret();
-    if (!open_store() || !serve_store()) {
+    if (!store_for_the_job() && a_.env.job_secret.empty()) secret_ = random_secret();
+    if (!store_for_the_job() && (!open_store() || !serve_store())) {
       --restarts_;
       secret_ = old_secret;
       return false;
@@ -599,6 +611,12 @@ class Job {
                                  describe(root.status) + ", " + when + "); all " +
                                  std::to_string(ranks_.size()) + " ranks have ended; " + attempt() +
                                  " with a fresh rendezvous\n");
+    next_round();
+    return true;
+  }
+
+  // The round's state cleared for the next one.
+  void next_round() {
     ranks_.clear();
     first_failure_.reset();
     root_cause_.reset();
@@ -606,6 +624,223 @@ class Job {
     kill_at_.reset();
     drain_until_.reset();
     stop_sent_ = false;
+    remote_failure_.reset();
+  }
+
+  // ---- Several nodes with --max-restarts: the launchers agree through
+  // the store that node 0's launcher serves for the whole job. Keys:
+  //   collie-run/round<r>/failed     the round's first failure: "<exit code>\n<what>"
+  //   collie-run/round<r>/ended/<k>  node k's ranks have all ended
+  //   collie-run/round<r>/read/<k>   node k has read the round's outcome
+  //   collie-run/stop                a launcher was told to stop: no more rounds
+
+  bool agents() const { return a_.nnodes > 1 && a_.max_restarts > 0; }
+  // Whether every round uses the store of the first (under its own key
+  // prefix) rather than a new one on a new port with a new secret: on
+  // several nodes, where the other nodes know only the one port, and where
+  // the user fixed the port (the first round's store holds it).
+  bool store_for_the_job() const {
+    return a_.max_restarts > 0 && (a_.nnodes > 1 || a_.master_port >= 0);
+  }
+
+  std::string round_key(const std::string& key) const {
+    return "round" + std::to_string(restarts_) + "/" + key;
+  }
+  std::string agent_key(const std::string& key) const { return "collie-run/" + round_key(key); }
+  std::string node_name(int k) const { return "node " + std::to_string(k); }
+
+  // Connects this launcher to the job's store. A node started before node
+  // 0's launcher waits for it (up to the timeout), in slices, so that
+  // SIGINT still ends the wait.
+  bool join_agents() {
+    if (!agents()) return true;
+    const collie::StoreAuth auth{
+        secret_, collie::config::job_identity(collie::config::process_env(), world_)};
+    const Deadline limit = collie::net::deadline_after(a_.env.timeout);
+    for (;;) {
+      try {
+        agent_ = collie::TcpStore::connect(
+            a_.master_addr, port_, auth,
+            std::min(a_.env.timeout, std::chrono::duration_cast<collie::Millis>(kCheckEvery * 5)),
+            "collie-run on " + node_name(a_.node_rank), "collie-run on node 0");
+        agent_->set_timeout(a_.env.timeout);
+        return true;
+      } catch (const collie::Error& e) {
+        handle_signals();
+        if (stop_signal_) return false;
+        if (e.code() != collie::ErrorCode::timeout || Clock::now() >= limit) {
+          std::fprintf(stderr, "collie-run: cannot reach the job's store: %s\n", e.what());
+          return false;
+        }
+      }
+    }
+  }
+
+  // One request to the job's store. A store that is gone (node 0's
+  // launcher died, or the network to it) ends the job on this node: its
+  // ranks are stopped and there is no next round.
+  template <class F>
+  auto agent_call(F&& f) -> std::optional<decltype(f())> {
+    if (agent_lost_ || !agent_) return std::nullopt;
+    try {
+      return f();
+    } catch (const collie::Error& e) {
+      agent_lost_ = true;
+      if (!remote_failure_ && !first_failure_) {
+        remote_failure_ = "the job's store, served by collie-run on node 0, is lost (" +
+                          std::string(e.what()) + ")";
+        remote_exit_ = 1;
+      }
+      std::fprintf(stderr,
+                   "collie-run: lost the job's store (%s); stopping this node's ranks, "
+                   "and no restart\n",
+                   e.what());
+      if (!stop_at_ && !stop_sent_) stop_at_ = Clock::now();
+      return std::nullopt;
+    }
+  }
+
+  std::optional<Deadline> watch_at() const {
+    return agents() && !stopping() ? std::optional<Deadline>(next_check_) : std::nullopt;
+  }
+
+  // Whether another node's rank failed (or its launcher was told to stop):
+  // then this node's ranks get the same moment to report as after a local
+  // failure, and are stopped.
+  void watch_other_nodes() {
+    if (!agents() || stopping() || Clock::now() < next_check_) return;
+    next_check_ = Clock::now() + kCheckEvery;
+    auto failure = agent_call([&] {
+      const std::string key = agent_key("failed");
+      return agent_->check({key}) ? collie::to_string(agent_->get(key)) : std::string();
+    });
+    if (!failure || failure->empty()) return;
+    take_remote_failure(*failure);
+    std::fprintf(stderr,
+                 "collie-run: the job failed on another node: %s; stopping this node's "
+                 "ranks\n",
+                 remote_failure_->c_str());
+    if (!stop_sent_) stop_at_ = Clock::now() + kReportWindow;
+  }
+
+  void take_remote_failure(const std::string& value) {
+    const size_t nl = value.find('\n');
+    remote_exit_ = nl == std::string::npos ? 1 : std::atoi(value.substr(0, nl).c_str());
+    if (remote_exit_ <= 0 || remote_exit_ > 255) remote_exit_ = 1;
+    remote_failure_ = nl == std::string::npos ? value : value.substr(nl + 1);
+  }
+
+  // The round's failure key, unless another node's launcher wrote it first
+  // (then that is the job's root cause).
+  void publish(const std::string& value) {
+    const auto now = agent_call([&] {
+      return collie::to_string(
+          agent_->compare_set(agent_key("failed"), {}, collie::to_bytes(value)));
+    });
+    if (now && *now != value) take_remote_failure(*now);
+  }
+
+  void publish_failure(const Rank& r) {
+    char when[64];
+    std::snprintf(when, sizeof when, "%.2f s after the %s", r.ended_s,
+                  restarts_ > 0 ? "last restart" : "start");
+    publish(std::to_string(exit_code(r.status)) + "\nrank " + std::to_string(r.rank) + " on " +
+            node_name(a_.node_rank) + " (pid " + std::to_string(r.pid) + ") " + describe(r.status) +
+            ", " + when);
+  }
+
+  void publish_stop() {
+    const std::string what = "collie-run on " + node_name(a_.node_rank) + " was told to stop (" +
+                             signal_name(stop_signal_) + ")";
+    agent_call([&] {
+      agent_->set("collie-run/stop", collie::to_bytes(what));
+      return true;
+    });
+    publish(std::to_string(128 + stop_signal_) + "\n" + what);
+  }
+
+  // After this node's ranks have all ended: waits until every node's have
+  // (a node whose ranks are still running is stopped within a second of a
+  // failure being published, plus the grace period), then restarts with
+  // every other node, or with none.
+  bool restart_every_node() {
+    handle_signals();
+    if (agent_lost_) return false;
+    const std::string mine = std::to_string(a_.node_rank);
+    if (!agent_call([&] {
+          agent_->set(agent_key("ended/" + mine), collie::to_bytes("1"));
+          return true;
+        }))
+      return false;
+    std::vector<std::string> ended;
+    for (int k = 0; k < a_.nnodes; ++k) ended.push_back(agent_key("ended/" + std::to_string(k)));
+    const auto wait_for = a_.env.timeout + std::chrono::seconds(a_.grace_seconds + 10);
+    const Deadline limit = Clock::now() + wait_for;
+    for (;;) {
+      auto done = agent_call([&] {
+        try {
+          agent_->wait(ended, std::chrono::duration_cast<collie::Millis>(kCheckEvery));
+          return true;
+        } catch (const collie::Error& e) {
+          if (e.code() != collie::ErrorCode::timeout) throw;
+          return false;
+        }
+      });
+      if (!done) return false;
+      if (*done) break;
+      handle_signals();
+      if (Clock::now() >= limit) {
+        std::string missing;
+        for (int k = 0; k < a_.nnodes; ++k)
+          if (!agent_call([&] { return agent_->check({ended[k]}); }).value_or(true))
+            missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+        std::fprintf(stderr,
+                     "collie-run: node(s) %s did not end round %d within %.0f s of this node "
+                     "(their collie-run died or is cut off from node 0); no restart\n",
+                     missing.c_str(), restarts_, std::chrono::duration<double>(wait_for).count());
+        if (!first_failure_ && !remote_failure_ && !stop_signal_) {
+          remote_failure_ =
+              "node(s) " + missing + " never ended round " + std::to_string(restarts_);
+          remote_exit_ = 1;
+        }
+        return false;
+      }
+    }
+    // Every node wrote its failure, if it had one, before it ended.
+    auto outcome = agent_call([&] {
+      const std::string key = agent_key("failed");
+      std::pair<std::string, bool> o{
+          agent_->check({key}) ? collie::to_string(agent_->get(key)) : std::string(),
+          agent_->check({"collie-run/stop"})};
+      agent_->set(agent_key("read/" + mine), collie::to_bytes("1"));
+      return o;
+    });
+    if (!outcome) return false;
+    const auto& [failure, stopped] = *outcome;
+    if (!failure.empty() && !first_failure_ && !remote_failure_) take_remote_failure(failure);
+    const bool again = !failure.empty() && !stopped && !stop_signal_ && restarts_ < a_.max_restarts;
+    if (!again) {
+      // Node 0's store goes with it: let the others read the outcome first.
+      if (a_.node_rank == 0) {
+        std::vector<std::string> read;
+        for (int k = 1; k < a_.nnodes; ++k) read.push_back(agent_key("read/" + std::to_string(k)));
+        agent_call([&] {
+          try {
+            agent_->wait(read, std::chrono::seconds(5));
+          } catch (const collie::Error&) {
+          }
+          return true;
+        });
+      }
+      return false;
+    }
+    ++restarts_;
+    const std::string root =
+        remote_failure_ ? *remote_failure_ : failure.substr(failure.find('\n') + 1);
+    write_all(STDERR_FILENO, "collie-run: the job's first failure: " + root +
+                                 "; the ranks of all " + std::to_string(a_.nnodes) +
+                                 " nodes have ended; " + attempt() + " with a fresh rendezvous\n");
+    next_round();
     return true;
   }
 
@@ -624,7 +859,7 @@ class Job {
           streams.emplace_back(&r, s);
         }
     std::optional<Deadline> next = kill_at_;
-    for (const auto& d : {drain_until_, stop_at_})
+    for (const auto& d : {drain_until_, stop_at_, watch_at()})
       if (d && (!next || *d < *next)) next = d;
     int timeout = next ? collie::net::poll_timeout_ms(*next) : -1;
     if (poll(pfds.data(), pfds.size(), timeout) < 0 && errno != EINTR) {
@@ -647,7 +882,10 @@ class Job {
         reap();
         continue;
       }
-      if (!stop_signal_) stop_signal_ = sig;
+      if (!stop_signal_) {
+        stop_signal_ = sig;
+        if (agents() && agent_) publish_stop();
+      }
       stop_at_.reset();
       stop_sent_ = true;
       if (!kill_at_) kill_at_ = Clock::now() + std::chrono::seconds(a_.grace_seconds);
@@ -677,6 +915,7 @@ class Job {
       }
       first_failure_ = status;
       root_cause_ = static_cast<size_t>(&r - ranks_.data());
+      if (agents()) publish_failure(r);
       bool others = false;
       for (const Rank& o : ranks_) others = others || o.running;
       std::fprintf(stderr, "collie-run: rank %d %s%s\n", r.rank, describe(status).c_str(),
@@ -696,7 +935,9 @@ class Job {
     signal_ranks(sig);
   }
 
-  bool stopping() const { return first_failure_.has_value() || stop_signal_ != 0; }
+  bool stopping() const {
+    return first_failure_.has_value() || stop_signal_ != 0 || remote_failure_.has_value();
+  }
 
   // By process group (see exec_rank). A rank that has exited is still
   // signalled while its pipes are open: what holds them is its leftover
@@ -758,19 +999,25 @@ class Job {
   // first (the root cause), how it ended and its last lines; then what
   // became of every other rank of this node.
   void print_summary() const {
-    const Rank& root = ranks_[*root_cause_];
     std::string out = "collie-run: ---- the job failed ----\n";
     char when[64];
     const char* start = restarts_ > 0 ? "after the last restart" : "after the start";
-    std::snprintf(when, sizeof when, "%.2f s %s", root.ended_s, start);
-    out += "collie-run: root cause: rank " + std::to_string(root.rank) + " (pid " +
-           std::to_string(root.pid) + "), the first to fail, " + describe(root.status) + ", " +
-           when;
-    out += root.tail.empty() ? std::string(captures() ? "; it printed nothing\n" : "\n")
-                             : "; its last lines:\n";
-    for (const std::string& l : root.tail) out += "collie-run:   " + l + "\n";
+    // The job's root cause is another node's when that node's launcher
+    // wrote the round's failure first.
+    const Rank* root = remote_failure_ ? nullptr : &ranks_[*root_cause_];
+    if (root) {
+      std::snprintf(when, sizeof when, "%.2f s %s", root->ended_s, start);
+      out += "collie-run: root cause: rank " + std::to_string(root->rank) + " (pid " +
+             std::to_string(root->pid) + "), the first to fail, " + describe(root->status) + ", " +
+             when;
+      out += root->tail.empty() ? std::string(captures() ? "; it printed nothing\n" : "\n")
+                                : "; its last lines:\n";
+      for (const std::string& l : root->tail) out += "collie-run:   " + l + "\n";
+    } else {
+      out += "collie-run: root cause, on another node: " + *remote_failure_ + "\n";
+    }
     for (const Rank& r : ranks_) {
-      if (&r == &root) continue;
+      if (&r == root) continue;
       const std::string who = "collie-run: rank " + std::to_string(r.rank);
       if (r.stopped) {
         out += who + ", stopped by collie-run: " + describe(r.status) + "\n";
@@ -833,7 +1080,16 @@ class Job {
   int torch_port_ = -1;    // MASTER_PORT: torch.distributed's own store, beside collie's
   collie::net::Fd store_;  // node 0: the store's listening socket until served
   std::unique_ptr<collie::TcpStoreServer> server_;  // node 0: this round's store
-  std::vector<size_t> lost_;                        // --keep-going: ranks that failed
+  // Several nodes with --max-restarts: this launcher's client of the job's
+  // store, when it next looks there for a failure, whether it lost the
+  // store, and the job's root cause when it was on another node (what, and
+  // the exit status to end with).
+  std::unique_ptr<collie::TcpStore> agent_;
+  Deadline next_check_{};
+  bool agent_lost_ = false;
+  std::optional<std::string> remote_failure_;
+  int remote_exit_ = 1;
+  std::vector<size_t> lost_;  // --keep-going: ranks that failed
   sigset_t handled_{}, saved_mask_{};
   int sigfd_ = -1;
   std::vector<Rank> ranks_;

@@ -191,6 +191,9 @@ inline void check_other_settings(const config::Env& env) {
   if (accepted([&] { l = config::launcher_settings(env); })) {
     FUZZ_CHECK(l.grace_seconds >= 0 && l.grace_seconds <= 86400, "grace");
     check_int_setting(env, "COLLIE_RUN_GRACE", l.grace_seconds, 5);
+    // The launchers' wait for each other is bounded by the ranks' timeout.
+    FUZZ_CHECK(l.timeout.count() >= 1 && l.timeout.count() <= 1'000'000'000'000LL,
+               "launcher timeout of " + std::to_string(l.timeout.count()) + " ms");
   }
   (void)config::backend(Options{}, env);
   (void)config::comm_hook(env);

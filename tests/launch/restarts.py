@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import socket
 import threading
 
 COLLIE_RUN, TRAIN_MLP = (os.path.abspath(p) for p in sys.argv[1:3])
@@ -63,27 +64,50 @@ def rank_pid(launcher, rank):
 def launch(args, env=None, kills=0, kill_rank=1, timeout=300):
     """Runs collie-run ARGS; each of the first `kills` times rank 0 prints
     step 50, SIGKILLs rank `kill_rank`. Returns its exit code and output."""
+    return launch_nodes([args], env, kills, kill_rank, timeout)[0]
+
+
+def launch_nodes(nodes, env=None, kills=0, kill_rank=1, timeout=300):
+    """Runs one collie-run per entry of NODES (its arguments, or its arguments
+    and its own environment), together, as the nodes of one job; kills as
+    launch() does, rank `kill_rank` under whichever launcher started it.
+    Returns each node's exit code and output."""
     e = dict(os.environ, COLLIE_TIMEOUT="60")
     e.update(env or {})
-    p = subprocess.Popen([COLLIE_RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=e, text=True, cwd=work)
-    err = []
-    t = threading.Thread(target=lambda: err.append(p.stderr.read()))
-    t.start()
-    timer = threading.Timer(timeout, p.kill)  # a hang ends as a failure, not a stuck test
-    timer.start()
-    out, killed = [], 0
-    for line in p.stdout:
-        out.append(line)
+    nodes = [n if isinstance(n, tuple) else (n, {}) for n in nodes]
+    ps = [subprocess.Popen([COLLIE_RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=dict(e, **own), text=True, cwd=work) for args, own in nodes]
+    runs = [{"out": [], "err": []} for _ in ps]
+    readers = [threading.Thread(target=lambda p=p, r=r: r["err"].append(p.stderr.read()))
+               for p, r in zip(ps, runs)]
+    readers += [threading.Thread(target=lambda p=p, r=r: r["out"].append(p.stdout.read()))
+                for p, r in zip(ps[1:], runs[1:])]
+    for t in readers:
+        t.start()
+    timers = [threading.Timer(timeout, p.kill) for p in ps]  # a hang ends as a failure
+    for t in timers:
+        t.start()
+    killed = 0
+    for line in ps[0].stdout:
+        runs[0]["out"].append(line)
         if killed < kills and re.match(r"\[0\] step +50 ", line):
-            pid = rank_pid(p.pid, kill_rank)
+            pid = next((q for q in (rank_pid(p.pid, kill_rank) for p in ps) if q), None)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
-    p.wait()
-    timer.cancel()
-    t.join()
-    return {"rc": p.returncode, "out": "".join(out), "err": "".join(err), "killed": killed}
+    for p, t in zip(ps, timers):
+        p.wait()
+        t.cancel()
+    for t in readers:
+        t.join()
+    return [{"rc": p.returncode, "out": "".join(r["out"]), "err": "".join(r["err"]),
+             "killed": killed} for p, r in zip(ps, runs)]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def read(path):
@@ -117,8 +141,47 @@ def restart_job(name, env, kill_rank):
     return ck
 
 
+def two_nodes_job():
+    """Two nodes' collie-runs (this host, told apart by COLLIE_HOSTNAME) of
+    2 ranks each: rank 3, on node 1, killed at step 50; every node's ranks
+    restart and the final parameters are the uninterrupted run's."""
+    ref, got, ck = (os.path.join(work, "nodes" + s) for s in (".ref", ".got", ".ck"))
+    env = {"COLLIE_JOB_SECRET": "restarts-two-nodes"}
+
+    def nodes(extra):
+        port = free_port()
+        return [(["--nnodes", "2", "--node-rank", str(k), "--master-addr", "127.0.0.1",
+                  "--master-port", str(port), "-n", "2"] + extra,
+                 {"COLLIE_HOSTNAME": "host-" + "ab"[k]}) for k in (0, 1)]
+
+    base = [TRAIN_MLP, "--steps", str(STEPS)]
+    a, b = launch_nodes(nodes(base + ["--dump-params", ref]), env)
+    check(a["rc"] == 0 and b["rc"] == 0, "two nodes: the uninterrupted run failed", a)
+    a, b = launch_nodes(nodes(["--max-restarts", "2"] + base +
+                              ["--checkpoint", ck, "--checkpoint-every", "20",
+                               "--dump-params", got] + SLOW), env, kills=1, kill_rank=3)
+    check(a["killed"] == 1, "two nodes: rank 3 was never killed", a)
+    check(a["rc"] == 0 and b["rc"] == 0,
+          "two nodes: the restarted job exited %d and %d" % (a["rc"], b["rc"]), a)
+    check("collie-run: rank 3 was killed by signal SIGKILL" in b["err"],
+          "two nodes: node 1 did not report the kill", b)
+    for n, r in enumerate((a, b)):
+        check("the job's first failure: rank 3 on node 1" in r["err"] and
+              "the ranks of all 2 nodes have ended; restarting (attempt 1 of 2)" in r["err"],
+              "two nodes: node %d did not report the restart" % n, r)
+    m = re.search(r"\[0\] resuming from checkpoint .* at step (\d+)", a["out"])
+    check(m is not None and 40 <= int(m.group(1)) < STEPS,
+          "two nodes: the restarted ranks did not resume from a checkpoint", a)
+    check(os.path.exists(ref) and os.path.exists(got) and read(ref) == read(got),
+          "two nodes: the final parameters differ from the uninterrupted run's", a)
+    if not failures:
+        print("two nodes: rank 3 (node 1) killed at step 50, every node restarted, resumed at "
+              "step %s, final parameters byte-identical to the uninterrupted run's" % m.group(1))
+
+
 try:
     ck = restart_job("tcp", {"COLLIE_BACKEND": "tcp"}, kill_rank=1)
+    two_nodes_job()
     if POWERSGD:
         restart_job("shm_powersgd", {"COLLIE_BACKEND": "shm", "OPENBLAS_NUM_THREADS": "1",
                                      "COLLIE_COMM_HOOK": "powersgd:rank=2,start_iter=10"},
