@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <mutex>
 #include <utility>
 
@@ -92,6 +93,56 @@ std::unique_ptr<Backend> make_backend(const BackendEntry& entry, const BackendCo
   return backend;
 }
 
+// COLLIE_TRACE: puts this rank's trace on rank 0's clock, so that the files
+// of ranks on several hosts line up as they are. NTP's estimate (RFC 5905,
+// section 8, with rank 0 answering at once): rank r sends its time t1, rank
+// 0 answers with its own t2, and r, receiving at t3, takes t2 - (t1 + t3)
+// / 2, from the round trip with the smallest t3 - t1, whose half bounds
+// the error. Rank 0 answers each rank in turn. Only the first job-wide
+// communicator of a process measures (the later ones find the clock
+// started), on every rank alike.
+void align_trace_clock(Communicator& comm, trace::Sink& sink) {
+  constexpr int kRounds = 8;
+  trace::Nanos offset = 0, best_rtt = 0;
+  std::string how = "rank 0: every rank's trace is on its clock";
+  {
+    trace::Sink::Mute mute(sink);  // the measurement is no part of the job's timeline
+    int64_t t = 0;
+    const TensorView v = view_of(&t, 1);
+    try {
+      if (comm.rank() == 0) {
+        for (int r = 1; r < comm.size(); ++r)
+          for (int k = 0; k < kRounds; ++k) {
+            comm.recv(v, r).wait();
+            t = trace::now();
+            comm.send(v, r).wait();
+          }
+      } else {
+        best_rtt = INT64_MAX;
+        for (int k = 0; k < kRounds; ++k) {
+          const trace::Nanos t1 = trace::now();
+          t = t1;
+          comm.send(v, 0).wait();
+          comm.recv(v, 0).wait();
+          const trace::Nanos t3 = trace::now();
+          if (t3 - t1 < best_rtt) {
+            best_rtt = t3 - t1;
+            offset = t - t1 - (t3 - t1) / 2;
+          }
+        }
+        how = "against rank 0, the fastest of " + std::to_string(kRounds) + " round trips";
+      }
+    } catch (const Error& e) {
+      // A backend that takes no host memory (nccl) refuses the messages on
+      // every rank alike; anything else (a peer lost) is connect()'s failure.
+      if (e.code() != ErrorCode::invalid_argument) throw;
+      offset = best_rtt = 0;
+      how = std::string("not measured (each host's own clock): ") + e.what();
+    }
+  }
+  sink.start_clock(offset, best_rtt, how);
+}
+
 }  // namespace
 
 std::vector<std::string> available_backends() {
@@ -126,7 +177,9 @@ std::unique_ptr<Communicator> connect(const Options& options) {
             ", launch variables from " + ctx.launch.source);
   ctx.trace = trace::Sink::open(config::trace(ctx.env), ctx.launch.rank, ctx.launch.world_size);
   if (ctx.store) ctx.remake = [&entry](const BackendContext& c) { return make_backend(entry, c); };
-  return make_front(ctx, make_backend(entry, ctx));
+  auto comm = make_front(ctx, make_backend(entry, ctx));
+  if (ctx.trace && !ctx.trace->clock_started()) align_trace_clock(*comm, *ctx.trace);
+  return comm;
 }
 
 }  // namespace collie

@@ -246,24 +246,35 @@ Sink::Sink(int fd, std::string path, int rank, int world_size)
     : fd_(fd),
       path_(std::move(path)),
       rank_(rank),
-      fork_generation_(fork_generation.load(std::memory_order_relaxed)) {
+      fork_generation_(fork_generation.load(std::memory_order_relaxed)),
+      world_size_(world_size) {
   write(head('M', rank, 0, "process_name") +
         ",\"args\":" + Args().add("name", "rank " + std::to_string(rank)).json() + "}");
   write(head('M', rank, 0, "process_sort_index") +
         ",\"args\":" + Args().add("sort_index", rank).json() + "}");
-  // What lines files up: monotonic time is shared by a host's processes
-  // only; the wall clock at the same moment lets hosts be lined up by hand.
+  // One rank has no other clock to meet.
+  if (world_size == 1) start_clock(0, 0, "one rank");
+  flush();
+}
+
+void Sink::start_clock(Nanos offset, Nanos rtt, const std::string& how) {
+  if (clock_started_.exchange(true, std::memory_order_acq_rel)) return;
+  offset_.store(offset, std::memory_order_relaxed);
+  // The wall clock at the same moment, for lining up files by hand where
+  // the offset could not be measured.
   timespec wall{};
   clock_gettime(CLOCK_REALTIME, &wall);
-  const Nanos t = now();
   write(
-      with_ts(head('i', rank, 0, "trace start"), t) + ",\"s\":\"p\",\"args\":" +
+      with_ts(head('i', rank_, 0, "trace start"), shift(now())) + ",\"s\":\"p\",\"args\":" +
       Args()
-          .add("rank", rank)
-          .add("world_size", world_size)
+          .add("rank", rank_)
+          .add("world_size", world_size_)
           .add("host", host_name())
           .add("os_pid", static_cast<int64_t>(getpid()))
-          .add("clock", "CLOCK_MONOTONIC")
+          .add("clock", "CLOCK_MONOTONIC of rank 0")
+          .add_us("clock_offset_us", offset)
+          .add_us("clock_rtt_us", rtt)
+          .add("clock_alignment", how)
           .add("unix_time_us", static_cast<int64_t>(wall.tv_sec) * 1'000'000 + wall.tv_nsec / 1000)
           .json() +
       "}");
@@ -289,6 +300,7 @@ std::shared_ptr<Track> Sink::track(const std::string& name) {
 }
 
 void Sink::write(const std::string& event) {
+  if (muted_.load(std::memory_order_relaxed)) return;
   std::lock_guard lk(mu_);
   if (broken_ || fork_generation_ != fork_generation.load(std::memory_order_relaxed)) return;
   buf_ += ",\n";
@@ -332,7 +344,7 @@ void Sink::flush_locked() {
 
 std::string Track::span_event(std::string_view name, Nanos begin, Nanos end,
                               const Args& args) const {
-  std::string e = with_ts(head('X', sink_->rank(), tid_, name), begin);
+  std::string e = with_ts(head('X', sink_->rank(), tid_, name), sink_->shift(begin));
   e += ",\"dur\":";
   append_us(e, end > begin ? end - begin : 0);
   e += ",\"args\":{";
@@ -343,7 +355,7 @@ std::string Track::span_event(std::string_view name, Nanos begin, Nanos end,
 
 std::string Track::async_event(char ph, std::string_view cat, std::string_view name, uint64_t id,
                                Nanos t, const Args& args) const {
-  std::string e = with_ts(head(ph, sink_->rank(), tid_, name), t);
+  std::string e = with_ts(head(ph, sink_->rank(), tid_, name), sink_->shift(t));
   e += ",\"cat\":";
   quote(e, cat);
   append_id(e, id);
@@ -354,7 +366,7 @@ std::string Track::async_event(char ph, std::string_view cat, std::string_view n
 }
 
 void Track::instant(std::string_view name, const Args& args, Nanos t) {
-  sink_->write(with_ts(head('i', sink_->rank(), tid_, name), t) +
+  sink_->write(with_ts(head('i', sink_->rank(), tid_, name), sink_->shift(t)) +
                ",\"s\":\"t\",\"args\":" + args.json() + "}");
 }
 
@@ -432,7 +444,10 @@ void end(OpSpan* span, const std::optional<Error>& e) {
   if (d.op == OpKind::broadcast) a.add("root", static_cast<int64_t>(d.tag));
   if (p2p) a.add("peer", s.peer).add("tag", static_cast<int64_t>(d.tag));
   if (const char* algo = s.algorithm.load(std::memory_order_relaxed)) a.add("algorithm", algo);
-  a.add_us("issued_us", s.issued).add_us("started_us", st).add_us("finished_us", fin);
+  const Sink& sink = t.sink();
+  a.add_us("issued_us", sink.shift(s.issued))
+      .add_us("started_us", sink.shift(st))
+      .add_us("finished_us", sink.shift(fin));
   a.add_us("queue_us", st - s.issued).add_us("run_us", fin - st);
   if (e) a.add("error", e->what());
 

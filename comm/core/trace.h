@@ -8,7 +8,11 @@
 //
 // One file per rank (Sink), a JSON array of events: pid is the rank, each
 // communicator and each reducer a thread of its own (Track). Timestamps are
-// CLOCK_MONOTONIC in microseconds, which every process on a host shares.
+// microseconds of rank 0's CLOCK_MONOTONIC: each rank's own clock plus the
+// offset connect() measures against rank 0 over the first communicator
+// (NTP's estimate from the fastest of a few round trips), so the files of
+// ranks on different hosts line up as they are (a host's processes share
+// one clock, and there the offset comes out near 0).
 // Events collect in memory and are written in batches (every 64 KiB, or when
 // an event comes 100 ms after the last write, on a failure, when a
 // communicator is destroyed and at exit); each write ends the file with its
@@ -86,6 +90,22 @@ class Sink : public std::enable_shared_from_this<Sink> {
 
   int rank() const { return rank_; }
   const std::string& path() const { return path_; }
+
+  // Rank 0's clock from now on: this host's plus `offset`, measured with a
+  // round trip of `rtt` (its error is at most half of it); writes the
+  // "trace start" event, which says so, and `how` it was measured (or why
+  // not). Until then events are written on this host's clock.
+  void start_clock(Nanos offset, Nanos rtt, const std::string& how);
+  bool clock_started() const { return clock_started_.load(std::memory_order_acquire); }
+  // A time of this host's clock on rank 0's, as events are written.
+  Nanos shift(Nanos t) const { return t + offset_.load(std::memory_order_relaxed); }
+  // While a Mute lives, events are dropped: the measurement's own
+  // messages, on a clock not yet known.
+  struct Mute {
+    explicit Mute(Sink& s) : sink(s) { sink.muted_.store(true, std::memory_order_relaxed); }
+    ~Mute() { sink.muted_.store(false, std::memory_order_relaxed); }
+    Sink& sink;
+  };
   // A new row (a Chrome "thread") called `name`.
   std::shared_ptr<Track> track(const std::string& name);
   uint64_t next_id() { return next_id_.fetch_add(1, std::memory_order_relaxed) + 1; }
@@ -102,7 +122,11 @@ class Sink : public std::enable_shared_from_this<Sink> {
   const std::string path_;
   const int rank_;
   const unsigned fork_generation_;
+  const int world_size_;
   std::atomic<uint64_t> next_id_{0};
+  std::atomic<Nanos> offset_{0};
+  std::atomic<bool> clock_started_{false};
+  std::atomic<bool> muted_{false};
   std::mutex mu_;
   std::string buf_;    // events not yet in the file, each after ",\n"
   int64_t at_ = 0;     // where the next write goes: over the closing bracket

@@ -8,6 +8,7 @@ job did (tests/trace/trace_job.cc, or test_nccl's NcclTrace test).
   check_trace.py off         RANKS COLLIE_RUN TRACE_JOB
   check_trace.py bad_path    RANKS COLLIE_RUN TRACE_JOB
   check_trace.py nccl        TEST_NCCL
+  check_trace.py clock       RANKS COLLIE_RUN TRACE_JOB
 
 Every file is first checked as a trace viewer reads it (check_format): a JSON
 array of events with the fields their phase needs, pid = rank, a name for
@@ -20,6 +21,7 @@ The backend comes from COLLIE_BACKEND (the test sets it).
 import collections
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -338,6 +340,74 @@ def check_nccl(test_nccl):
         print("nccl: every operation on the fake device's timeline, run spans in stream order")
 
 
+def check_clock(n, collie_run, job):
+    """Two nodes of n ranks, the second in a time namespace whose monotonic
+    clock runs 1000 s ahead (unshare --time: another host's clock, on this
+    machine). Each rank's file must be on rank 0's clock: no all-reduce or
+    all-gather ends on any rank before every rank has issued it (it cannot
+    end before the last contribution is on its way), which a 1000 s skew
+    breaks by a million-fold; and the offsets the files record are the
+    skew."""
+    skew_s = 1000
+    probe = subprocess.run(["unshare", "--time", "--monotonic", str(skew_s), "--fork", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        print("skipped: no time namespace here (unshare --time, needs root and Linux 5.6): "
+              + probe.stderr.strip())
+        sys.exit(77)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, COLLIE_TRACE=d + "/clock.json", COLLIE_JOB_SECRET="clock-test")
+        env.pop("COLLIE_BACKEND", None)
+        procs = []
+        for node in (0, 1):
+            cmd = [collie_run, "-n", str(n), "--nnodes", "2", "--node-rank", str(node),
+                   "--master-addr", "127.0.0.1", "--master-port", str(port), job, "reducer", "3",
+                   "1000", "3000", "20"]
+            if node == 1:
+                cmd = ["unshare", "--time", "--monotonic", str(skew_s), "--fork"] + cmd
+            procs.append(subprocess.Popen(cmd, env=dict(env, COLLIE_HOSTNAME="host-%d" % node),
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+        for node, p in enumerate(procs):
+            expect(p.returncode == 0, "node %d exited %d:\n%s" % (node, p.returncode, outs[node]))
+        by_seq = collections.defaultdict(dict)
+        for r in range(2 * n):
+            path = "%s/clock.rank%d.json" % (d, r)
+            ev = load(path, r)
+            start = [e for e in ev if e["name"] == "trace start"]
+            expect(len(start) == 1, path + ": %d trace start events" % len(start))
+            off_s = start[0]["args"]["clock_offset_us"] / 1e6
+            want = -skew_s if r >= n else 0
+            expect(abs(off_s - want) < 0.05, "rank %d: clock offset %.6f s, expected %d s (%r)"
+                   % (r, off_s, want, start[0]["args"]))
+            world = one_row(ev, "collectives collie/world ", path)
+            for e in ops(ev, world):
+                a = e["args"]
+                # A broadcast may end on its root before the others call
+                # it (its data waits in their buffers); an all-reduce and an
+                # all-gather cannot end before every rank has given its part.
+                if a["op"] in ("allreduce", "allgather", "reduce_scatter") and "error" not in a:
+                    by_seq[a["seq"]][r] = a
+        seqs = [k for k, v in by_seq.items() if len(v) == 2 * n]
+        expect(len(seqs) >= 3, "collectives on every rank: %r" % sorted(by_seq))
+        margin = float("inf")
+        for k in seqs:
+            last_issue = max(a["issued_us"] for a in by_seq[k].values())
+            first_end = min(a["finished_us"] for a in by_seq[k].values())
+            margin = min(margin, first_end - last_issue)
+            # The offset's error is at most half the fastest round trip.
+            expect(last_issue <= first_end + 5000,
+                   "collective #%d ended on a rank %.0f us before the last rank issued it: the "
+                   "files are not on one clock" % (k, last_issue - first_end))
+        print("%d ranks on two clocks %d s apart: offsets measured, %d all-reduces and "
+              "all-gathers in causal order on rank 0's clock (the last issue %.1f us or more "
+              "before the first end)" % (2 * n, skew_s, len(seqs), margin))
+
+
 def main():
     mode = sys.argv[1]
     if mode == "nccl":
@@ -345,7 +415,7 @@ def main():
     # Absolute: some modes run the job in a directory of their own.
     n, collie_run, job = int(sys.argv[2]), os.path.abspath(sys.argv[3]), os.path.abspath(sys.argv[4])
     {"collectives": check_collectives, "reducer": check_reducer, "die": check_die,
-     "off": check_off, "bad_path": check_bad_path}[mode](n, collie_run, job)
+     "off": check_off, "bad_path": check_bad_path, "clock": check_clock}[mode](n, collie_run, job)
 
 
 if __name__ == "__main__":
