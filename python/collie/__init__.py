@@ -175,9 +175,12 @@ class Communicator:
 
 
 def connect(rank=None, world_size=None, master_addr=None, master_port=None, backend=None,
-            timeout=None, secret=None):
+            timeout=None, secret=None, local_rank=None, local_world_size=None):
     """Connects this process to the job. Everything left None comes from the
-    launcher's variables (collie-run's, torchrun's, Open MPI's, SLURM's)."""
+    launcher's variables (collie-run's, torchrun's, Open MPI's, SLURM's).
+    local_rank and local_world_size say which ranks share this host (shm
+    needs all of them on one): launchers that set no LOCAL_WORLD_SIZE, as
+    Lightning's do not, leave collie to assume one host."""
     o = _lib.CommOptions(ctypes.sizeof(_lib.CommOptions), _lib.STRUCT_TAG, -1, -1, None, -1, -1,
                          None, 0.0, -1, 0, None)
     if rank is not None:
@@ -194,6 +197,10 @@ def connect(rank=None, world_size=None, master_addr=None, master_port=None, back
         o.timeout_seconds = float(timeout)
     if secret:
         o.secret = secret.encode()
+    if local_rank is not None:
+        o.local_rank = local_rank
+    if local_world_size is not None:
+        o.local_world_size = local_world_size
     h = ctypes.c_void_p()
     check(lib.collie_comm_connect(ctypes.byref(o), ctypes.byref(h)))
     return Communicator(h.value)

@@ -251,6 +251,9 @@ class DistributedDataParallel(torch.nn.Module):
         self._global_used = None  # static_graph: the used set, learnt once
         self._in_backward = False
         self.require_backward_grad_sync = True
+        # As PyTorch's DDP: buffers go out before a forward when the last
+        # forward was a synchronising one (or there was none).
+        self.require_forward_param_sync = True
         self._joining = False
         self._steps = 0
         self._python_hooks = []
@@ -267,9 +270,14 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if self._joining:
             self._join_round(1)
-        if self._broadcast_buffers and self.training:
+        # Rank 0's buffers when PyTorch's DDP sends them: not after a no_sync
+        # micro-batch or a no-grad forward (evaluation), whose ranks keep
+        # their own until the next synchronising step.
+        if self._broadcast_buffers and self.require_forward_param_sync:
             self._sync_buffers()
         out = self.module(*inputs, **kwargs)
+        self.require_forward_param_sync = (torch.is_grad_enabled()
+                                           and self.require_backward_grad_sync)
         if not torch.is_grad_enabled():
             return out
         self._steps += 1
@@ -574,7 +582,7 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _shadow_step(self):
         """The collectives of one training step, with zero gradients."""
-        if self._broadcast_buffers and self.training:
+        if self._broadcast_buffers and self.require_forward_param_sync:
             self._sync_buffers()
         check(lib.collie_reducer_prepare(self._h, None, 0))
         zeros = {}

@@ -329,6 +329,41 @@ def scenario_no_sync():
     return "no_sync accumulation matches PyTorch's DDP; no_sync-only gradients are kept"
 
 
+def scenario_buffers():
+    """Buffers travel when PyTorch's DDP sends them: before a forward that
+    follows a synchronised one (or the first), not after a no_sync
+    micro-batch or a no-grad forward. The CNN's BatchNorm statistics through
+    gradient accumulation, with evaluation between the first steps (as
+    Lightning runs validation through the wrapper), and the evaluation's
+    outputs."""
+    def run(ddp):
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        evaluated = []
+        for step in range(4):
+            opt.zero_grad()
+            for micro in range(2):
+                x, y = batch(step, RANK, "img", micro=micro)
+                with ddp.no_sync() if micro == 0 else _nothing():
+                    loss_of(ddp(x), y).backward()
+            opt.step()
+            if step < 2:
+                ddp.eval()
+                with torch.no_grad():
+                    evaluated += [ddp(batch(step, RANK, "img", micro=5 + k)[0]) for k in range(2)]
+                ddp.train()
+        return evaluated
+
+    a, b = pair(CNN)
+    ea, eb = run(a), run(b)
+    assert_close(params_of(b), params_of(a), "accumulation and evaluation: parameters")
+    assert_close([x for x in b.module.buffers() if x.is_floating_point()],
+                 [y for y in a.module.buffers() if y.is_floating_point()],
+                 "accumulation and evaluation: BatchNorm's running statistics")
+    assert_close(eb, ea, "the evaluation's outputs")
+    b.close()
+    return "buffers broadcast before the same forwards as PyTorch's DDP (none after no_sync or no-grad)"
+
+
 def scenario_checkpointing():
     """torch.utils.checkpoint, reentrant and not, with a layer recomputed in
     two segments, without static_graph."""
@@ -616,6 +651,7 @@ SCENARIOS = {
     "models": scenario_models,
     "unused": scenario_unused,
     "no_sync": scenario_no_sync,
+    "buffers": scenario_buffers,
     "checkpointing": scenario_checkpointing,
     "fp16": scenario_fp16,
     "powersgd": scenario_powersgd,
