@@ -3,6 +3,8 @@
 # a line every tenth of the way, and the compiler's errors in full if it
 # fails. Used by demo.sh and test.sh.
 #   scripts/build.sh BUILD [meson setup options...]
+#   BUILD_TARGETS="comm/launch/collie-run ..." scripts/build.sh BUILD
+#                                     (only those targets and what they need)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=$1; shift
@@ -19,7 +21,8 @@ fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # ninja prints "[done/total] ..." per step when not on a terminal.
-ninja -C "$build" 2>&1 | tee "$log" | awk '
+# shellcheck disable=SC2086 # BUILD_TARGETS is a list of targets, split on spaces
+ninja -C "$build" ${BUILD_TARGETS:-} 2>&1 | tee "$log" | awk '
   match($0, /^\[([0-9]+)\/([0-9]+)\]/) {
     split(substr($0, RSTART + 1, RLENGTH - 2), p, "/")
     pct = int(100 * p[1] / p[2])
