@@ -777,18 +777,15 @@ class Job {
     const auto wait_for = a_.env.timeout + std::chrono::seconds(a_.grace_seconds + 10);
     const Deadline limit = Clock::now() + wait_for;
     for (;;) {
-      auto done = agent_call([&] {
-        try {
-          agent_->wait(ended, std::chrono::duration_cast<collie::Millis>(kCheckEvery));
-          return true;
-        } catch (const collie::Error& e) {
-          if (e.code() != collie::ErrorCode::timeout) throw;
-          return false;
-        }
-      });
+      // Looked at every kCheckEvery (a parked wait that times out costs the
+      // store client a new connection), with signals still answered.
+      auto done = agent_call([&] { return agent_->check(ended); });
       if (!done) return false;
       if (*done) break;
+      pollfd sig{sigfd_, POLLIN, 0};
+      poll(&sig, 1, static_cast<int>(kCheckEvery.count()));
       handle_signals();
+      if (stop_signal_) return false;  // told to stop: no waiting for anyone
       if (Clock::now() >= limit) {
         std::string missing;
         for (int k = 0; k < a_.nnodes; ++k)
