@@ -770,6 +770,44 @@ TEST_F(Launcher, AStopSignalToOneNodeStopsEveryNodeWithoutARestart) {
   for (const Result* r : {&a, &b}) EXPECT_FALSE(contains(r->err, "restarting")) << r->err;
 }
 
+// The same asked of node 0's launcher, which serves the store: it keeps
+// serving while the other node ends, so that node hears why (no "lost the
+// job's store"), and neither restarts.
+TEST_F(Launcher, AStopSignalToNodeZeroStopsEveryNodeWithoutARestart) {
+  const std::string port = std::to_string(free_port());
+  auto node = [&](int k) {
+    return std::vector<std::string>{"--nnodes",
+                                    "2",
+                                    "--node-rank",
+                                    std::to_string(k),
+                                    "--master-addr",
+                                    "127.0.0.1",
+                                    "--master-port",
+                                    port,
+                                    "-n",
+                                    "1",
+                                    "--max-restarts",
+                                    "3",
+                                    "sh",
+                                    "-c",
+                                    "touch $T/ready.$RANK; exec sleep 60"};
+  };
+  const std::vector<std::string> env{"COLLIE_JOB_SECRET=two-nodes", "COLLIE_TIMEOUT=5",
+                                     "COLLIE_RUN_GRACE=1"};
+  Result b;
+  std::thread t([&] { b = run(node(1), env); });
+  Result a = run(node(0), env, [&](pid_t node0) {
+    EXPECT_TRUE(eventually([&] { return all_ready(2); }));
+    kill(node0, SIGINT);
+  });
+  t.join();
+  EXPECT_EQ(a.status, 128 + SIGINT) << a.err;
+  EXPECT_EQ(b.status, 128 + SIGINT) << b.err;
+  EXPECT_TRUE(contains(b.err, "collie-run on node 0 was told to stop (SIGINT)")) << b.err;
+  EXPECT_FALSE(contains(b.err, "lost the job's store")) << b.err;
+  for (const Result* r : {&a, &b}) EXPECT_FALSE(contains(r->err, "restarting")) << r->err;
+}
+
 // A node whose launcher dies (kill -9: its ranks go with it) never ends the
 // round: the other node stops waiting for it within the timeout (5 s) plus
 // the grace period plus 10 s, names it, and does not restart.

@@ -774,8 +774,8 @@ class Job {
       return false;
     std::vector<std::string> ended;
     for (int k = 0; k < a_.nnodes; ++k) ended.push_back(agent_key("ended/" + std::to_string(k)));
-    const auto wait_for = a_.env.timeout + std::chrono::seconds(a_.grace_seconds + 10);
-    const Deadline limit = Clock::now() + wait_for;
+    auto wait_for = a_.env.timeout + std::chrono::seconds(a_.grace_seconds + 10);
+    Deadline limit = Clock::now() + wait_for;
     for (;;) {
       // Looked at every kCheckEvery (a parked wait that times out costs the
       // store client a new connection), with signals still answered.
@@ -785,16 +785,33 @@ class Job {
       pollfd sig{sigfd_, POLLIN, 0};
       poll(&sig, 1, static_cast<int>(kCheckEvery.count()));
       handle_signals();
-      if (stop_signal_) return false;  // told to stop: no waiting for anyone
+      if (stop_signal_) {
+        // Told to stop: no waiting for anyone, but node 0's store stays
+        // while the others end (for the grace period and a few seconds),
+        // so that they hear why rather than lose it.
+        if (a_.node_rank != 0) {
+          agent_call([&] {
+            agent_->set(agent_key("read/" + mine), collie::to_bytes("1"));
+            return true;
+          });
+          return false;
+        }
+        const auto shorter = std::chrono::seconds(a_.grace_seconds + 5);
+        if (Clock::now() + shorter < limit) {
+          wait_for = shorter;
+          limit = Clock::now() + shorter;
+        }
+      }
       if (Clock::now() >= limit) {
         std::string missing;
         for (int k = 0; k < a_.nnodes; ++k)
           if (!agent_call([&] { return agent_->check({ended[k]}); }).value_or(true))
             missing += (missing.empty() ? "" : ", ") + std::to_string(k);
-        std::fprintf(stderr,
-                     "collie-run: node(s) %s did not end round %d within %.0f s of this node "
-                     "(their collie-run died or is cut off from node 0); no restart\n",
-                     missing.c_str(), restarts_, std::chrono::duration<double>(wait_for).count());
+        if (!stop_signal_)
+          std::fprintf(stderr,
+                       "collie-run: node(s) %s did not end round %d within %.0f s of this node "
+                       "(their collie-run died or is cut off from node 0); no restart\n",
+                       missing.c_str(), restarts_, std::chrono::duration<double>(wait_for).count());
         if (!first_failure_ && !remote_failure_ && !stop_signal_) {
           remote_failure_ =
               "node(s) " + missing + " never ended round " + std::to_string(restarts_);
