@@ -1,6 +1,7 @@
 #include "fake_device.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <tuple>
@@ -148,6 +149,128 @@ void FakeCuda::copy_async(void* dst, const void* src, size_t bytes, cuda::Stream
 
 void FakeCuda::zero_async(void* p, size_t bytes, cuda::Stream s) {
   stream(s).enqueue([=] { std::memset(p, 0, bytes); });
+}
+
+// ---------------------------------------------------------------- cuBLAS
+
+namespace {
+
+struct BlasHandle {
+  cuda::Stream stream = nullptr;
+};
+
+void require_float(DType t) {
+  if (t != DType::f32 && t != DType::f64)
+    throw Error(ErrorCode::invalid_argument, "cuBLAS (fake): f32 or f64 only");
+}
+
+double get(DType t, const void* p, long i) {
+  return t == DType::f32 ? static_cast<const float*>(p)[i] : static_cast<const double*>(p)[i];
+}
+
+void put(DType t, void* p, long i, double v) {
+  if (t == DType::f32)
+    static_cast<float*>(p)[i] = static_cast<float>(v);
+  else
+    static_cast<double*>(p)[i] = v;
+}
+
+}  // namespace
+
+cuda::BlasHandle FakeBlas::create_handle() {
+  ++live_handles;
+  return new BlasHandle;
+}
+
+void FakeBlas::destroy_handle(cuda::BlasHandle h) noexcept {
+  --live_handles;
+  delete static_cast<BlasHandle*>(h);
+}
+
+void FakeBlas::set_stream(cuda::BlasHandle h, cuda::Stream s) {
+  static_cast<BlasHandle*>(h)->stream = s;
+}
+
+void FakeBlas::run(cuda::BlasHandle h, std::function<void()> fn, bool wait) {
+  ++calls;
+  Stream& s = cuda_->stream(static_cast<BlasHandle*>(h)->stream);
+  const uint64_t at = s.enqueue(std::move(fn));
+  if (wait) s.wait_reached(at);
+}
+
+void FakeBlas::gemm(cuda::BlasHandle h, DType t, bool ta, bool tb, int m, int n, int k,
+                    double alpha, const void* a, int lda, const void* b, int ldb, double beta,
+                    void* c, int ldc) {
+  require_float(t);
+  run(
+      h,
+      [=] {
+        // Column-major: element (i, j) of an ld-strided matrix is at i + j ld.
+        auto A = [&](long i, long p) {
+          return ta ? get(t, a, p + i * lda) : get(t, a, i + p * lda);
+        };
+        auto B = [&](long p, long j) {
+          return tb ? get(t, b, j + p * ldb) : get(t, b, p + j * ldb);
+        };
+        for (long i = 0; i < m; ++i)
+          for (long j = 0; j < n; ++j) {
+            double sum = 0;
+            for (long p = 0; p < k; ++p) sum += A(i, p) * B(p, j);
+            // beta = 0: c is not read (it may hold NaN), as BLAS specifies.
+            double old = beta == 0 ? 0.0 : beta * get(t, c, i + j * ldc);
+            put(t, c, i + j * ldc, alpha * sum + old);
+          }
+      },
+      false);
+}
+
+double FakeBlas::nrm2(cuda::BlasHandle h, DType t, int n, const void* x, int incx) {
+  require_float(t);
+  double r = 0;
+  run(
+      h,
+      [=, &r] {
+        double s = 0;
+        for (long i = 0; i < n; ++i) s += get(t, x, i * incx) * get(t, x, i * incx);
+        r = std::sqrt(s);
+      },
+      true);
+  return t == DType::f32 ? static_cast<float>(r) : r;
+}
+
+double FakeBlas::dot(cuda::BlasHandle h, DType t, int n, const void* x, int incx, const void* y,
+                     int incy) {
+  require_float(t);
+  double r = 0;
+  run(
+      h,
+      [=, &r] {
+        for (long i = 0; i < n; ++i) r += get(t, x, i * incx) * get(t, y, i * incy);
+      },
+      true);
+  return t == DType::f32 ? static_cast<float>(r) : r;
+}
+
+void FakeBlas::scal(cuda::BlasHandle h, DType t, int n, double alpha, void* x, int incx) {
+  require_float(t);
+  run(
+      h,
+      [=] {
+        for (long i = 0; i < n; ++i) put(t, x, i * incx, alpha * get(t, x, i * incx));
+      },
+      false);
+}
+
+void FakeBlas::axpy(cuda::BlasHandle h, DType t, int n, double alpha, const void* x, int incx,
+                    void* y, int incy) {
+  require_float(t);
+  run(
+      h,
+      [=] {
+        for (long i = 0; i < n; ++i)
+          put(t, y, i * incy, alpha * get(t, x, i * incx) + get(t, y, i * incy));
+      },
+      false);
 }
 
 // ---------------------------------------------------------------- NCCL

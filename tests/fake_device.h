@@ -5,6 +5,11 @@
 // is a position in a stream's queue; stream_wait queues a task that blocks
 // until that position is reached. "Device memory" is host memory.
 //
+// FakeBlas: cuBLAS on the fake device's memory, each call run on the fake
+// stream its handle is bound to (in order with the copies queued there),
+// as plain loops in double, column-major as cuBLAS is. nrm2 and dot wait
+// for their stream, as cuBLAS with host results does.
+//
 // FakeNccl: the ranks of a test are threads of one process. Communicators
 // made from one unique id form a clique. A collective runs as a task on the
 // caller's stream: it joins the clique's next round and blocks, as an NCCL
@@ -26,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/cuda/blas_api.h"
 #include "comm/cuda/cuda_api.h"
 #include "comm/nccl/nccl_api.h"
 
@@ -85,6 +91,31 @@ class FakeCuda final : public cuda::Api {
  private:
   const int devices_;
   Stream legacy_;
+};
+
+class FakeBlas final : public cuda::BlasApi {
+ public:
+  explicit FakeBlas(std::shared_ptr<FakeCuda> cuda) : cuda_(std::move(cuda)) {}
+
+  cuda::BlasHandle create_handle() override;
+  void destroy_handle(cuda::BlasHandle h) noexcept override;
+  void set_stream(cuda::BlasHandle h, cuda::Stream s) override;
+  void gemm(cuda::BlasHandle h, DType t, bool trans_a, bool trans_b, int m, int n, int k,
+            double alpha, const void* a, int lda, const void* b, int ldb, double beta, void* c,
+            int ldc) override;
+  double nrm2(cuda::BlasHandle h, DType t, int n, const void* x, int incx) override;
+  double dot(cuda::BlasHandle h, DType t, int n, const void* x, int incx, const void* y,
+             int incy) override;
+  void scal(cuda::BlasHandle h, DType t, int n, double alpha, void* x, int incx) override;
+  void axpy(cuda::BlasHandle h, DType t, int n, double alpha, const void* x, int incx, void* y,
+            int incy) override;
+
+  std::atomic<int> live_handles{0}, calls{0};
+
+ private:
+  // Runs fn on the handle's stream; with `wait`, returns once it has run.
+  void run(cuda::BlasHandle h, std::function<void()> fn, bool wait);
+  std::shared_ptr<FakeCuda> cuda_;
 };
 
 struct Clique;
