@@ -63,5 +63,11 @@ struct LowRankMath {
   virtual void fill_normal(TensorView x, uint64_t seed) = 0;
 };
 LowRankMath& cpu_low_rank_math();
+// Over cuBLAS, queued on the calling thread's current stream
+// (collie::cuda_stream()); Error{unavailable} from each call in a build
+// without cuBLAS, unless a test has installed a fake (cuda::set_blas_api).
+LowRankMath& cuda_low_rank_math();
+// The arithmetic for buffers on `d`.
+LowRankMath& low_rank_math_for(const Device& d);
 
 }  // namespace collie

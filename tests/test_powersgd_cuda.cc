@@ -1,0 +1,235 @@
+// tests/test_powersgd_cuda.cc: PowerSGD on CUDA buckets, with a fake device
+// and a fake cuBLAS (tests/fake_device.h), so that CI runs the CUDA path.
+//
+//   CudaLowRankMath.*: against CpuLowRankMath on random matrices (one
+//     process, no communicator).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include "collie/comm.h"
+#include "comm/cuda/blas_api.h"
+#include "comm/cuda/cuda_api.h"
+#include "fake_device.h"
+#include "hooks/powersgd.h"
+
+namespace collie {
+namespace {
+
+struct Fakes {
+  std::shared_ptr<fake::FakeCuda> cuda;
+  std::shared_ptr<fake::FakeBlas> blas;
+};
+
+// Installed once, before the communicator is made (which stages CUDA
+// tensors through the installed device).
+const Fakes& fakes() {
+  static const Fakes f = [] {
+    Fakes made;
+    made.cuda = std::make_shared<fake::FakeCuda>();
+    made.blas = std::make_shared<fake::FakeBlas>(made.cuda);
+    cuda::set_device_api(made.cuda);
+    cuda::set_blas_api(made.blas);
+    return made;
+  }();
+  return f;
+}
+
+// The caller's stream: one of the fake's own, not the legacy default, so
+// that work the hook queued elsewhere would race with the test's copies.
+class OnStream {
+ public:
+  OnStream() : s_(fakes().cuda->create_stream()) { set_cuda_stream(s_); }
+  ~OnStream() {
+    set_cuda_stream(nullptr);
+    fakes().cuda->destroy_stream(s_);
+  }
+
+ private:
+  cuda::Stream s_;
+};
+
+// --- CudaLowRankMath against CpuLowRankMath -------------------------------------
+
+// A matrix on the host and its copy on the fake device.
+struct Twin {
+  Twin(DType t, size_t n) : t(t), n(n), host(n * dtype_size(t)) {
+    dev = fakes().cuda->device_alloc(host.size());
+  }
+  ~Twin() { fakes().cuda->device_free(dev); }
+  Twin(const Twin&) = delete;
+  Twin& operator=(const Twin&) = delete;
+  TensorView h() { return TensorView{host.data(), t, n, Device::cpu()}; }
+  TensorView d() { return TensorView{dev, t, n, Device::cuda(0)}; }
+  double at(size_t i) const {
+    return t == DType::f32 ? reinterpret_cast<const float*>(host.data())[i]
+                           : reinterpret_cast<const double*>(host.data())[i];
+  }
+  void set(size_t i, double v) {
+    if (t == DType::f32)
+      reinterpret_cast<float*>(host.data())[i] = static_cast<float>(v);
+    else
+      reinterpret_cast<double*>(host.data())[i] = v;
+  }
+  void random(uint64_t seed) {
+    std::mt19937_64 g(seed);
+    std::normal_distribution<double> nd;
+    for (size_t i = 0; i < n; ++i) set(i, nd(g));
+  }
+  // Waits: the copy reads `host` when the stream gets to it, and the CPU
+  // twin then computes in place there.
+  void upload() {
+    cuda::copy(dev, host.data(), host.size(), Device::cuda(0));
+    cuda::wait_queued(Device::cuda(0));
+  }
+  std::vector<double> download() const {
+    std::vector<uint8_t> b(host.size());
+    cuda::copy(b.data(), dev, b.size(), Device::cuda(0));
+    cuda::wait_queued(Device::cuda(0));
+    std::vector<double> v(n);
+    for (size_t i = 0; i < n; ++i)
+      v[i] = t == DType::f32 ? reinterpret_cast<const float*>(b.data())[i]
+                             : reinterpret_cast<const double*>(b.data())[i];
+    return v;
+  }
+  DType t;
+  size_t n;
+  std::vector<uint8_t> host;
+  void* dev;
+};
+
+// The device's result against the host's, relative to the largest value.
+void expect_close(const Twin& x, double tol, const std::string& what) {
+  auto got = x.download();
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < x.n; ++i) {
+    ASSERT_FALSE(std::isnan(got[i])) << what << " element " << i;
+    worst = std::max(worst, std::abs(got[i] - x.at(i)));
+    scale = std::max(scale, std::abs(x.at(i)));
+  }
+  EXPECT_LE(worst, tol * std::max(scale, 1.0)) << what;
+}
+
+double tol_of(DType t) {
+  return t == DType::f32 ? 1e-5 : 1e-12;
+}
+
+TEST(CudaLowRankMath, GemmMatchesTheCpuInEveryTransposeCombination) {
+  OnStream on;
+  LowRankMath& cpu = cpu_low_rank_math();
+  LowRankMath& gpu = low_rank_math_for(Device::cuda(0));
+  for (DType t : {DType::f32, DType::f64}) {
+    // m, n, k all different, so that a swapped dimension or leading
+    // dimension reads the wrong elements; n = 1 is the CPU's gemv path.
+    for (auto [m, n, k] : {std::array<size_t, 3>{7, 5, 4}, {6, 1, 9}, {1, 8, 3}}) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          Twin a(t, m * k), b(t, k * n), c(t, m * n);
+          a.random(1 + m + ta);
+          b.random(2 + n + tb);
+          c.random(3);  // overwritten: gemm's beta is 0
+          a.upload();
+          b.upload();
+          c.upload();
+          cpu.gemm(ta, tb, m, n, k, a.h(), b.h(), c.h());
+          gpu.gemm(ta, tb, m, n, k, a.d(), b.d(), c.d());
+          expect_close(c, tol_of(t),
+                       std::string(to_string(t)) + " gemm ta=" + std::to_string(ta) +
+                           " tb=" + std::to_string(tb) + " " + std::to_string(m) + "x" +
+                           std::to_string(n) + "x" + std::to_string(k));
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaLowRankMath, OrthogonalizeMatchesTheCpuAndKeepsAZeroColumnZero) {
+  OnStream on;
+  LowRankMath& cpu = cpu_low_rank_math();
+  LowRankMath& gpu = low_rank_math_for(Device::cuda(0));
+  const size_t rows = 11, cols = 4;
+  for (DType t : {DType::f32, DType::f64}) {
+    for (double eps : {0.0, 1e-3}) {
+      Twin x(t, rows * cols);
+      x.random(17);
+      for (size_t r = 0; r < rows; ++r) x.set(r * cols + 2, 0.0);  // a zero column
+      x.upload();
+      cpu.orthogonalize(x.h(), rows, cols, eps);
+      gpu.orthogonalize(x.d(), rows, cols, eps);
+      const std::string what =
+          std::string(to_string(t)) + " orthogonalize eps=" + std::to_string(eps);
+      expect_close(x, tol_of(t), what);
+      auto got = x.download();
+      for (size_t r = 0; r < rows; ++r) EXPECT_EQ(got[r * cols + 2], 0.0) << what << " row " << r;
+      // With eps = 0 the other columns come back of unit length.
+      if (eps == 0) {
+        double norm2 = 0;
+        for (size_t r = 0; r < rows; ++r) norm2 += got[r * cols] * got[r * cols];
+        EXPECT_NEAR(norm2, 1.0, tol_of(t) * 10) << what;
+      }
+    }
+  }
+}
+
+TEST(CudaLowRankMath, AxpbyMatchesTheCpuAndIgnoresNanWhenBIsZero) {
+  OnStream on;
+  LowRankMath& cpu = cpu_low_rank_math();
+  LowRankMath& gpu = low_rank_math_for(Device::cuda(0));
+  const size_t n = 33;
+  for (DType t : {DType::f32, DType::f64}) {
+    for (auto [a, b] : {std::pair{1.0, 1.0}, {0.5, -2.0}, {-1.0, 1.0}, {0.25, 0.0}, {0.0, 0.5}}) {
+      Twin x(t, n), y(t, n);
+      x.random(5);
+      y.random(6);
+      if (b == 0) y.set(3, std::numeric_limits<double>::quiet_NaN());
+      x.upload();
+      y.upload();
+      cpu.axpby(a, x.h(), b, y.h());
+      gpu.axpby(a, x.d(), b, y.d());
+      expect_close(
+          y, tol_of(t),
+          std::string(to_string(t)) + " axpby a=" + std::to_string(a) + " b=" + std::to_string(b));
+    }
+    // x and y the same memory, as the hook divides Q by the world size.
+    Twin q(t, n);
+    q.random(8);
+    q.upload();
+    cpu.axpby(0.0, q.h(), 1.0 / 3, q.h());
+    gpu.axpby(0.0, q.d(), 1.0 / 3, q.d());
+    expect_close(q, tol_of(t), std::string(to_string(t)) + " axpby in place");
+  }
+}
+
+TEST(CudaLowRankMath, FillNormalDrawsTheCpusValues) {
+  OnStream on;
+  for (DType t : {DType::f32, DType::f64}) {
+    Twin x(t, 50);
+    cpu_low_rank_math().fill_normal(x.h(), 99);
+    low_rank_math_for(Device::cuda(0)).fill_normal(x.d(), 99);
+    auto got = x.download();
+    for (size_t i = 0; i < x.n; ++i) ASSERT_EQ(got[i], x.at(i)) << to_string(t) << " " << i;
+  }
+}
+
+TEST(CudaLowRankMath, EachThreadHasItsOwnHandleBoundToItsStream) {
+  const int before = fakes().blas->live_handles;
+  std::thread([] {
+    OnStream on;
+    Twin x(DType::f32, 8), y(DType::f32, 8);
+    x.random(1);
+    x.upload();
+    low_rank_math_for(Device::cuda(0)).axpby(2.0, x.d(), 0.0, y.d());
+    cpu_low_rank_math().axpby(2.0, x.h(), 0.0, y.h());
+    expect_close(y, 1e-6, "axpby on another thread");
+  }).join();
+  // The thread's handle went with it.
+  EXPECT_EQ(fakes().blas->live_handles, before);
+}
+
+}  // namespace
+}  // namespace collie
