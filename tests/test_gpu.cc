@@ -15,10 +15,13 @@
 
 #include "collie/comm.h"
 #include "comm/core/reduce.h"
+#include "comm/cuda/blas_api.h"
 #include "comm/cuda/cuda_api.h"
 #include "comm/nccl/nccl_api.h"
 #include "hooks/comm_hook.h"
 #include "kernels/kernels.h"
+#include "mp_test.h"
+#include "powersgd_device_check.h"
 
 using namespace collie;
 
@@ -125,8 +128,9 @@ TEST(Kernels, CopyAllPacksAndUnpacksAsItsCpuTwin) {
   EXPECT_EQ(dbucket.get(), host_bucket);
 }
 
-// The communicator on the nccl backend, or a skip saying why there is none.
-std::unique_ptr<Communicator> nccl_comm() {
+// The communicator on the nccl backend (or on `backend`, a host one that
+// sends CUDA tensors to NCCL beside it).
+std::unique_ptr<Communicator> nccl_comm(const std::string& backend = "nccl") {
   int devices = 0;
   if (auto api = cuda::runtime()) devices = api->device_count(nullptr);
   const char* lws = std::getenv("LOCAL_WORLD_SIZE");
@@ -135,7 +139,7 @@ std::unique_ptr<Communicator> nccl_comm() {
   if (lws && rank && devices > 0 && std::atoi(lws) > devices)
     setenv("NCCL_HOSTID", (std::string("collie-test-rank-") + rank).c_str(), 1);
   Options o;
-  o.backend = "nccl";
+  o.backend = backend;
   return connect(o);
 }
 
@@ -210,6 +214,35 @@ TEST(HooksOnGpu, Fp16CompressionOfACudaBucketMatchesTheHostSteps) {
     const float want = kernels::half_to_float(kernels::float_to_half(sum));
     ASSERT_NEAR(g[i], want, 2e-3f * std::fabs(want) + 1e-3f) << i;
   }
+}
+
+// PowerSGD on CUDA buckets (cuBLAS, device state, nccl) against the CPU
+// hook on the same data, and a resumed checkpoint against an uninterrupted
+// run: the checks test_powersgd_cuda runs on a fake device in CI. The
+// tolerances allow for cuBLAS summing in another order than OpenBLAS. On a
+// host communicator (the CPU hook's buckets are on the host), which sends
+// the CUDA buckets' all-reduces to NCCL beside it.
+TEST(HooksOnGpu, PowerSgdOnACudaBucketMatchesTheCpuHook) {
+  REQUIRE_GPU(api);
+  if (!nccl::library()) GTEST_SKIP() << "this build of collie has no NCCL";
+  if (!cuda::blas_runtime()) GTEST_SKIP() << "this build of collie has no cuBLAS";
+  if (!collie::testing::have_powersgd()) GTEST_SKIP() << "this build of collie has no BLAS";
+  auto comm = nccl_comm("auto");
+  cuda::Stream s = api->create_stream();
+  set_cuda_stream(s);
+  for (const std::string spec :
+       {"powersgd:rank=2,start_iter=2", "batched_powersgd:rank=2,start_iter=2"}) {
+    for (DType t : {DType::f32, DType::f64}) {
+      const double worst = collie::testing::cuda_powersgd_against_cpu(
+          *comm, spec, t, 7, t == DType::f32 ? 1e-4 : 1e-10);
+      if (comm->rank() == 0)
+        std::printf("%s %s on the GPU: worst relative distance from the CPU hook %.3g\n",
+                    spec.c_str(), std::string(to_string(t)).c_str(), worst);
+      collie::testing::cuda_powersgd_resume_matches(*comm, spec, t, 7, 4);
+    }
+  }
+  set_cuda_stream(nullptr);
+  api->destroy_stream(s);
 }
 
 // Where no GPU can be used, a CUDA bucket is an error that says so, not a
