@@ -134,11 +134,26 @@ void* FakeCuda::device_alloc(size_t bytes) {
   ++live_allocations;
   void* p = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(64));
   std::memset(p, 0xAB, bytes);  // not zeroed, as cudaMalloc's is not
+  std::lock_guard lk(blocks_mu_);
+  blocks_[reinterpret_cast<uintptr_t>(p)] = bytes;
   return p;
+}
+
+bool FakeCuda::is_device_memory(const void* p, size_t bytes) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lk(blocks_mu_);
+  auto it = blocks_.upper_bound(at);
+  if (it == blocks_.begin()) return false;
+  --it;
+  return at + bytes <= it->first + it->second;
 }
 
 void FakeCuda::device_free(void* p) noexcept {
   if (!p) return;
+  {
+    std::lock_guard lk(blocks_mu_);
+    blocks_.erase(reinterpret_cast<uintptr_t>(p));
+  }
   --live_allocations;
   ::operator delete(p, std::align_val_t(64));
 }
@@ -191,6 +206,13 @@ void FakeBlas::set_stream(cuda::BlasHandle h, cuda::Stream s) {
   static_cast<BlasHandle*>(h)->stream = s;
 }
 
+void FakeBlas::require_device(const void* p, size_t bytes, const char* call) {
+  if (!cuda_->is_device_memory(p, bytes))
+    throw Error(ErrorCode::internal, std::string(call) +
+                                         " (fake): an operand is not in device memory (a GPU "
+                                         "would fault on it)");
+}
+
 void FakeBlas::run(cuda::BlasHandle h, std::function<void()> fn, bool wait) {
   ++calls;
   Stream& s = cuda_->stream(static_cast<BlasHandle*>(h)->stream);
@@ -202,6 +224,13 @@ void FakeBlas::gemm(cuda::BlasHandle h, DType t, bool ta, bool tb, int m, int n,
                     double alpha, const void* a, int lda, const void* b, int ldb, double beta,
                     void* c, int ldc) {
   require_float(t);
+  const size_t es = dtype_size(t);
+  auto extent = [es](long rows, long cols, long ld) {
+    return rows && cols ? static_cast<size_t>((cols - 1) * ld + rows) * es : 0;
+  };
+  require_device(a, ta ? extent(k, m, lda) : extent(m, k, lda), "cublasXgemm");
+  require_device(b, tb ? extent(n, k, ldb) : extent(k, n, ldb), "cublasXgemm");
+  require_device(c, extent(m, n, ldc), "cublasXgemm");
   run(
       h,
       [=] {
@@ -226,6 +255,8 @@ void FakeBlas::gemm(cuda::BlasHandle h, DType t, bool ta, bool tb, int m, int n,
 
 double FakeBlas::nrm2(cuda::BlasHandle h, DType t, int n, const void* x, int incx) {
   require_float(t);
+  require_device(x, static_cast<size_t>(n > 0 ? (n - 1) * incx + 1 : 0) * dtype_size(t),
+                 "cublasXnrm2");
   double r = 0;
   run(
       h,
@@ -241,6 +272,10 @@ double FakeBlas::nrm2(cuda::BlasHandle h, DType t, int n, const void* x, int inc
 double FakeBlas::dot(cuda::BlasHandle h, DType t, int n, const void* x, int incx, const void* y,
                      int incy) {
   require_float(t);
+  require_device(x, static_cast<size_t>(n > 0 ? (n - 1) * incx + 1 : 0) * dtype_size(t),
+                 "cublasXdot");
+  require_device(y, static_cast<size_t>(n > 0 ? (n - 1) * incy + 1 : 0) * dtype_size(t),
+                 "cublasXdot");
   double r = 0;
   run(
       h,
@@ -253,6 +288,8 @@ double FakeBlas::dot(cuda::BlasHandle h, DType t, int n, const void* x, int incx
 
 void FakeBlas::scal(cuda::BlasHandle h, DType t, int n, double alpha, void* x, int incx) {
   require_float(t);
+  require_device(x, static_cast<size_t>(n > 0 ? (n - 1) * incx + 1 : 0) * dtype_size(t),
+                 "cublasXscal");
   run(
       h,
       [=] {
@@ -264,6 +301,10 @@ void FakeBlas::scal(cuda::BlasHandle h, DType t, int n, double alpha, void* x, i
 void FakeBlas::axpy(cuda::BlasHandle h, DType t, int n, double alpha, const void* x, int incx,
                     void* y, int incy) {
   require_float(t);
+  require_device(x, static_cast<size_t>(n > 0 ? (n - 1) * incx + 1 : 0) * dtype_size(t),
+                 "cublasXaxpy");
+  require_device(y, static_cast<size_t>(n > 0 ? (n - 1) * incy + 1 : 0) * dtype_size(t),
+                 "cublasXaxpy");
   run(
       h,
       [=] {

@@ -83,6 +83,9 @@ class FakeCuda final : public cuda::Api {
   Stream& stream(cuda::Stream s);
   // Queues host work on a stream, as a kernel would run there.
   void run_on(cuda::Stream s, std::function<void()> fn) { stream(s).enqueue(std::move(fn)); }
+  // Whether [p, p + bytes) lies in one device_alloc'ed block: what a kernel
+  // may touch (host memory would fault on a GPU, not here).
+  bool is_device_memory(const void* p, size_t bytes);
 
   // Makes every later query() fail, as a device error would.
   std::atomic<bool> fail_queries{false};
@@ -91,6 +94,8 @@ class FakeCuda final : public cuda::Api {
  private:
   const int devices_;
   Stream legacy_;
+  std::mutex blocks_mu_;
+  std::map<uintptr_t, size_t> blocks_;  // device_alloc'ed: start, bytes
 };
 
 class FakeBlas final : public cuda::BlasApi {
@@ -113,6 +118,9 @@ class FakeBlas final : public cuda::BlasApi {
   std::atomic<int> live_handles{0}, calls{0};
 
  private:
+  // Fails the call, as a GPU would fault, where an operand is not in the
+  // fake's device memory.
+  void require_device(const void* p, size_t bytes, const char* call);
   // Runs fn on the handle's stream; with `wait`, returns once it has run.
   void run(cuda::BlasHandle h, std::function<void()> fn, bool wait);
   std::shared_ptr<FakeCuda> cuda_;

@@ -80,6 +80,7 @@ class CheckBucket {
     return v;
   }
   GradBucket& grad_bucket() { return b_; }
+  Device device() const { return d_; }
   size_t numel() const { return numel_; }
 
  private:
@@ -117,6 +118,18 @@ inline void device_check_step(Communicator& comm, CommHook& hook,
                               std::vector<std::unique_ptr<CheckBucket>>& buckets, DType t,
                               int step) {
   std::vector<std::vector<uint8_t>> grads;
+  // Even when the hook fails: nothing queued on the stream (the copies of
+  // `grads` into the buckets) may outlive `grads` or run into buckets that
+  // a failed test frees.
+  struct Drain {
+    Device d;
+    ~Drain() {
+      try {
+        cuda::wait_queued(d);
+      } catch (...) {
+      }
+    }
+  } drain{buckets.front()->device()};
   for (size_t i = 0; i < buckets.size(); ++i) {
     grads.push_back(device_check_grads(t, buckets[i]->numel(), comm.rank(), step, i));
     buckets[i]->set(grads.back());

@@ -63,6 +63,7 @@ class OnStream {
     set_cuda_stream(nullptr);
     fakes().cuda->destroy_stream(s_);
   }
+  cuda::Stream get() const { return s_; }
 
  private:
   cuda::Stream s_;
@@ -293,8 +294,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(PowerSgdOnFakeCudaStreams, EveryStepIsQueuedOnTheCallersStream) {
   if (!testing::have_powersgd()) GTEST_SKIP() << "this build has no BLAS";
   fake::Stream& legacy = fakes().cuda->stream(nullptr);
-  cuda::Stream mine = fakes().cuda->create_stream();
-  set_cuda_stream(mine);
+  OnStream on;
+  const cuda::Stream mine = on.get();
   for (const char* spec :
        {"powersgd:rank=2,start_iter=2", "batched_powersgd:rank=2,start_iter=2"}) {
     auto hook = make_comm_hook(spec);
@@ -306,8 +307,6 @@ TEST(PowerSgdOnFakeCudaStreams, EveryStepIsQueuedOnTheCallersStream) {
       EXPECT_GT(fakes().cuda->stream(mine).enqueued(), on_mine) << spec << " step " << step;
     }
   }
-  set_cuda_stream(nullptr);
-  fakes().cuda->destroy_stream(mine);
 }
 
 // A checkpoint saved by the CPU hook is loaded by a hook that then runs on
