@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -63,6 +64,31 @@ std::vector<unsigned char> random_floats(DType t, size_t n, uint32_t seed) {
   std::vector<unsigned char> out(n * dtype_size(t));
   kernels::convert(DType::f32, f.data(), t, out.data(), n);
   return out;
+}
+
+// Whether this process has mapped cuBLAS.
+bool cublas_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find("libcublas") != std::string::npos) return true;
+  return false;
+}
+
+// cuBLAS is opened at the first use, not at start-up (it costs every
+// process 200 MB of mappings), and its entry points resolve: without a GPU
+// the first call is cuBLAS's own error, not a failure to load. First in
+// this file, before any test can have used it.
+TEST(Cublas, IsOpenedAtItsFirstUseAndResolves) {
+  auto blas = cuda::blas_runtime();
+  if (!blas) GTEST_SKIP() << "this build of collie has no cuBLAS";
+  EXPECT_FALSE(cublas_mapped()) << "cuBLAS was loaded before anything used it";
+  try {
+    blas->destroy_handle(blas->create_handle());
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cublasCreate failed"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(cublas_mapped());
 }
 
 TEST(Kernels, ConvertMatchesItsCpuTwinBitForBit) {
