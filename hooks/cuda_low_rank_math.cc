@@ -20,37 +20,42 @@ namespace collie {
 namespace {
 
 // A cuBLAS handle per thread (a handle must not be used by two threads at
-// once), made through whichever BlasApi is installed, and bound to the
+// once), made through whichever BlasApi is installed for the device the
+// thread works on (a handle belongs to the device current when it was
+// made; the hook makes the bucket's current first), and bound to the
 // thread's current stream before each call.
 class ThreadHandle {
  public:
-  ~ThreadHandle() {
-    if (api_) api_->destroy_handle(h_);
-  }
-  std::pair<cuda::BlasApi*, cuda::BlasHandle> get() {
+  ~ThreadHandle() { reset(); }
+  std::pair<cuda::BlasApi*, cuda::BlasHandle> get(int device) {
     auto api = cuda::blas_api();
     if (!api)
       throw Error(ErrorCode::unavailable,
                   "powersgd: CUDA buckets need cuBLAS, and this build of collie has none "
                   "(configure with -Dcuda=enabled and the toolkit under CUDA_HOME)");
-    if (api != api_) {
-      if (api_) api_->destroy_handle(h_);
-      api_.reset();
+    if (api != api_ || device != device_) {
+      reset();
       h_ = api->create_handle();
       api_ = std::move(api);
+      device_ = device;
     }
     api_->set_stream(h_, cuda_stream());
     return {api_.get(), h_};
   }
 
  private:
+  void reset() {
+    if (api_) api_->destroy_handle(h_);
+    api_.reset();
+  }
   std::shared_ptr<cuda::BlasApi> api_;
   cuda::BlasHandle h_ = nullptr;
+  int device_ = -1;
 };
 
-std::pair<cuda::BlasApi*, cuda::BlasHandle> blas() {
+std::pair<cuda::BlasApi*, cuda::BlasHandle> blas(const Device& d) {
   thread_local ThreadHandle handle;
-  return handle.get();
+  return handle.get(d.index);
 }
 
 std::shared_ptr<cuda::Api> device() {
@@ -85,7 +90,7 @@ class CudaLowRankMath final : public LowRankMath {
     if (a.numel < m * k || b.numel < k * n || c.numel < m * n)
       throw Error(ErrorCode::internal, "powersgd: matrix views smaller than their shapes");
     if (m == 0 || n == 0) return;
-    auto [api, h] = blas();
+    auto [api, h] = blas(c.device);
     if (k == 0) {
       cuda::zero(c.data, c.nbytes(), c.device);  // an empty sum
       return;
@@ -104,7 +109,7 @@ class CudaLowRankMath final : public LowRankMath {
     if (rows == 0 || cols == 0) return;
     if (mat.numel < rows * cols)
       throw Error(ErrorCode::internal, "powersgd: matrix view smaller than its shape");
-    auto [api, h] = blas();
+    auto [api, h] = blas(mat.device);
     const size_t es = dtype_size(mat.dtype);
     auto col = [&](size_t i) { return static_cast<uint8_t*>(mat.data) + i * es; };
     const int n = as_int(rows), inc = as_int(cols);
@@ -122,7 +127,7 @@ class CudaLowRankMath final : public LowRankMath {
     check(x, y);
     if (x.numel != y.numel) throw Error(ErrorCode::internal, "powersgd: axpby sizes differ");
     if (x.numel == 0) return;
-    auto [api, h] = blas();
+    auto [api, h] = blas(y.device);
     const int n = as_int(x.numel);
     if (b == 0)
       cuda::zero(y.data, y.nbytes(), y.device);  // y's old contents ignored, NaN too

@@ -229,10 +229,18 @@ class StateMemory {
 
 // Makes `stream` this thread's current stream while it lives: a chain's
 // steps run on whichever thread completed the step before, and queue their
-// work on the stream the bucket was handed over on.
+// work on the stream the bucket was handed over on. For a CUDA bucket the
+// bucket's device becomes the thread's current one too (and stays so, as
+// the nccl backend's watchdog sets its own thread's): a collie thread
+// starts on device 0, and the stream and cuBLAS handle must be on the
+// bucket's.
 class StreamScope {
  public:
-  explicit StreamScope(void* stream) : before_(cuda_stream()) { set_cuda_stream(stream); }
+  StreamScope(void* stream, Device d) : before_(cuda_stream()) {
+    if (!d.is_cpu())
+      if (auto api = cuda::device_api()) api->set_device(d.index);
+    set_cuda_stream(stream);
+  }
   ~StreamScope() { set_cuda_stream(before_); }
   StreamScope(const StreamScope&) = delete;
   StreamScope& operator=(const StreamScope&) = delete;
@@ -326,7 +334,7 @@ class PowerSgdHook final : public CommHook {
       tail_.then([start](const Work&) { start.complete(); });
     Work first = start.then_work([this, sp, cp, pv, qv, pw, qw, buf, outer, narrow, src_all, opt,
                                   source, dev, stream](const Work&) -> Work {
-      StreamScope on(stream);
+      StreamScope on(stream, dev);
       LowRankMath& m = low_rank_math_for(dev);
       const size_t es = dtype_size(buf.dtype);
       if (narrow) hook_math_for(dev).decompress(outer, buf);
@@ -368,7 +376,7 @@ class PowerSgdHook final : public CommHook {
             .then_work(
                 [sp, cp, pv, qv, pw, qw, narrow, opt, source, dev, stream](const Work& w) -> Work {
                   if (auto e = w.error()) throw *e;
-                  StreamScope on(stream);
+                  StreamScope on(stream, dev);
                   if (!dev.is_cpu()) w.wait_on(stream);  // P, reduced, before it is read
                   LowRankMath& m = low_rank_math_for(dev);
                   if (narrow && pv.numel) hook_math_for(dev).decompress(pw, pv);
@@ -383,7 +391,7 @@ class PowerSgdHook final : public CommHook {
             .then([sp, pv, qv, qw, buf, outer, narrow, src_all, opt, target, world, dev,
                    stream](const Work& w) {
               if (auto e = w.error()) throw *e;
-              StreamScope on(stream);
+              StreamScope on(stream, dev);
               if (!dev.is_cpu()) w.wait_on(stream);  // Q, reduced, before it is read
               LowRankMath& m = low_rank_math_for(dev);
               if (narrow && qv.numel) hook_math_for(dev).decompress(qw, qv);

@@ -14,7 +14,7 @@ namespace collie::fake {
 
 // ---------------------------------------------------------------- streams
 
-Stream::Stream() : thread_([this] { loop(); }) {}
+Stream::Stream(int on_device) : device(on_device), thread_([this] { loop(); }) {}
 
 Stream::~Stream() {
   {
@@ -81,9 +81,21 @@ int FakeCuda::device_count(std::string* why) {
   return devices_;
 }
 
+namespace {
+thread_local int current_device_of_thread = 0;
+}  // namespace
+
+void FakeCuda::set_device(int device) {
+  current_device_of_thread = device;
+}
+
+int FakeCuda::current_device() const {
+  return current_device_of_thread;
+}
+
 cuda::Stream FakeCuda::create_stream() {
   ++live_streams;
-  return new Stream;
+  return new Stream(current_device());
 }
 
 void FakeCuda::destroy_stream(cuda::Stream s) noexcept {
@@ -171,6 +183,7 @@ void FakeCuda::zero_async(void* p, size_t bytes, cuda::Stream s) {
 namespace {
 
 struct BlasHandle {
+  int device = 0;  // current when it was made, as a cuBLAS handle's
   cuda::Stream stream = nullptr;
 };
 
@@ -194,7 +207,9 @@ void put(DType t, void* p, long i, double v) {
 
 cuda::BlasHandle FakeBlas::create_handle() {
   ++live_handles;
-  return new BlasHandle;
+  auto* h = new BlasHandle;
+  h->device = cuda_->current_device();
+  return h;
 }
 
 void FakeBlas::destroy_handle(cuda::BlasHandle h) noexcept {
@@ -215,7 +230,17 @@ void FakeBlas::require_device(const void* p, size_t bytes, const char* call) {
 
 void FakeBlas::run(cuda::BlasHandle h, std::function<void()> fn, bool wait) {
   ++calls;
-  Stream& s = cuda_->stream(static_cast<BlasHandle*>(h)->stream);
+  auto* handle = static_cast<BlasHandle*>(h);
+  Stream& s = cuda_->stream(handle->stream);
+  // cuBLAS runs on the handle's device, with a stream of that device, from
+  // a thread that has it current; the legacy stream (nullptr) is every
+  // device's.
+  const int current = cuda_->current_device();
+  if (handle->device != current || (handle->stream && s.device != current))
+    throw Error(ErrorCode::internal,
+                "cuBLAS (fake): a handle of device " + std::to_string(handle->device) +
+                    " with a stream of device " + std::to_string(s.device) +
+                    " used on a thread whose current device is " + std::to_string(current));
   const uint64_t at = s.enqueue(std::move(fn));
   if (wait) s.wait_reached(at);
 }

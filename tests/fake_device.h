@@ -39,8 +39,11 @@ namespace collie::fake {
 
 class Stream {
  public:
-  Stream();
+  Stream(int device = 0);
   ~Stream();
+  // The device current on the thread that made it (a CUDA stream belongs
+  // to one device).
+  const int device;
   // Queues fn; returns its position (1 for the first).
   uint64_t enqueue(std::function<void()> fn);
   uint64_t enqueued();
@@ -63,7 +66,9 @@ class FakeCuda final : public cuda::Api {
   ~FakeCuda() override;
 
   int device_count(std::string* why) override;
-  void set_device(int) override {}
+  // The calling thread's current device (0 until set), as cudaSetDevice.
+  void set_device(int device) override;
+  int current_device() const;
   cuda::Stream create_stream() override;
   void destroy_stream(cuda::Stream s) noexcept override;
   cuda::Event create_event() override;

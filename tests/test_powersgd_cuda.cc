@@ -41,7 +41,7 @@ struct Fakes {
 const Fakes& fakes() {
   static const Fakes f = [] {
     Fakes made;
-    made.cuda = std::make_shared<fake::FakeCuda>();
+    made.cuda = std::make_shared<fake::FakeCuda>(2);
     made.blas = std::make_shared<fake::FakeBlas>(made.cuda);
     cuda::set_device_api(made.cuda);
     cuda::set_blas_api(made.blas);
@@ -394,6 +394,22 @@ TEST(PowerSgdOnFakeCudaReducer, TheReducerOnTheDeviceMatchesItOnTheHost) {
     reducer_on_device_matches_host<float>(spec);
     reducer_on_device_matches_host<double>(spec);
   }
+}
+
+// Buckets on the second device, as on a rank whose local_rank is 1: the
+// program makes it its thread's current device, and the hook's steps that
+// run on collie's threads (which start on device 0) must make it theirs,
+// or cuBLAS would run with a handle and stream of another device.
+TEST(PowerSgdOnFakeCudaDevices, BucketsOnTheSecondDevice) {
+  if (!testing::have_powersgd()) GTEST_SKIP() << "this build has no BLAS";
+  struct OnDevice {
+    explicit OnDevice(int d) { fakes().cuda->set_device(d); }
+    ~OnDevice() { fakes().cuda->set_device(0); }
+  } on_device(1);
+  OnStream on;  // made on device 1
+  for (DType t : {DType::f32, DType::f64})
+    testing::cuda_powersgd_against_cpu(comm(), "powersgd:rank=2,start_iter=2", t, 5, tol_for(t),
+                                       Device::cuda(1));
 }
 
 // A checkpoint saved by the CPU hook is loaded by a hook that then runs on
