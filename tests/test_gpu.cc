@@ -297,12 +297,17 @@ TEST(HooksOnGpu, ACudaBucketWithoutAGpuIsAnErrorThatSaysSo) {
   GradBucket b;
   b.buffer = TensorView{x.data(), DType::f32, x.size(), Device::cuda(0)};
   b.grads = {b.buffer};
-  auto hook = make_comm_hook("fp16");
-  try {
-    hook->run(*comm, b).wait();
-    FAIL() << "a CUDA bucket ran without a GPU";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+  std::vector<std::string> specs = {"fp16"};
+  if (collie::testing::have_powersgd())
+    specs.push_back("powersgd:start_iter=0,warm_start=0,error_feedback=0");
+  for (const std::string& spec : specs) {
+    auto hook = make_comm_hook(spec);
+    try {
+      hook->run(*comm, b).wait();
+      FAIL() << spec << ": a CUDA bucket ran without a GPU";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << spec << ": " << e.what();
+    }
   }
 }
 
