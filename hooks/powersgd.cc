@@ -13,7 +13,6 @@
 #include "hooks/powersgd.h"
 
 #include <cmath>
-#include <cstring>
 #include <random>
 
 #include "collie_build_config.h"
