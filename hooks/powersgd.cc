@@ -13,12 +13,12 @@
 #include "hooks/powersgd.h"
 
 #include <cmath>
-#include <cstring>
 #include <random>
 
 #include "collie_build_config.h"
 #include "comm/core/fingerprint.h"
 #include "comm/core/state_bytes.h"
+#include "comm/cuda/cuda_api.h"
 #if COLLIE_HAVE_BLAS
 #include <cblas.h>
 #endif
@@ -149,8 +149,7 @@ class CpuLowRankMath final : public LowRankMath {
                   "powersgd: the low-rank arithmetic runs on f32 or f64 (got " +
                       std::string(to_string(a.dtype)) + ")");
     if (!a.device.is_cpu() || !b.device.is_cpu())
-      throw Error(ErrorCode::unavailable,
-                  "powersgd: CUDA buckets need the CUDA hook math (not built)");
+      throw Error(ErrorCode::internal, "powersgd: the CPU low-rank math got a CUDA buffer");
   }
 };
 
@@ -163,6 +162,91 @@ uint64_t mix_seed(uint64_t seed, uint64_t n) {
 }
 
 constexpr uint64_t kStateMagic = 0x3144475352574f50ull;  // "POWRSGD1"
+
+// Bytes of the hook's state on its bucket's device: a host vector, or
+// device memory through cuda::device_api(), freed with it. Zeroing and
+// copies on a device are queued on the calling thread's current stream.
+class StateMemory {
+ public:
+  void* data() const { return dev_ ? dev_.get() : const_cast<uint8_t*>(host_.data()); }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+  // `bytes` on `d`; what it held is kept only if neither changed.
+  void resize(size_t bytes, Device d) {
+    if (bytes == size_ && d == device_) return;
+    if (d.is_cpu() || bytes == 0) {
+      dev_.reset();
+      host_.resize(bytes);
+    } else {
+      host_.clear();
+      dev_ = device_alloc(bytes);
+    }
+    size_ = bytes;
+    device_ = d;
+  }
+  void assign_zero(size_t bytes, Device d) {
+    resize(bytes, d);
+    cuda::zero(data(), bytes, d);
+  }
+  // The same bytes on `d` (a checkpoint loaded on the host, then used on a
+  // CUDA bucket); waits for the copy.
+  void move_to(Device d) {
+    if (d == device_) return;
+    StateMemory moved;
+    moved.resize(size_, d);
+    const Device copier = d.is_cpu() ? device_ : d;
+    cuda::copy(moved.data(), data(), size_, copier);
+    cuda::wait_queued(copier);
+    *this = std::move(moved);
+  }
+  Bytes to_host() const {
+    Bytes out(size_);
+    cuda::copy(out.data(), data(), size_, device_);
+    cuda::wait_queued(device_);
+    return out;
+  }
+  static StateMemory of_host(Bytes b) {
+    StateMemory m;
+    m.size_ = b.size();
+    m.host_ = std::move(b);
+    return m;
+  }
+
+ private:
+  static std::shared_ptr<void> device_alloc(size_t bytes) {
+    auto api = cuda::device_api();
+    if (!api)
+      throw Error(ErrorCode::unavailable, "powersgd: a CUDA bucket, but this build has no CUDA");
+    return std::shared_ptr<void>(api->device_alloc(bytes), [api](void* p) { api->device_free(p); });
+  }
+  Device device_ = Device::cpu();
+  size_t size_ = 0;
+  std::vector<uint8_t> host_;
+  std::shared_ptr<void> dev_;
+};
+
+// Makes `stream` this thread's current stream while it lives: a chain's
+// steps run on whichever thread completed the step before, and queue their
+// work on the stream the bucket was handed over on. For a CUDA bucket the
+// bucket's device becomes the thread's current one too (and stays so, as
+// the nccl backend's watchdog sets its own thread's): a collie thread
+// starts on device 0, and the stream and cuBLAS handle must be on the
+// bucket's.
+class StreamScope {
+ public:
+  StreamScope(void* stream, Device d) : before_(cuda_stream()) {
+    if (!d.is_cpu())
+      if (auto api = cuda::device_api()) api->set_device(d.index);
+    set_cuda_stream(stream);
+  }
+  ~StreamScope() { set_cuda_stream(before_); }
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  void* before_;
+};
 
 // --- the hook -------------------------------------------------------------------
 
@@ -184,32 +268,36 @@ class PowerSgdHook final : public CommHook {
     // arithmetic, and P and Q travel in the bucket's 16-bit type, as
     // PyTorch's fp16_compress_wrapper(powerSGD_hook) does: half the bytes.
     const TensorView outer = b.buffer;
+    const Device dev = outer.device;
     const bool narrow = outer.dtype == DType::f16 || outer.dtype == DType::bf16;
     const DType t = narrow ? DType::f32 : outer.dtype;
     const size_t es = dtype_size(t);
-    auto view = [t](std::vector<uint8_t>& v) {
-      return TensorView{v.data(), t, v.size() / dtype_size(t), Device::cpu()};
+    auto view = [t, dev](const StateMemory& v) {
+      return TensorView{v.data(), t, v.size() / dtype_size(t), dev};
     };
-    if (narrow) st.wide.resize(outer.numel * es);
+    if (narrow) st.wide.resize(outer.numel * es, dev);
     TensorView buf = narrow ? view(st.wide) : outer;
+    // On a CUDA bucket every step is queued on the stream the bucket came
+    // on, whichever thread runs it.
+    void* const stream = cuda_stream();
 
     // Memory is sized here, on the caller's thread; the arithmetic runs in
     // the chain below.
     State* sp = &st;
     if (opt_.error_feedback) {
       // PyTorch: a bucket's first compressed step has no error yet.
-      if (st.error.empty()) st.error.assign(buf.nbytes(), 0);
+      if (st.error.empty()) st.error.assign_zero(buf.nbytes(), dev);
     }
-    if (opt_.batched) st.square.resize(st.side * st.side * es);
-    st.pbuf.resize((st.plain_numel + st.p_numel) * es);
+    if (opt_.batched) st.square.resize(st.side * st.side * es, dev);
+    st.pbuf.resize((st.plain_numel + st.p_numel) * es, dev);
     TensorView pv = view(st.pbuf), qv = view(st.q);
     // What goes on the wire: P and Q themselves, or their 16-bit copies.
     TensorView pw = pv, qw = qv;
     if (narrow) {
-      st.pwire.resize(pv.numel * 2);
-      st.qwire.resize(qv.numel * 2);
-      pw = TensorView{st.pwire.data(), outer.dtype, pv.numel, Device::cpu()};
-      qw = TensorView{st.qwire.data(), outer.dtype, qv.numel, Device::cpu()};
+      st.pwire.resize(pv.numel * 2, dev);
+      st.qwire.resize(qv.numel * 2, dev);
+      pw = TensorView{st.pwire.data(), outer.dtype, pv.numel, dev};
+      qw = TensorView{st.qwire.data(), outer.dtype, qv.numel, dev};
     }
     // With error feedback the error memory first becomes this step's input
     // (gradient + error), the matrices are read from there and the result
@@ -218,7 +306,7 @@ class PowerSgdHook final : public CommHook {
     // Batched, the matrix is the input copied into a zero-padded square.
     TensorView src_all = opt_.error_feedback ? view(st.error) : buf;
     auto matrix_in = [sp, batched = opt_.batched](TensorView all, const Slot& s) {
-      return batched ? TensorView{sp->square.data(), all.dtype, sp->side * sp->side, Device::cpu()}
+      return batched ? TensorView{sp->square.data(), all.dtype, sp->side * sp->side, all.device}
                      : all.slice(s.offset, s.n * s.m);
     };
     auto source = [matrix_in, src_all](const Slot& s) { return matrix_in(src_all, s); };
@@ -244,20 +332,22 @@ class PowerSgdHook final : public CommHook {
     else
       tail_.then([start](const Work&) { start.complete(); });
     Work first = start.then_work([this, sp, cp, pv, qv, pw, qw, buf, outer, narrow, src_all, opt,
-                                  source](const Work&) -> Work {
-      LowRankMath& m = cpu_low_rank_math();
+                                  source, dev, stream](const Work&) -> Work {
+      StreamScope on(stream, dev);
+      LowRankMath& m = low_rank_math_for(dev);
       const size_t es = dtype_size(buf.dtype);
-      if (narrow) cpu_hook_math().decompress(outer, buf);
+      if (narrow) hook_math_for(dev).decompress(outer, buf);
       if (opt.error_feedback) m.axpby(1.0, buf, 1.0, src_all);  // error += gradient
       if (opt.batched) {
-        std::memset(sp->square.data() + buf.nbytes(), 0, sp->square.size() - buf.nbytes());
-        std::memcpy(sp->square.data(), src_all.data, buf.nbytes());
+        uint8_t* sq = static_cast<uint8_t*>(sp->square.data());
+        cuda::zero(sq + buf.nbytes(), sp->square.size() - buf.nbytes(), dev);
+        cuda::copy(sq, src_all.data, buf.nbytes(), dev);
       }
       // [uncompressed tensors | P factors] go in one all-reduce.
       size_t at_plain = 0;
       for (const auto& [off, n] : sp->plain) {
-        std::memcpy(static_cast<uint8_t*>(pv.data) + at_plain * es,
-                    static_cast<uint8_t*>(src_all.data) + off * es, n * es);
+        cuda::copy(static_cast<uint8_t*>(pv.data) + at_plain * es,
+                   static_cast<uint8_t*>(src_all.data) + off * es, n * es, dev);
         at_plain += n;
       }
       if (!opt.warm_start || !sp->have_q) {
@@ -276,32 +366,39 @@ class PowerSgdHook final : public CommHook {
         m.gemm(false, false, s.n, s.r, s.m, source(s), qv.slice(s.q_off, s.m * s.r),
                pv.slice(sp->plain_numel + s.p_off, s.n * s.r));
       count_bytes(pw.nbytes() + qw.nbytes());
-      if (narrow && pv.numel) cpu_hook_math().compress(pv, pw, 1);
+      if (narrow && pv.numel) hook_math_for(dev).compress(pv, pw, 1);
+      // Issued on this thread with `stream` current: ordered after the above.
       return pv.numel ? cp->allreduce(pw, ReduceOp::sum) : Work();
     });
     tail_ =
         first
-            .then_work([sp, cp, pv, qv, pw, qw, narrow, opt, source](const Work& w) -> Work {
+            .then_work(
+                [sp, cp, pv, qv, pw, qw, narrow, opt, source, dev, stream](const Work& w) -> Work {
+                  if (auto e = w.error()) throw *e;
+                  StreamScope on(stream, dev);
+                  if (!dev.is_cpu()) w.wait_on(stream);  // P, reduced, before it is read
+                  LowRankMath& m = low_rank_math_for(dev);
+                  if (narrow && pv.numel) hook_math_for(dev).decompress(pw, pv);
+                  for (const Slot& s : sp->slots) {
+                    TensorView p = pv.slice(sp->plain_numel + s.p_off, s.n * s.r);
+                    m.orthogonalize(p, s.n, s.r, opt.orthogonalization_epsilon);
+                    m.gemm(true, false, s.m, s.r, s.n, source(s), p, qv.slice(s.q_off, s.m * s.r));
+                  }
+                  if (narrow && qv.numel) hook_math_for(dev).compress(qv, qw, 1);
+                  return qv.numel ? cp->allreduce(qw, ReduceOp::sum) : Work();
+                })
+            .then([sp, pv, qv, qw, buf, outer, narrow, src_all, opt, target, world, dev,
+                   stream](const Work& w) {
               if (auto e = w.error()) throw *e;
-              LowRankMath& m = cpu_low_rank_math();
-              if (narrow && pv.numel) cpu_hook_math().decompress(pw, pv);
-              for (const Slot& s : sp->slots) {
-                TensorView p = pv.slice(sp->plain_numel + s.p_off, s.n * s.r);
-                m.orthogonalize(p, s.n, s.r, opt.orthogonalization_epsilon);
-                m.gemm(true, false, s.m, s.r, s.n, source(s), p, qv.slice(s.q_off, s.m * s.r));
-              }
-              if (narrow && qv.numel) cpu_hook_math().compress(qv, qw, 1);
-              return qv.numel ? cp->allreduce(qw, ReduceOp::sum) : Work();
-            })
-            .then([sp, pv, qv, qw, buf, outer, narrow, src_all, opt, target, world](const Work& w) {
-              if (auto e = w.error()) throw *e;
-              LowRankMath& m = cpu_low_rank_math();
-              if (narrow && qv.numel) cpu_hook_math().decompress(qw, qv);
+              StreamScope on(stream, dev);
+              if (!dev.is_cpu()) w.wait_on(stream);  // Q, reduced, before it is read
+              LowRankMath& m = low_rank_math_for(dev);
+              if (narrow && qv.numel) hook_math_for(dev).decompress(qw, qv);
               m.axpby(0.0, qv, 1.0 / world, qv);
               for (const Slot& s : sp->slots)
                 m.gemm(false, true, s.n, s.m, s.r, pv.slice(sp->plain_numel + s.p_off, s.n * s.r),
                        qv.slice(s.q_off, s.m * s.r), target(s));
-              if (opt.batched) std::memcpy(buf.data, sp->square.data(), buf.nbytes());
+              if (opt.batched) cuda::copy(buf.data, sp->square.data(), buf.nbytes(), dev);
               size_t at = 0;
               for (const auto& [off, n] : sp->plain) {
                 TensorView src = pv.slice(at, n), dst = buf.slice(off, n);
@@ -311,7 +408,11 @@ class PowerSgdHook final : public CommHook {
               // What this rank meant to send minus what everyone now holds.
               if (opt.error_feedback) m.axpby(-1.0, buf, 1.0, src_all);
               if (!opt.warm_start) sp->have_q = false;
-              if (narrow) cpu_hook_math().compress(buf, outer, 1);
+              if (narrow) hook_math_for(dev).compress(buf, outer, 1);
+              // The bucket holds the result when the hook's Work ends (the
+              // reducer then copies it out on the caller's stream, which
+              // need not be this one).
+              cuda::wait_queued(dev);
             });
     return tail_;
   }
@@ -328,8 +429,8 @@ class PowerSgdHook final : public CommHook {
       put_u64(out, index);
       put_u64(out, st.layout);
       put_u64(out, st.have_q);
-      put_bytes(out, st.q);
-      put_bytes(out, st.error);
+      put_bytes(out, st.q.to_host());
+      put_bytes(out, st.error.to_host());
     }
     return out;
   }
@@ -349,8 +450,8 @@ class PowerSgdHook final : public CommHook {
       size_t index = r.u64();
       st.layout = r.u64();
       st.have_q = r.u64() != 0;
-      st.q = r.bytes();
-      st.error = r.bytes();
+      st.q = StateMemory::of_host(r.bytes());
+      st.error = StateMemory::of_host(r.bytes());
       states[index] = std::move(st);
     }
     if (r.remaining() != 0) throw bad("powersgd: the state to load has trailing bytes");
@@ -371,18 +472,18 @@ class PowerSgdHook final : public CommHook {
     std::vector<std::pair<size_t, size_t>> plain;  // uncompressed gradients: offset, numel
     size_t plain_numel = 0, p_numel = 0, side = 0;
     bool have_q = false;
-    std::vector<uint8_t> q, error;            // kept across iterations (and saved)
-    std::vector<uint8_t> pbuf, square;        // scratch
-    std::vector<uint8_t> wide, pwire, qwire;  // 16-bit buckets: f32 copy, P and Q on the wire
+    StateMemory q, error;            // kept across iterations (and saved)
+    StateMemory pbuf, square;        // scratch
+    StateMemory wide, pwire, qwire;  // 16-bit buckets: f32 copy, P and Q on the wire
   };
 
   State& state_for(const GradBucket& b) {
     const DType t = b.buffer.dtype;
-    if (!is_floating(t) || !b.buffer.device.is_cpu())
+    const Device dev = b.buffer.device;
+    if (!is_floating(t))
       throw Error(ErrorCode::invalid_argument,
                   "comm hook " + name() + ": bucket " + std::to_string(b.index) + " holds " +
-                      std::string(to_string(t)) + (b.buffer.device.is_cpu() ? "" : " on CUDA") +
-                      " gradients; the CPU PowerSGD takes floating-point CPU buckets");
+                      std::string(to_string(t)) + " gradients; PowerSGD takes floating-point ones");
     uint64_t h = kFnvBasis;
     auto mix = [&h](uint64_t v) { h = fnv_mix(h, v); };
     mix(static_cast<uint64_t>(t));
@@ -430,8 +531,12 @@ class PowerSgdHook final : public CommHook {
     st.p_numel = p_numel;
     // The arithmetic runs in f64 for f64 buckets, else in f32.
     const size_t ws = t == DType::f64 ? 8 : 4;
+    // A loaded checkpoint's state is on the host until its bucket shows
+    // which device it belongs on.
+    st.q.move_to(dev);
+    st.error.move_to(dev);
     if (st.q.size() != q_numel * ws) {
-      st.q.assign(q_numel * ws, 0);
+      st.q.assign_zero(q_numel * ws, dev);
       st.have_q = false;
     }
     const size_t wide_bytes = b.buffer.numel * ws;

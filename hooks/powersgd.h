@@ -15,8 +15,17 @@
 // power iteration keeps converging instead of starting from noise.
 // batched_powersgd compresses the whole bucket as one square matrix instead.
 //
-// The matrix products go through BLAS. The arithmetic sits behind
-// LowRankMath, which a CUDA twin implements over cuBLAS for device buckets.
+// The arithmetic sits behind LowRankMath: on CPU buckets over BLAS, on CUDA
+// buckets over cuBLAS (hooks/cuda_low_rank_math.cc), through the thin
+// cuda::BlasApi and cuda::Api interfaces, so that CI runs the CUDA path
+// against a fake device. On a CUDA bucket the hook's state (error feedback,
+// P, Q, the batched square, the wire copies) lives in device memory, its
+// arithmetic and copies are queued on the stream the bucket was handed over
+// on (collie::cuda_stream() at run()), each all-reduce is issued after them
+// on that stream, and the hook's Work ends once the bucket holds the result.
+// Q is drawn on the host by one generator, so a CUDA rank and a CPU rank
+// start from the same Q. 16-bit buckets on CUDA are widened by the CUDA
+// hook math's kernels.
 #pragma once
 
 #include <memory>
@@ -63,5 +72,11 @@ struct LowRankMath {
   virtual void fill_normal(TensorView x, uint64_t seed) = 0;
 };
 LowRankMath& cpu_low_rank_math();
+// Over cuBLAS, queued on the calling thread's current stream
+// (collie::cuda_stream()); Error{unavailable} from each call in a build
+// without cuBLAS, unless a test has installed a fake (cuda::set_blas_api).
+LowRankMath& cuda_low_rank_math();
+// The arithmetic for buffers on `d`.
+LowRankMath& low_rank_math_for(const Device& d);
 
 }  // namespace collie

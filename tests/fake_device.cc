@@ -1,6 +1,7 @@
 #include "fake_device.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <tuple>
@@ -13,7 +14,7 @@ namespace collie::fake {
 
 // ---------------------------------------------------------------- streams
 
-Stream::Stream() : thread_([this] { loop(); }) {}
+Stream::Stream(int on_device) : device(on_device), thread_([this] { loop(); }) {}
 
 Stream::~Stream() {
   {
@@ -80,9 +81,21 @@ int FakeCuda::device_count(std::string* why) {
   return devices_;
 }
 
+namespace {
+thread_local int current_device_of_thread = 0;
+}  // namespace
+
+void FakeCuda::set_device(int device) {
+  current_device_of_thread = device;
+}
+
+int FakeCuda::current_device() const {
+  return current_device_of_thread;
+}
+
 cuda::Stream FakeCuda::create_stream() {
   ++live_streams;
-  return new Stream;
+  return new Stream(current_device());
 }
 
 void FakeCuda::destroy_stream(cuda::Stream s) noexcept {
@@ -133,11 +146,26 @@ void* FakeCuda::device_alloc(size_t bytes) {
   ++live_allocations;
   void* p = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(64));
   std::memset(p, 0xAB, bytes);  // not zeroed, as cudaMalloc's is not
+  std::lock_guard lk(blocks_mu_);
+  blocks_[reinterpret_cast<uintptr_t>(p)] = bytes;
   return p;
+}
+
+bool FakeCuda::is_device_memory(const void* p, size_t bytes) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lk(blocks_mu_);
+  auto it = blocks_.upper_bound(at);
+  if (it == blocks_.begin()) return false;
+  --it;
+  return at + bytes <= it->first + it->second;
 }
 
 void FakeCuda::device_free(void* p) noexcept {
   if (!p) return;
+  {
+    std::lock_guard lk(blocks_mu_);
+    blocks_.erase(reinterpret_cast<uintptr_t>(p));
+  }
   --live_allocations;
   ::operator delete(p, std::align_val_t(64));
 }
@@ -148,6 +176,167 @@ void FakeCuda::copy_async(void* dst, const void* src, size_t bytes, cuda::Stream
 
 void FakeCuda::zero_async(void* p, size_t bytes, cuda::Stream s) {
   stream(s).enqueue([=] { std::memset(p, 0, bytes); });
+}
+
+// ---------------------------------------------------------------- cuBLAS
+
+namespace {
+
+struct BlasHandle {
+  int device = 0;  // current when it was made, as a cuBLAS handle's
+  cuda::Stream stream = nullptr;
+};
+
+void require_float(DType t) {
+  if (t != DType::f32 && t != DType::f64)
+    throw Error(ErrorCode::invalid_argument, "cuBLAS (fake): f32 or f64 only");
+}
+
+double get(DType t, const void* p, long i) {
+  return t == DType::f32 ? static_cast<const float*>(p)[i] : static_cast<const double*>(p)[i];
+}
+
+void put(DType t, void* p, long i, double v) {
+  if (t == DType::f32)
+    static_cast<float*>(p)[i] = static_cast<float>(v);
+  else
+    static_cast<double*>(p)[i] = v;
+}
+
+}  // namespace
+
+cuda::BlasHandle FakeBlas::create_handle() {
+  ++live_handles;
+  auto* h = new BlasHandle;
+  h->device = cuda_->current_device();
+  return h;
+}
+
+void FakeBlas::destroy_handle(cuda::BlasHandle h) noexcept {
+  --live_handles;
+  delete static_cast<BlasHandle*>(h);
+}
+
+void FakeBlas::set_stream(cuda::BlasHandle h, cuda::Stream s) {
+  static_cast<BlasHandle*>(h)->stream = s;
+}
+
+void FakeBlas::require_device(const void* p, size_t bytes, const char* call) {
+  if (!cuda_->is_device_memory(p, bytes))
+    throw Error(ErrorCode::internal, std::string(call) +
+                                         " (fake): an operand is not in device memory (a GPU "
+                                         "would fault on it)");
+}
+
+void FakeBlas::run(cuda::BlasHandle h, std::function<void()> fn, bool wait) {
+  ++calls;
+  auto* handle = static_cast<BlasHandle*>(h);
+  Stream& s = cuda_->stream(handle->stream);
+  // cuBLAS runs on the handle's device, with a stream of that device, from
+  // a thread that has it current; the legacy stream (nullptr) is every
+  // device's.
+  const int current = cuda_->current_device();
+  if (handle->device != current || (handle->stream && s.device != current))
+    throw Error(ErrorCode::internal,
+                "cuBLAS (fake): a handle of device " + std::to_string(handle->device) +
+                    " with a stream of device " + std::to_string(s.device) +
+                    " used on a thread whose current device is " + std::to_string(current));
+  const uint64_t at = s.enqueue(std::move(fn));
+  if (wait) s.wait_reached(at);
+}
+
+void FakeBlas::gemm(cuda::BlasHandle h, DType t, bool ta, bool tb, int m, int n, int k,
+                    double alpha, const void* a, int lda, const void* b, int ldb, double beta,
+                    void* c, int ldc) {
+  require_float(t);
+  const size_t es = dtype_size(t);
+  auto extent = [es](long rows, long cols, long ld) {
+    return rows && cols ? static_cast<size_t>((cols - 1) * ld + rows) * es : 0;
+  };
+  require_device(a, ta ? extent(k, m, lda) : extent(m, k, lda), "cublasXgemm");
+  require_device(b, tb ? extent(n, k, ldb) : extent(k, n, ldb), "cublasXgemm");
+  require_device(c, extent(m, n, ldc), "cublasXgemm");
+  run(
+      h,
+      [=] {
+        // Column-major: element (i, j) of an ld-strided matrix is at i + j ld.
+        auto A = [&](long i, long p) {
+          return ta ? get(t, a, p + i * lda) : get(t, a, i + p * lda);
+        };
+        auto B = [&](long p, long j) {
+          return tb ? get(t, b, j + p * ldb) : get(t, b, p + j * ldb);
+        };
+        for (long i = 0; i < m; ++i)
+          for (long j = 0; j < n; ++j) {
+            double sum = 0;
+            for (long p = 0; p < k; ++p) sum += A(i, p) * B(p, j);
+            // beta = 0: c is not read (it may hold NaN), as BLAS specifies.
+            double old = beta == 0 ? 0.0 : beta * get(t, c, i + j * ldc);
+            put(t, c, i + j * ldc, alpha * sum + old);
+          }
+      },
+      false);
+}
+
+double FakeBlas::nrm2(cuda::BlasHandle h, DType t, int n, const void* x, int incx) {
+  require_float(t);
+  require_device(x, static_cast<size_t>(n > 0 ? (n - 1) * incx + 1 : 0) * dtype_size(t),
+                 "cublasXnrm2");
+  double r = 0;
+  run(
+      h,
+      [=, &r] {
+        double s = 0;
+        for (long i = 0; i < n; ++i) s += get(t, x, i * incx) * get(t, x, i * incx);
+        r = std::sqrt(s);
+      },
+      true);
+  return t == DType::f32 ? static_cast<float>(r) : r;
+}
+
+double FakeBlas::dot(cuda::BlasHandle h, DType t, int n, const void* x, int incx, const void* y,
+                     int incy) {
+  require_float(t);
+  require_device(x, static_cast<size_t>(n > 0 ? (n - 1) * incx + 1 : 0) * dtype_size(t),
+                 "cublasXdot");
+  require_device(y, static_cast<size_t>(n > 0 ? (n - 1) * incy + 1 : 0) * dtype_size(t),
+                 "cublasXdot");
+  double r = 0;
+  run(
+      h,
+      [=, &r] {
+        for (long i = 0; i < n; ++i) r += get(t, x, i * incx) * get(t, y, i * incy);
+      },
+      true);
+  return t == DType::f32 ? static_cast<float>(r) : r;
+}
+
+void FakeBlas::scal(cuda::BlasHandle h, DType t, int n, double alpha, void* x, int incx) {
+  require_float(t);
+  require_device(x, static_cast<size_t>(n > 0 ? (n - 1) * incx + 1 : 0) * dtype_size(t),
+                 "cublasXscal");
+  run(
+      h,
+      [=] {
+        for (long i = 0; i < n; ++i) put(t, x, i * incx, alpha * get(t, x, i * incx));
+      },
+      false);
+}
+
+void FakeBlas::axpy(cuda::BlasHandle h, DType t, int n, double alpha, const void* x, int incx,
+                    void* y, int incy) {
+  require_float(t);
+  require_device(x, static_cast<size_t>(n > 0 ? (n - 1) * incx + 1 : 0) * dtype_size(t),
+                 "cublasXaxpy");
+  require_device(y, static_cast<size_t>(n > 0 ? (n - 1) * incy + 1 : 0) * dtype_size(t),
+                 "cublasXaxpy");
+  run(
+      h,
+      [=] {
+        for (long i = 0; i < n; ++i)
+          put(t, y, i * incy, alpha * get(t, x, i * incx) + get(t, y, i * incy));
+      },
+      false);
 }
 
 // ---------------------------------------------------------------- NCCL

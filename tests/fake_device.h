@@ -5,6 +5,11 @@
 // is a position in a stream's queue; stream_wait queues a task that blocks
 // until that position is reached. "Device memory" is host memory.
 //
+// FakeBlas: cuBLAS on the fake device's memory, each call run on the fake
+// stream its handle is bound to (in order with the copies queued there),
+// as plain loops in double, column-major as cuBLAS is. nrm2 and dot wait
+// for their stream, as cuBLAS with host results does.
+//
 // FakeNccl: the ranks of a test are threads of one process. Communicators
 // made from one unique id form a clique. A collective runs as a task on the
 // caller's stream: it joins the clique's next round and blocks, as an NCCL
@@ -26,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/cuda/blas_api.h"
 #include "comm/cuda/cuda_api.h"
 #include "comm/nccl/nccl_api.h"
 
@@ -33,8 +39,11 @@ namespace collie::fake {
 
 class Stream {
  public:
-  Stream();
+  Stream(int device = 0);
   ~Stream();
+  // The device current on the thread that made it (a CUDA stream belongs
+  // to one device).
+  const int device;
   // Queues fn; returns its position (1 for the first).
   uint64_t enqueue(std::function<void()> fn);
   uint64_t enqueued();
@@ -57,7 +66,9 @@ class FakeCuda final : public cuda::Api {
   ~FakeCuda() override;
 
   int device_count(std::string* why) override;
-  void set_device(int) override {}
+  // The calling thread's current device (0 until set), as cudaSetDevice.
+  void set_device(int device) override;
+  int current_device() const;
   cuda::Stream create_stream() override;
   void destroy_stream(cuda::Stream s) noexcept override;
   cuda::Event create_event() override;
@@ -77,6 +88,9 @@ class FakeCuda final : public cuda::Api {
   Stream& stream(cuda::Stream s);
   // Queues host work on a stream, as a kernel would run there.
   void run_on(cuda::Stream s, std::function<void()> fn) { stream(s).enqueue(std::move(fn)); }
+  // Whether [p, p + bytes) lies in one device_alloc'ed block: what a kernel
+  // may touch (host memory would fault on a GPU, not here).
+  bool is_device_memory(const void* p, size_t bytes);
 
   // Makes every later query() fail, as a device error would.
   std::atomic<bool> fail_queries{false};
@@ -85,6 +99,36 @@ class FakeCuda final : public cuda::Api {
  private:
   const int devices_;
   Stream legacy_;
+  std::mutex blocks_mu_;
+  std::map<uintptr_t, size_t> blocks_;  // device_alloc'ed: start, bytes
+};
+
+class FakeBlas final : public cuda::BlasApi {
+ public:
+  explicit FakeBlas(std::shared_ptr<FakeCuda> cuda) : cuda_(std::move(cuda)) {}
+
+  cuda::BlasHandle create_handle() override;
+  void destroy_handle(cuda::BlasHandle h) noexcept override;
+  void set_stream(cuda::BlasHandle h, cuda::Stream s) override;
+  void gemm(cuda::BlasHandle h, DType t, bool trans_a, bool trans_b, int m, int n, int k,
+            double alpha, const void* a, int lda, const void* b, int ldb, double beta, void* c,
+            int ldc) override;
+  double nrm2(cuda::BlasHandle h, DType t, int n, const void* x, int incx) override;
+  double dot(cuda::BlasHandle h, DType t, int n, const void* x, int incx, const void* y,
+             int incy) override;
+  void scal(cuda::BlasHandle h, DType t, int n, double alpha, void* x, int incx) override;
+  void axpy(cuda::BlasHandle h, DType t, int n, double alpha, const void* x, int incx, void* y,
+            int incy) override;
+
+  std::atomic<int> live_handles{0}, calls{0};
+
+ private:
+  // Fails the call, as a GPU would fault, where an operand is not in the
+  // fake's device memory.
+  void require_device(const void* p, size_t bytes, const char* call);
+  // Runs fn on the handle's stream; with `wait`, returns once it has run.
+  void run(cuda::BlasHandle h, std::function<void()> fn, bool wait);
+  std::shared_ptr<FakeCuda> cuda_;
 };
 
 struct Clique;

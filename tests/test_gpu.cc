@@ -9,16 +9,20 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "collie/comm.h"
 #include "comm/core/reduce.h"
+#include "comm/cuda/blas_api.h"
 #include "comm/cuda/cuda_api.h"
 #include "comm/nccl/nccl_api.h"
 #include "hooks/comm_hook.h"
 #include "kernels/kernels.h"
+#include "mp_test.h"
+#include "powersgd_device_check.h"
 
 using namespace collie;
 
@@ -60,6 +64,31 @@ std::vector<unsigned char> random_floats(DType t, size_t n, uint32_t seed) {
   std::vector<unsigned char> out(n * dtype_size(t));
   kernels::convert(DType::f32, f.data(), t, out.data(), n);
   return out;
+}
+
+// Whether this process has mapped cuBLAS.
+bool cublas_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find("libcublas") != std::string::npos) return true;
+  return false;
+}
+
+// cuBLAS is opened at the first use, not at start-up (it costs every
+// process 200 MB of mappings), and its entry points resolve: without a GPU
+// the first call is cuBLAS's own error, not a failure to load. First in
+// this file, before any test can have used it.
+TEST(Cublas, IsOpenedAtItsFirstUseAndResolves) {
+  auto blas = cuda::blas_runtime();
+  if (!blas) GTEST_SKIP() << "this build of collie has no cuBLAS";
+  EXPECT_FALSE(cublas_mapped()) << "cuBLAS was loaded before anything used it";
+  try {
+    blas->destroy_handle(blas->create_handle());
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cublasCreate failed"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(cublas_mapped());
 }
 
 TEST(Kernels, ConvertMatchesItsCpuTwinBitForBit) {
@@ -125,8 +154,9 @@ TEST(Kernels, CopyAllPacksAndUnpacksAsItsCpuTwin) {
   EXPECT_EQ(dbucket.get(), host_bucket);
 }
 
-// The communicator on the nccl backend, or a skip saying why there is none.
-std::unique_ptr<Communicator> nccl_comm() {
+// The communicator on the nccl backend (or on `backend`, a host one that
+// sends CUDA tensors to NCCL beside it).
+std::unique_ptr<Communicator> nccl_comm(const std::string& backend = "nccl") {
   int devices = 0;
   if (auto api = cuda::runtime()) devices = api->device_count(nullptr);
   const char* lws = std::getenv("LOCAL_WORLD_SIZE");
@@ -135,7 +165,7 @@ std::unique_ptr<Communicator> nccl_comm() {
   if (lws && rank && devices > 0 && std::atoi(lws) > devices)
     setenv("NCCL_HOSTID", (std::string("collie-test-rank-") + rank).c_str(), 1);
   Options o;
-  o.backend = "nccl";
+  o.backend = backend;
   return connect(o);
 }
 
@@ -212,6 +242,47 @@ TEST(HooksOnGpu, Fp16CompressionOfACudaBucketMatchesTheHostSteps) {
   }
 }
 
+// PowerSGD on CUDA buckets (cuBLAS, device state, nccl) against the CPU
+// hook on the same data, and a resumed checkpoint against an uninterrupted
+// run: the checks test_powersgd_cuda runs on a fake device in CI. The
+// tolerances allow for cuBLAS summing in another order than OpenBLAS. On a
+// host communicator (the CPU hook's buckets are on the host), which sends
+// the CUDA buckets' all-reduces to NCCL beside it.
+TEST(HooksOnGpu, PowerSgdOnACudaBucketMatchesTheCpuHook) {
+  REQUIRE_GPU(api);
+  if (!nccl::library()) GTEST_SKIP() << "this build of collie has no NCCL";
+  if (!cuda::blas_runtime()) GTEST_SKIP() << "this build of collie has no cuBLAS";
+  if (!collie::testing::have_powersgd()) GTEST_SKIP() << "this build of collie has no BLAS";
+  auto comm = nccl_comm("auto");
+  cuda::Stream s = api->create_stream();
+  set_cuda_stream(s);
+  for (const std::string spec :
+       {"powersgd:rank=2,start_iter=2", "batched_powersgd:rank=2,start_iter=2"}) {
+    for (DType t : {DType::f32, DType::f64}) {
+      const double worst = collie::testing::cuda_powersgd_against_cpu(
+          *comm, spec, t, 7, t == DType::f32 ? 1e-4 : 1e-10);
+      if (comm->rank() == 0)
+        std::printf("%s %s on the GPU: worst relative distance from the CPU hook %.3g\n",
+                    spec.c_str(), std::string(to_string(t)).c_str(), worst);
+      collie::testing::cuda_powersgd_resume_matches(*comm, spec, t, 7, 4);
+    }
+  }
+  // A 16-bit bucket inside fp16_wrap: widened and narrowed by the kernels,
+  // which the fake device cannot run. A last-bit difference in f32 can
+  // send the bucket, P, Q or the result to the neighbouring f16 value
+  // (2^-11 away); test_powersgd allows 32 of those against a float64
+  // reference, and so does this between the two hooks.
+  const std::string wrapped = "fp16_wrap:powersgd:rank=2,start_iter=2";
+  const double worst = collie::testing::cuda_powersgd_against_cpu(*comm, wrapped, DType::f32, 7,
+                                                                  32 * std::ldexp(1.0, -11));
+  if (comm->rank() == 0)
+    std::printf("%s on the GPU: worst relative distance from the CPU hook %.3g\n", wrapped.c_str(),
+                worst);
+  collie::testing::cuda_powersgd_resume_matches(*comm, wrapped, DType::f32, 7, 4);
+  set_cuda_stream(nullptr);
+  api->destroy_stream(s);
+}
+
 // Where no GPU can be used, a CUDA bucket is an error that says so, not a
 // crash in the hook's arithmetic.
 TEST(HooksOnGpu, ACudaBucketWithoutAGpuIsAnErrorThatSaysSo) {
@@ -226,12 +297,17 @@ TEST(HooksOnGpu, ACudaBucketWithoutAGpuIsAnErrorThatSaysSo) {
   GradBucket b;
   b.buffer = TensorView{x.data(), DType::f32, x.size(), Device::cuda(0)};
   b.grads = {b.buffer};
-  auto hook = make_comm_hook("fp16");
-  try {
-    hook->run(*comm, b).wait();
-    FAIL() << "a CUDA bucket ran without a GPU";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+  std::vector<std::string> specs = {"fp16"};
+  if (collie::testing::have_powersgd())
+    specs.push_back("powersgd:start_iter=0,warm_start=0,error_feedback=0");
+  for (const std::string& spec : specs) {
+    auto hook = make_comm_hook(spec);
+    try {
+      hook->run(*comm, b).wait();
+      FAIL() << spec << ": a CUDA bucket ran without a GPU";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << spec << ": " << e.what();
+    }
   }
 }
 
