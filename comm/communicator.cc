@@ -101,22 +101,52 @@ std::unique_ptr<Backend> make_backend(const BackendEntry& entry, const BackendCo
 // the error. Rank 0 answers each rank in turn. Only the first job-wide
 // communicator of a process measures (the later ones find the clock
 // started), on every rank alike.
-void align_trace_clock(Communicator& comm, trace::Sink& sink) {
+//
+// COLLIE_TRACE may be set on some ranks only: a pair measures only when
+// both trace, which each learns from the other's word in the store
+// (trace_clock_key: every rank writes "1" or "0" before its backend
+// starts, so the word is there to be read, never waited for in vain).
+std::string trace_clock_key(const std::string& comm_key, int rank) {
+  return comm_key + "/trace-clock/" + std::to_string(rank);
+}
+
+void say_whether_tracing(const BackendContext& ctx) {
+  if (ctx.store && ctx.launch.world_size > 1)
+    ctx.store->set(trace_clock_key(ctx.key, ctx.launch.rank),
+                   to_bytes(ctx.trace && !ctx.trace->clock_started() ? "1" : "0"));
+}
+
+void align_trace_clock(Communicator& comm, trace::Sink& sink, const BackendContext& ctx) {
   constexpr int kRounds = 8;
   trace::Nanos offset = 0, best_rtt = 0;
-  std::string how = "rank 0: every rank's trace is on its clock";
+  std::string how = "rank 0: the ranks that trace are on its clock";
+  auto traces = [&](int r) {
+    return to_string(ctx.store->get(trace_clock_key(ctx.key, r))) == "1";
+  };
+  if (!ctx.store) {
+    sink.start_clock(0, 0,
+                     "not measured (each host's own clock): this backend has no store through "
+                     "which the ranks could agree to measure");
+    return;
+  }
+  if (comm.rank() != 0 && !traces(0)) {
+    sink.start_clock(0, 0, "not measured (this host's own clock): rank 0 writes no trace");
+    return;
+  }
   {
     trace::Sink::Mute mute(sink);  // the measurement is no part of the job's timeline
     int64_t t = 0;
     const TensorView v = view_of(&t, 1);
     try {
       if (comm.rank() == 0) {
-        for (int r = 1; r < comm.size(); ++r)
+        for (int r = 1; r < comm.size(); ++r) {
+          if (!traces(r)) continue;
           for (int k = 0; k < kRounds; ++k) {
             comm.recv(v, r).wait();
             t = trace::now();
             comm.send(v, r).wait();
           }
+        }
       } else {
         best_rtt = INT64_MAX;
         for (int k = 0; k < kRounds; ++k) {
@@ -177,8 +207,9 @@ std::unique_ptr<Communicator> connect(const Options& options) {
             ", launch variables from " + ctx.launch.source);
   ctx.trace = trace::Sink::open(config::trace(ctx.env), ctx.launch.rank, ctx.launch.world_size);
   if (ctx.store) ctx.remake = [&entry](const BackendContext& c) { return make_backend(entry, c); };
+  say_whether_tracing(ctx);
   auto comm = make_front(ctx, make_backend(entry, ctx));
-  if (ctx.trace && !ctx.trace->clock_started()) align_trace_clock(*comm, *ctx.trace);
+  if (ctx.trace && !ctx.trace->clock_started()) align_trace_clock(*comm, *ctx.trace, ctx);
   return comm;
 }
 

@@ -9,6 +9,7 @@ job did (tests/trace/trace_job.cc, or test_nccl's NcclTrace test).
   check_trace.py bad_path    RANKS COLLIE_RUN TRACE_JOB
   check_trace.py nccl        TEST_NCCL
   check_trace.py clock       RANKS COLLIE_RUN TRACE_JOB
+  check_trace.py some        RANKS COLLIE_RUN TRACE_JOB
 
 Every file is first checked as a trace viewer reads it (check_format): a JSON
 array of events with the fields their phase needs, pid = rank, a name for
@@ -408,6 +409,41 @@ def check_clock(n, collie_run, job):
               "before the first end)" % (2 * n, skew_s, len(seqs), margin))
 
 
+def check_some(n, collie_run, job):
+    """COLLIE_TRACE set on some ranks only (here all but rank 1, then all but
+    rank 0): the job runs as without a trace (no rank waits to measure a
+    clock with a rank that does not trace), the ranks that trace write
+    their files, and each file says whether its clock was measured."""
+    for untraced in (1, 0):
+        with tempfile.TemporaryDirectory() as d:
+            wrap = ("if [ $RANK = %d ]; then unset COLLIE_TRACE; fi; exec \"$0\" \"$@\""
+                    % untraced)
+            run([collie_run, "-n", str(n), "sh", "-c", wrap, job, "collectives"],
+                {"COLLIE_TRACE": d + "/some.json", "COLLIE_TIMEOUT": "30"})
+            expect(sorted(os.listdir(d)) == sorted("some.rank%d.json" % r for r in range(n)
+                                                   if r != untraced),
+                   "files: %r" % os.listdir(d))
+            for r in range(n):
+                if r == untraced:
+                    continue
+                ev = load("%s/some.rank%d.json" % (d, r), r)
+                start = [e for e in ev if e["name"] == "trace start"]
+                expect(len(start) == 1, "rank %d: %d trace start events" % (r, len(start)))
+                how = start[0]["args"]["clock_alignment"]
+                if r == 0:
+                    expect(how.startswith("rank 0"), "rank 0: %r" % how)
+                elif untraced == 0:
+                    expect("rank 0 writes no trace" in how, "rank %d: %r" % (r, how))
+                else:
+                    expect(how.startswith("against rank 0"), "rank %d: %r" % (r, how))
+                world = one_row(ev, "collectives collie/world ", "rank %d" % r)
+                # What trace_job issues (check_collectives lists them), no more:
+                # the measurement's messages are not in the file.
+                expect(len(ops(ev, world)) == 15,
+                       "rank %d: %d operations" % (r, len(ops(ev, world))))
+    print("COLLIE_TRACE on some ranks only: the job runs, the others measure among themselves")
+
+
 def main():
     mode = sys.argv[1]
     if mode == "nccl":
@@ -415,7 +451,8 @@ def main():
     # Absolute: some modes run the job in a directory of their own.
     n, collie_run, job = int(sys.argv[2]), os.path.abspath(sys.argv[3]), os.path.abspath(sys.argv[4])
     {"collectives": check_collectives, "reducer": check_reducer, "die": check_die,
-     "off": check_off, "bad_path": check_bad_path, "clock": check_clock}[mode](n, collie_run, job)
+     "off": check_off, "bad_path": check_bad_path, "clock": check_clock,
+     "some": check_some}[mode](n, collie_run, job)
 
 
 if __name__ == "__main__":
