@@ -5,6 +5,9 @@
 #   BUILD=build-asan SANITIZE=address,undefined scripts/test.sh
 #   BUILD=build-tsan SANITIZE=thread SUITE=mp scripts/test.sh
 #   MESON_ARGS=-Dmpi=disabled scripts/test.sh    (extra options for meson)
+#   TESTS="faults store" scripts/test.sh          (those tests only, and only
+#                                    what they need built: CI's TSan run
+#                                    takes tests/tsan_tests.txt's list)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -16,6 +19,9 @@ if [ "$SANITIZE" != none ]; then
 fi
 # shellcheck disable=SC2206 # MESON_ARGS is a list of options, split on spaces
 args+=(${MESON_ARGS:-})
+# With TESTS, the library and collie-run first (with build.sh's progress),
+# then meson test builds what the chosen tests need and nothing else.
+if [ -n "${TESTS:-}" ]; then export BUILD_TARGETS=comm/launch/collie-run; fi
 scripts/build.sh "$BUILD" "${args[@]}" || { echo "0 passed, 1 failed"; exit 1; }
 # OpenSSL's lifetime state is not collie's leak (scripts/lsan.supp).
 case $SANITIZE in *address*)
@@ -23,6 +29,8 @@ case $SANITIZE in *address*)
 esac
 suite_args=()
 [ -n "${SUITE:-}" ] && suite_args=(--suite "$SUITE")
+# shellcheck disable=SC2206 # TESTS is a list of test names, split on spaces
+[ -n "${TESTS:-}" ] && suite_args+=(${TESTS})
 meson test -C "$BUILD" --print-errorlogs "${suite_args[@]}" 2>&1 | tail -n 60
 python3 - "$BUILD/meson-logs/testlog.json" <<'PY'
 import json, sys

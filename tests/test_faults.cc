@@ -54,9 +54,14 @@ struct Outcome {
 
 using RankFn = std::function<std::string(int rank, Options opt)>;
 
-// Runs fn in `n` forked ranks. `skip` ranks are never started.
+// Runs fn in `n` forked ranks. `skip` ranks are never started. A rank still
+// running after `limit` is killed and called hung. `linger` ranks stall on
+// purpose (stopped, or asleep past the others' deadline): once every other
+// rank has ended they are killed (and called hung) at once, instead of
+// after `limit` (a third of this suite's time went to that wait).
 std::vector<Outcome> run_ranks(int n, RankFn fn, std::chrono::milliseconds timeout,
-                               std::vector<int> skip = {}, std::chrono::seconds limit = 60s) {
+                               std::vector<int> skip = {}, std::chrono::seconds limit = 60s,
+                               std::vector<int> linger = {}) {
   net::Fd listener = net::listen_tcp("127.0.0.1", 0, "test store");
   int port = net::local_port(listener.get());
   std::vector<pid_t> pids(n, -1);
@@ -101,22 +106,38 @@ std::vector<Outcome> run_ranks(int n, RankFn fn, std::chrono::milliseconds timeo
   }
   listener.reset();
   std::vector<Outcome> out(n);
-  auto deadline = std::chrono::steady_clock::now() + limit;
+  std::vector<int> status(n, 0);
+  std::vector<bool> ended(n);
+  for (int r = 0; r < n; ++r) ended[r] = pids[r] < 0;
+  auto lingers = [&](int r) { return std::find(linger.begin(), linger.end(), r) != linger.end(); };
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    bool all = true, all_but_lingering = true;
+    for (int r = 0; r < n; ++r) {
+      if (ended[r]) continue;
+      if (waitpid(pids[r], &status[r], WNOHANG) == pids[r]) {
+        ended[r] = true;
+        continue;
+      }
+      all = false;
+      if (!lingers(r)) all_but_lingering = false;
+    }
+    if (all) break;
+    if (all_but_lingering || std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < n; ++r) {
+        if (ended[r]) continue;
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &status[r], 0);
+        out[r].hung = true;
+        ended[r] = true;
+      }
+      break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
   for (int r = 0; r < n; ++r) {
     if (pids[r] < 0) continue;
-    int status = 0;
-    for (;;) {
-      pid_t w = waitpid(pids[r], &status, WNOHANG);
-      if (w == pids[r]) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pids[r], SIGKILL);
-        waitpid(pids[r], &status, 0);
-        out[r].hung = true;
-        break;
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-    out[r].exited = WIFEXITED(status) && !out[r].hung;
+    out[r].exited = WIFEXITED(status[r]) && !out[r].hung;
     char buf[8192];
     ssize_t k;
     while ((k = ::read(pipes[r], buf, sizeof buf)) > 0) out[r].report.append(buf, k);
@@ -259,18 +280,17 @@ TEST(Faults, DifferentCollectivesFailEveryRank) {
 }
 
 TEST(Faults, StalledRankTimesOutItsPartnerNamingIt) {
-  auto out = run_ranks(
-      2,
-      [](int rank, Options opt) {
-        auto c = connect(opt);
-        float x = 1;
-        if (rank == 1)
-          std::this_thread::sleep_for(8s);  // stalls past the deadline
-        else
-          c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
-        return std::string("done");
-      },
-      3s);
+  auto out = run_ranks(2,
+                       [](int rank, Options opt) {
+                         auto c = connect(opt);
+                         float x = 1;
+                         if (rank == 1)
+                           std::this_thread::sleep_for(8s);  // stalls past the deadline
+                         else
+                           c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+                         return std::string("done");
+                       },
+                       3s, {}, 60s, {1});
   EXPECT_FALSE(out[0].hung) << describe(out);
   EXPECT_EQ(out[0].code(), "timeout") << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "rank 1")) << describe(out);
@@ -284,28 +304,28 @@ TEST(Faults, StalledRankTimesOutItsPartnerNamingIt) {
 // error says where each rank is, asked through the store (the data
 // connections may be what is stuck). Rank 2 is alive and busy elsewhere.
 TEST(Faults, TheStallInspectorNamesWhoIsLateAndWhere) {
-  auto out = run_ranks(
-      4,
-      [](int rank, Options opt) {
-        auto c = connect(opt);
-        std::vector<float> x(1000, 1.0f);
-        c->allreduce(view_of(x.data(), x.size()), ReduceOp::sum).wait();  // #1, everyone
-        if (rank == 2) {
-          std::this_thread::sleep_for(6s);  // alive, not calling #2
-          return std::string("done");
-        }
-        try {
-          c->allreduce(view_of(x.data(), x.size()), ReduceOp::avg).wait();
-        } catch (const Error&) {
-          // Rank 0 serves the store: a program that exits the moment it
-          // fails takes it from the ranks still asking (they then say the
-          // store could not be reached). Real programs take longer.
-          if (rank == 0) std::this_thread::sleep_for(1s);
-          throw;
-        }
-        return std::string("done");
-      },
-      2s);
+  auto out =
+      run_ranks(4,
+                [](int rank, Options opt) {
+                  auto c = connect(opt);
+                  std::vector<float> x(1000, 1.0f);
+                  c->allreduce(view_of(x.data(), x.size()), ReduceOp::sum).wait();  // #1, everyone
+                  if (rank == 2) {
+                    std::this_thread::sleep_for(6s);  // alive, not calling #2
+                    return std::string("done");
+                  }
+                  try {
+                    c->allreduce(view_of(x.data(), x.size()), ReduceOp::avg).wait();
+                  } catch (const Error&) {
+                    // Rank 0 serves the store: a program that exits the moment it
+                    // fails takes it from the ranks still asking (they then say the
+                    // store could not be reached). Real programs take longer.
+                    if (rank == 0) std::this_thread::sleep_for(1s);
+                    throw;
+                  }
+                  return std::string("done");
+                },
+                2s, {}, 60s, {2});
   for (int r : {0, 1, 3}) {
     EXPECT_FALSE(out[r].hung) << describe(out);
     EXPECT_NE(out[r].code(), "") << describe(out);
@@ -320,22 +340,22 @@ TEST(Faults, TheStallInspectorNamesWhoIsLateAndWhere) {
 // A rank that cannot answer (stopped: its process exists but runs nothing)
 // is named as such, not mistaken for a live one.
 TEST(Faults, TheStallInspectorNamesARankThatDoesNotAnswer) {
-  auto out = run_ranks(
-      3,
-      [](int rank, Options opt) {
-        auto c = connect(opt);
-        float x = 1;
-        c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
-        if (rank == 2) raise(SIGSTOP);  // the harness kills it at its limit
-        try {
-          c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
-        } catch (const Error&) {
-          if (rank == 0) std::this_thread::sleep_for(1s);  // it serves the store (above)
-          throw;
-        }
-        return std::string("done");
-      },
-      2s, {}, 12s);
+  auto out = run_ranks(3,
+                       [](int rank, Options opt) {
+                         auto c = connect(opt);
+                         float x = 1;
+                         c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+                         if (rank == 2) raise(SIGSTOP);  // the harness kills it after the others
+                         try {
+                           c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+                         } catch (const Error&) {
+                           if (rank == 0)
+                             std::this_thread::sleep_for(1s);  // it serves the store (above)
+                           throw;
+                         }
+                         return std::string("done");
+                       },
+                       2s, {}, 12s, {2});
   for (int r : {0, 1}) {
     EXPECT_FALSE(out[r].hung) << describe(out);
     EXPECT_TRUE(contains(out[r].message(), "ranks 0, 1 wait in #2")) << describe(out);
@@ -509,17 +529,16 @@ TEST(Faults, SurvivorsRebuildTheReducerOnTheShrunkCommunicatorAndFinishExactly) 
 // resends included: tests/launch/link_faults.sh takes a link down). 16 Mi
 // floats, so that the senders fill its window and probe.
 TEST(Faults, AStoppedRankIsNotTakenForANetworkFault) {
-  auto out = run_ranks(
-      3,
-      [](int rank, Options opt) {
-        auto c = connect(opt);
-        std::vector<float> x(16 << 20, 1.0f);
-        c->allreduce(view_of(x.data(), 1), ReduceOp::sum).wait();
-        if (rank == 2) raise(SIGSTOP);  // the harness kills it at its limit
-        c->allreduce(view_of(x.data(), x.size()), ReduceOp::sum).wait();
-        return std::string("done");
-      },
-      3s, {}, 12s);
+  auto out = run_ranks(3,
+                       [](int rank, Options opt) {
+                         auto c = connect(opt);
+                         std::vector<float> x(16 << 20, 1.0f);
+                         c->allreduce(view_of(x.data(), 1), ReduceOp::sum).wait();
+                         if (rank == 2) raise(SIGSTOP);  // the harness kills it after the others
+                         c->allreduce(view_of(x.data(), x.size()), ReduceOp::sum).wait();
+                         return std::string("done");
+                       },
+                       3s, {}, 12s, {2});
   for (int r : {0, 1}) {
     EXPECT_FALSE(out[r].hung) << describe(out);
     EXPECT_EQ(out[r].code(), "timeout") << describe(out);
@@ -534,27 +553,27 @@ TEST(Faults, AStoppedRankIsNotTakenForANetworkFault) {
 // to wait the store's whole deadline (30 s here) before the destructor
 // returned; it waits the inspection's budget at most now.
 TEST(Faults, ACommunicatorIsDestroyedPromptlyWhenTheStoreIsOutOfReach) {
-  auto out = run_ranks(
-      2,
-      [](int rank, Options opt) {
-        auto c = connect(opt);
-        std::vector<int64_t> pids(2);
-        int64_t me = getpid();
-        c->allgather(view_of(&me, 1), view_of(pids.data(), 2)).wait();
-        if (rank == 0) raise(SIGSTOP);  // the harness kills it at its limit
-        // Rank 0 stopped (state T in /proc/PID/stat) before the destructor runs.
-        for (int i = 0; i < 2000; ++i) {
-          std::ifstream stat("/proc/" + std::to_string(pids[0]) + "/stat");
-          std::string line;
-          std::getline(stat, line);
-          auto close = line.rfind(')');
-          if (close != std::string::npos && line.compare(close, 3, ") T") == 0) break;
-          std::this_thread::sleep_for(5ms);
-        }
-        c.reset();
-        return std::string("destroyed");
-      },
-      30s, {}, 15s);
+  auto out = run_ranks(2,
+                       [](int rank, Options opt) {
+                         auto c = connect(opt);
+                         std::vector<int64_t> pids(2);
+                         int64_t me = getpid();
+                         c->allgather(view_of(&me, 1), view_of(pids.data(), 2)).wait();
+                         if (rank == 0) raise(SIGSTOP);  // the harness kills it after rank 1
+                         // Rank 0 stopped (state T in /proc/PID/stat) before the destructor runs.
+                         for (int i = 0; i < 2000; ++i) {
+                           std::ifstream stat("/proc/" + std::to_string(pids[0]) + "/stat");
+                           std::string line;
+                           std::getline(stat, line);
+                           auto close = line.rfind(')');
+                           if (close != std::string::npos && line.compare(close, 3, ") T") == 0)
+                             break;
+                           std::this_thread::sleep_for(5ms);
+                         }
+                         c.reset();
+                         return std::string("destroyed");
+                       },
+                       30s, {}, 15s, {0});
   EXPECT_FALSE(out[1].hung) << describe(out);
   EXPECT_TRUE(out[1].ok()) << describe(out);
 }
@@ -601,23 +620,22 @@ TEST(Faults, NothingIsLeftInDevShmAfterAKilledJob) {
 }
 
 TEST(Faults, AfterAFailureLaterOpsFailAtOnceWithTheCause) {
-  auto out = run_ranks(
-      2,
-      [](int rank, Options opt) {
-        auto c = connect(opt);
-        float x = 1;
-        if (rank == 1) {
-          std::this_thread::sleep_for(6s);
-          return std::string("left");
-        }
-        try {
-          c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
-        } catch (const Error&) {
-        }
-        c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
-        return std::string("second op succeeded");
-      },
-      3s);
+  auto out = run_ranks(2,
+                       [](int rank, Options opt) {
+                         auto c = connect(opt);
+                         float x = 1;
+                         if (rank == 1) {
+                           std::this_thread::sleep_for(6s);
+                           return std::string("left");
+                         }
+                         try {
+                           c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+                         } catch (const Error&) {
+                         }
+                         c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+                         return std::string("second op succeeded");
+                       },
+                       3s, {}, 60s, {1});
   EXPECT_EQ(out[0].code(), "timeout") << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "failed earlier")) << describe(out);
 }
