@@ -16,7 +16,8 @@
 // secret over the very hello and nonce of this connection (never by bytes
 // from the input, a hello changed in flight or a replay); the challenge's
 // proof convinces the honest connector, and a challenge from the input, or
-// the connector's own proof reflected back, does not.
+// the connector's own proof reflected back, does not (unless the input is
+// the secret's proof over that hello and nonce, replayed: see below).
 #include <cstring>
 #include <string>
 
@@ -112,10 +113,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(acceptor_proved(kKeys, sent, ch) == same_hello,
              same_hello ? "the acceptor's honest proof does not convince the connector"
                         : "a proof over a hello changed in flight convinced the connector");
+  // A challenge from the input convinces the connector only if it is the
+  // secret's proof over the hello it sent and the challenge's own nonce,
+  // computed here apart from the code under test. (Here the nonces come
+  // from the input, so the fuzzer can replay a proof it saw an acceptor
+  // make for the same hello in another run, and did: real hellos and
+  // challenges carry fresh random nonces, so an old proof never matches.)
   Challenge forged{};
   for (size_t i = 0; i < sizeof forged; ++i) reinterpret_cast<uint8_t*>(&forged)[i] = in.byte();
-  FUZZ_CHECK(std::memcmp(&forged, &ch, sizeof ch) == 0 || !acceptor_proved(kKeys, sent, forged),
-             "a challenge from the input convinced the connector");
+  const auth::Mac genuine =
+      auth::mac(kKeys.secret, {"collie-mesh-3", "acceptor", kKeys.job, bytes_of(&sent, sizeof sent),
+                               bytes_of(forged.nonce, sizeof forged.nonce)});
+  FUZZ_CHECK(acceptor_proved(kKeys, sent, forged) ==
+                 (std::memcmp(genuine.data(), forged.mac, sizeof forged.mac) == 0),
+             "a challenge from the input convinced the connector without the secret's proof "
+             "over its hello and nonce (or the proof did not)");
   Challenge reflected = ch;
   auto own = connector_mac(kKeys, sent, bytes_of(ch.nonce, sizeof ch.nonce));
   std::memcpy(reflected.mac, own.data(), own.size());
