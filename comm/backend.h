@@ -52,11 +52,17 @@ class FailureLatch {
   bool set(const Error& e);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::optional<Error> get() const;
+  // Ranks (in the communicator's numbering) this rank saw die: their
+  // connections closed, their processes gone. shrink() leaves them out at
+  // once instead of waiting for them.
+  void lost(int rank);
+  std::vector<int> lost() const;
 
  private:
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;
   std::optional<Error> first_;
+  std::vector<int> lost_;
 };
 
 // How a backend names ranks in its messages. A runner inside a composite

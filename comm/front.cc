@@ -26,6 +26,16 @@ std::optional<Error> FailureLatch::get() const {
   return first_;
 }
 
+void FailureLatch::lost(int rank) {
+  std::lock_guard lk(mu_);
+  if (std::find(lost_.begin(), lost_.end(), rank) == lost_.end()) lost_.push_back(rank);
+}
+
+std::vector<int> FailureLatch::lost() const {
+  std::lock_guard lk(mu_);
+  return lost_;
+}
+
 namespace {
 
 std::string rank_str(int r) {
@@ -232,6 +242,10 @@ class Front final : public Communicator {
         throw Error(ErrorCode::invalid_argument, what.str() + ": this rank excludes itself");
       out[static_cast<size_t>(q)] = true;
     }
+    // Ranks this rank saw die (their connections closed, their processes
+    // gone) are left out at once, not waited for.
+    for (int q : ctx.failure->lost())
+      if (q >= 0 && q < n && q != rank()) out[static_cast<size_t>(q)] = true;
     int no;
     {
       std::lock_guard lk(core_->mu);
@@ -239,24 +253,35 @@ class Front final : public Communicator {
     }
     const std::string prefix = ctx.key + "/shrink" + std::to_string(no);
     auto alive = [&](int q) { return prefix + "/alive/" + std::to_string(q); };
+    const std::string members_key = prefix + "/members";
     Store& store = *ctx.store;
     store.set(alive(rank()), to_bytes("1"));
     if (wait.count() <= 0) wait = std::min(timeout(), std::chrono::milliseconds(10000));
     std::vector<std::string> others;
     for (int q = 0; q < n; ++q)
       if (q != rank() && !out[static_cast<size_t>(q)]) others.push_back(alive(q));
-    try {
-      store.wait(others, wait);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::timeout) throw;
+    // Until every other rank has called, or the survivors have decided
+    // already (a rank that saw more of the deaths proposed first: this one
+    // may have heard of them only through its abort), or `wait` has passed.
+    const auto until = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      if (others.empty() || left.count() <= 0) break;
+      try {
+        store.wait(others, std::min(left, std::chrono::milliseconds(20)));
+        break;
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::timeout) throw;
+      }
+      if (store.check({members_key})) break;
     }
     // Propose the ranks seen alive; the first proposal stands for everyone.
     std::string proposal;
     for (int q = 0; q < n; ++q)
       if (q == rank() || (!out[static_cast<size_t>(q)] && store.check({alive(q)})))
         proposal += std::to_string(q) + " ";
-    const std::string decided =
-        to_string(store.compare_set(prefix + "/members", {}, to_bytes(proposal)));
+    const std::string decided = to_string(store.compare_set(members_key, {}, to_bytes(proposal)));
     std::vector<int> members, left_out;
     std::istringstream in(decided);
     for (int q; in >> q;) members.push_back(q);

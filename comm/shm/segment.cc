@@ -287,6 +287,7 @@ void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const W
     for (int p : first ? std::span<const int>{} : peers) {
       if (std::string why = gone(p, what); !why.empty()) {
         if (pred()) return answered();
+        failure_->lost(names_[p]);
         throw Error(ErrorCode::peer_lost, why);
       }
     }

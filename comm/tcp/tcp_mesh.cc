@@ -121,10 +121,12 @@ void Mesh::lost(int c, const OpDesc& desc, const std::string& how, bool can_read
     char c;
     if (::poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR)) &&
         ::recv(pf.fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) <= 0) {
-      also += (also.empty() ? "" : ", ") + std::to_string(r);
+      also += (also.empty() ? "" : ", ") + std::to_string(names_[r]);
       ++n_also;
+      failure_->lost(names_[r]);
     }
   }
+  failure_->lost(names_[q]);
   throw Error(ErrorCode::peer_lost,
               desc.describe() + " on " + names_(rank_) + ": lost " + names_(q) + " " + how +
                   (also.empty() ? ""

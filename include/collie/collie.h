@@ -163,8 +163,9 @@ collie_status collie_comm_recv(collie_comm* comm, collie_tensor buf, int peer, i
 collie_status collie_comm_split(collie_comm* comm, int color, int key, collie_comm** out);
 /* After ranks are lost: a new communicator of the survivors, in the old
  * order (Communicator::shrink). Collective over the survivors; ranks in
- * exclude[0..n_exclude) are left out at once, the others waited for up to
- * wait_ms (0: the smaller of the timeout and 10 s). */
+ * exclude[0..n_exclude), and those this rank saw die, are left out at once,
+ * the others waited for up to wait_ms (0: the smaller of the timeout and
+ * 10 s). */
 collie_status collie_comm_shrink(collie_comm* comm, const int* exclude, size_t n_exclude,
                                  int wait_ms, collie_comm** out);
 /* Fails the communicator with COLLIE_ERR_ABORTED and `reason`: the operation

@@ -79,9 +79,10 @@ class Communicator {
   // peer_lost), a new communicator of the ranks still alive, in the old
   // order and numbered from 0 (NCCL's ncclCommShrink). Collective over the
   // survivors: each calls it, on this communicator, failed or not. Ranks in
-  // `exclude` are left out at once; every other rank is waited for up to
-  // `wait` (0: the smaller of the timeout and 10 s), and those that have not
-  // called by then are left out too. The survivors agree through the store
+  // `exclude`, and those this rank saw die (peer_lost), are left out at
+  // once; every other rank is waited for up to `wait` (0: the smaller of the
+  // timeout and 10 s), or until a survivor has decided, and those that have
+  // not called by then are left out too. The survivors agree through the store
   // on who is in; a rank that calls after that is told it was left out. The
   // store must survive: it lives in rank 0's process unless the program
   // passed its own. Not on the mpi backend (no store).
