@@ -178,6 +178,28 @@ def _builtin_spec(state, hook):
     return None
 
 
+def _check_process_group(group, comm):
+    """A torch.distributed group passed as process_group: collie reduces over
+    its own communicator, so the group must be the same ranks, the whole
+    job. A subgroup would have been silently widened to every rank."""
+    import torch.distributed as dist
+    why = None
+    try:
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+    except Exception as e:  # not initialized, or not a group
+        size, rank, why = None, None, f"{type(e).__name__}: {e}"
+    if why is None and (size != comm.size or rank != comm.rank):
+        why = (f"its size is {size} and this process is its rank {rank}; collie's "
+               f"communicator's size is {comm.size} and this process is its rank {comm.rank}")
+    if why is not None:
+        raise Error("invalid_argument",
+                    "collie.torch.DistributedDataParallel: process_group is a torch.distributed "
+                    f"group that is not the whole job ({why}). collie reduces over its own "
+                    "communicator: for a subgroup pass "
+                    "comm=collie.default_communicator().split(color, key), "
+                    "or a collie.Communicator as process_group")
+
+
 class DistributedDataParallel(torch.nn.Module):
     """torch.nn.parallel.DistributedDataParallel's constructor and methods
     over collie. The communicator: `comm` (or a collie.Communicator passed as
@@ -197,6 +219,8 @@ class DistributedDataParallel(torch.nn.Module):
             comm = process_group
         self._owns_comm = False
         self._comm = comm if comm is not None else default_communicator()
+        if process_group is not None and not isinstance(process_group, Communicator):
+            _check_process_group(process_group, self._comm)
         self._find_unused = bool(find_unused_parameters)
         self._static_graph = bool(static_graph)
         self._bucket_view = bool(gradient_as_bucket_view)

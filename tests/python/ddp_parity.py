@@ -637,14 +637,21 @@ def scenario_errors():
     width = 24 if RANK == 0 else 25
     said.append(expect("mismatch", ["rank"],
                        lambda: ct.DistributedDataParallel(seeded(MLP, 12, width, 6))))
-    # The job is still usable.
-    m = ct.DistributedDataParallel(seeded(MLP))
+    # A torch.distributed subgroup as process_group: refused on every rank
+    # (members and non-members), not widened to the whole job.
+    sub = dist.new_group([0])
+    said.append(expect("invalid_argument", ["process_group", "not the whole job", "split"],
+                       lambda: ct.DistributedDataParallel(seeded(MLP), process_group=sub)))
+    # The job is still usable, with PyTorch's whole-job group as process_group
+    # (the same ranks as collie's communicator: accepted).
+    m = ct.DistributedDataParallel(seeded(MLP), process_group=dist.group.WORLD)
     train(m, 2)
     assert_same_on_every_rank(m, "after the errors")
     m.close()
     if RANK == 0:
         print("\n".join(f"[0] errors: {s}" for s in said), flush=True)
-    return "a missing gradient, a bad hook spec, a bad hook result, mismatched models: named"
+    return ("a missing gradient, a bad hook spec, a bad hook result, mismatched models, "
+            "a torch subgroup: named")
 
 
 SCENARIOS = {
