@@ -2,6 +2,7 @@
 // dtype conversions and reduction kernels against float64 references, launch
 // variable resolution against a fake environment, and Work's completion, chaining and timeout
 // semantics.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "comm/core/reduce.h"
 #include "comm/core/spin.h"
 #include "comm/core/topology.h"
+#include "comm/core/trace.h"
 #include "mp_common.h"
 
 namespace collie {
@@ -747,6 +749,27 @@ TEST(WorkHandle, ThenReleasesWhatItCapturedBeforeTheWaiterGoesOn) {
     EXPECT_TRUE(released.load()) << (chained_work ? "then_work" : "then");
     completer.join();
   }
+}
+
+}  // namespace
+}  // namespace collie
+
+namespace collie {
+namespace {
+
+// Run spans on one row of the timeline (COLLIE_TRACE) follow each other,
+// and each ends at its own op's end, even when a later op on the stream is
+// recorded first (the CI failure of trace_nccl_fake_device under ASan).
+TEST(TraceRow, RunSpansFollowEachOtherAndEndAtTheirOwnEnd) {
+  int fd = ::open("/dev/null", O_WRONLY);
+  ASSERT_GE(fd, 0);
+  trace::Track row(std::make_shared<trace::Sink>(fd, "/dev/null", 0, 1), 1);
+  EXPECT_EQ(row.serial_start(100, 300), 100);
+  EXPECT_EQ(row.serial_start(150, 400), 300);  // queued behind: starts when that ended
+  // Ended at 250, recorded after the op that ended at 400: ends at 250.
+  const trace::Nanos late = row.serial_start(120, 250);
+  EXPECT_EQ(late, 250);
+  EXPECT_EQ(row.serial_start(500, 600), 500);
 }
 
 }  // namespace

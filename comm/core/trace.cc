@@ -388,7 +388,12 @@ void Track::async_end(std::string_view cat, std::string_view name, uint64_t id, 
 
 Nanos Track::serial_start(Nanos start, Nanos end) {
   std::lock_guard lk(mu_);
-  const Nanos s = std::max(start, last_end_);
+  // Never past its own end: ops on one stream may be recorded out of order
+  // (the one behind seen finished first), and a span pushed past its end
+  // ended at the other op's end instead of its own (finished_us) in CI
+  // (trace_nccl_fake_device under ASan). Recorded late, it is a point at
+  // its end, inside or before the other's span: still no partial overlap.
+  const Nanos s = std::min(std::max(start, last_end_), end);
   last_end_ = std::max(last_end_, end);
   return s;
 }

@@ -157,7 +157,7 @@ class Track {
 
   // The start of a run span that does not overlap the one before it (an
   // operation queued on a stream behind another runs only once that one
-  // has ended), and records `end` as this row's latest.
+  // has ended), and records `end` as this row's latest. Never after `end`.
   Nanos serial_start(Nanos start, Nanos end);
 
   // The events, formatted for Sink::write.
