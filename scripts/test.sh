@@ -3,7 +3,7 @@
 # line is "N passed, N failed", counted from meson's test log.
 #   scripts/test.sh                  release build, every test
 #   BUILD=build-asan SANITIZE=address,undefined scripts/test.sh
-#   BUILD=build-tsan SANITIZE=thread SUITE=mp scripts/test.sh
+#   SUITE=mp scripts/test.sh                      (one suite)
 #   MESON_ARGS=-Dmpi=disabled scripts/test.sh    (extra options for meson)
 #   TESTS="faults store" scripts/test.sh          (those tests only, and only
 #                                    what they need built: CI's TSan run

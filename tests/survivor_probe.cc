@@ -7,8 +7,9 @@
 // Every rank all-reduces (rank + 1); rank R then kills itself (SIGKILL).
 // The others' next all-reduce must fail with peer_lost naming rank R (or
 // their first, if R finished it before they did and died at once); they
-// shrink (finding by themselves who is gone, without waiting for it), all-gather their old ranks on
-// the new communicator (every rank but R, in order) and all-reduce
+// shrink (finding by themselves who is gone, without waiting for it),
+// all-gather their old ranks on the new communicator (every rank but R, in
+// order) and all-reduce
 // (old rank + 1) as f64: W (W + 1) / 2 - (R + 1), exactly.
 //
 // Prints, per survivor:  survivor: old rank 2 is rank 1 of 3, ranks 0 2 3, sum 9 (want 9)

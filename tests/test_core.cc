@@ -751,12 +751,6 @@ TEST(WorkHandle, ThenReleasesWhatItCapturedBeforeTheWaiterGoesOn) {
   }
 }
 
-}  // namespace
-}  // namespace collie
-
-namespace collie {
-namespace {
-
 // Run spans on one row of the timeline (COLLIE_TRACE) follow each other,
 // and each ends at its own op's end, even when a later op on the stream is
 // recorded first (the CI failure of trace_nccl_fake_device under ASan).
