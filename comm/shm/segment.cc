@@ -3,6 +3,7 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -25,7 +26,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMagic = 0x434c5348;  // "CLSH"
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 // How often a sleeping waiter looks at the peer's process and its deadline.
 constexpr auto kSlice = std::chrono::milliseconds(5);
 
@@ -35,7 +36,8 @@ struct alignas(kLine) Header {
   uint32_t n;
   uint32_t pad;
   uint64_t total;
-  std::atomic<uint32_t> abort_word;  // 0, or 1 + the rank that aborted first
+  std::atomic<uint32_t> abort_word;            // 0, or 1 + the rank that aborted first
+  alignas(kLine) std::atomic<int32_t> asleep;  // ranks asleep in a wait (see core_free)
 };
 
 size_t round_up(size_t v, size_t a) {
@@ -68,6 +70,8 @@ Layout Layout::make(int n, size_t chunk, size_t small) {
   l.p2p_slot = 64 * 1024;
   l.p2p_slots = 4;
   size_t off = round_up(sizeof(Header), kLine);
+  l.off_cpu = off;
+  off += kCpuLines * sizeof(CpuLine);
   l.off_gate = off;
   off += sizeof(Counter);
   l.off_counters = off;
@@ -142,6 +146,14 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spi
     h.total = lay_.total;
   }
   info(me_).pid = static_cast<int32_t>(getpid());
+  {
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_SET(0, &mine);
+    static_assert(sizeof(RankInfo::cpus) * 8 >= 1024);
+    for (int c = 0; c < 1024 && c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &mine)) info(me_).cpus[c / 64] |= uint64_t{1} << (c % 64);
+  }
   // Everyone has mapped it (and rank 0's header is written) before anyone
   // uses it. A communicator of one rank has no store and nobody to wait for.
   if (n_ > 1) ctx.store->set(key + "/up/" + std::to_string(me_), to_bytes("1"));
@@ -163,6 +175,15 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spi
                                          ": the shared segment is not collie's or has another "
                                          "world size");
   }
+  asleep_ = &h.asleep;
+  uint64_t all[16] = {};
+  for (int q = 0; q < n_; ++q)
+    for (int w = 0; w < 16; ++w) all[w] |= info(q).cpus[w];
+  cpus_ = 0;
+  for (uint64_t w : all) cpus_ += __builtin_popcountll(w);
+  cpus_ = std::max(cpus_, 1);
+  crowded_ = n_ > cpus_;
+  if (crowded_) here();
   pidfds_.assign(n_, -1);
   pids_.assign(n_, 0);
   for (int q = 0; q < n_; ++q)
@@ -181,8 +202,96 @@ Segment::~Segment() {
 
 void Segment::publish(Counter& c, uint32_t v) {
   c.value.store(v, std::memory_order_seq_cst);
-  if (c.sleepers.load(std::memory_order_seq_cst) != 0)
-    futex(&c.value, FUTEX_WAKE, INT_MAX, nullptr);
+  if (c.sleepers.load(std::memory_order_seq_cst) != 0) wake(c);
+}
+
+int Segment::awake() const {
+  return n_ - asleep_->load(std::memory_order_relaxed);
+}
+
+void Segment::wake(Counter& c, std::atomic<int32_t>* local, bool bump) noexcept {
+  const uint64_t tag = word_tag(c);
+  for (int r = 0; r < n_; ++r) {
+    auto& on = info(r).asleep_on;
+    uint64_t t = tag;
+    if (on.load(std::memory_order_relaxed) == tag &&
+        on.compare_exchange_strong(t, 0, std::memory_order_seq_cst)) {
+      asleep_->fetch_sub(1, std::memory_order_seq_cst);
+      if (local) local->fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+  // After the claims: a sleeper that read the word before this move fails
+  // its futex wait; one that read it after sees its claim gone (sleep_until).
+  if (bump) c.value.fetch_add(1, std::memory_order_seq_cst);
+  futex(&c.value, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void Segment::mark_asleep(Counter& c, std::atomic<int32_t>* local) {
+  info(me_).asleep_on.store(word_tag(c), std::memory_order_seq_cst);
+  asleep_->fetch_add(1, std::memory_order_seq_cst);
+  if (local) local->fetch_add(1, std::memory_order_seq_cst);
+}
+
+void Segment::mark_awake(Counter& c, std::atomic<int32_t>* local) {
+  // Woken by a waker, it counted this rank awake already; timed out or
+  // never asleep (the word had moved), this rank does it.
+  uint64_t t = word_tag(c);
+  if (info(me_).asleep_on.compare_exchange_strong(t, 0, std::memory_order_seq_cst)) {
+    asleep_->fetch_sub(1, std::memory_order_seq_cst);
+    if (local) local->fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+int Segment::here() {
+  const int c = sched_getcpu();
+  const int s = c < 0 ? 0 : c % kCpuLines;
+  if (s != slot_) {
+    if (slot_ >= 0) cpu_line(slot_).registered.fetch_sub(1, std::memory_order_seq_cst);
+    cpu_line(s).registered.fetch_add(1, std::memory_order_seq_cst);
+    info(me_).slot.store(s, std::memory_order_seq_cst);
+    slot_ = s;
+  }
+  return s;
+}
+
+void Segment::wake_gate_sleepers(uint32_t low) noexcept {
+  // The CPU lines with a sleeper whose wait this phase ended: this rank's
+  // own, and those where no rank is awake in a collective's wait for it (one
+  // that is, or was, wakes its CPU's sleepers itself as its wait ends,
+  // without a wake-up from another CPU: about 16 us of the waker's time on
+  // a VM, against 1.5 for one on its own CPU).
+  const uint64_t first = word_tag(cpu_line(0).line);
+  uint64_t lines = 0;
+  for (int r = 0; r < n_; ++r) {
+    const uint64_t tag = info(r).asleep_on.load(std::memory_order_seq_cst);
+    if (tag < first || tag >= first + kCpuLines * sizeof(CpuLine)) continue;
+    if (reached(progress(r).value.load(std::memory_order_acquire), low + 1)) continue;
+    lines |= uint64_t{1} << ((tag - first) / sizeof(CpuLine));
+  }
+  auto looked_after = [&](int x) {
+    if (cpu_line(x).watchers.load(std::memory_order_seq_cst) > 0) return true;
+    for (int r : others_)
+      if (info(r).slot.load(std::memory_order_seq_cst) == x &&
+          info(r).asleep_on.load(std::memory_order_seq_cst) == 0 &&
+          info(r).gate_target.load(std::memory_order_seq_cst) == low)
+        return true;  // its wait for this phase has ended, or is about to
+    return false;
+  };
+  for (int x = 0; lines != 0; ++x, lines >>= 1)
+    if ((lines & 1) && (x == slot_ || !looked_after(x))) wake_cpu(x);
+}
+
+bool Segment::wake_done_here(int slot, uint32_t upto) noexcept {
+  CpuLine& L = cpu_line(slot);
+  if (L.asleep.load(std::memory_order_seq_cst) == 0) return false;
+  const uint64_t tag = word_tag(L.line);
+  for (int r : others_)
+    if (info(r).asleep_on.load(std::memory_order_seq_cst) == tag &&
+        !reached(progress(r).value.load(std::memory_order_acquire), upto + 1)) {
+      wake_cpu(slot);
+      return true;
+    }
+  return false;
 }
 
 void Segment::advance() {
@@ -200,7 +309,10 @@ void Segment::advance() {
   uint32_t seen = g.value.load(std::memory_order_seq_cst);
   while (low != seen && reached(low, seen))
     if (g.value.compare_exchange_weak(seen, low, std::memory_order_seq_cst)) {
-      futex(&g.value, FUTEX_WAKE, INT_MAX, nullptr);
+      if (crowded_)
+        wake_gate_sleepers(low);
+      else
+        wake(g);
       return;
     }
 }
@@ -208,8 +320,7 @@ void Segment::advance() {
 void Segment::ring(int r) {
   Counter& b = bell(r);
   b.value.fetch_add(1, std::memory_order_seq_cst);
-  if (b.sleepers.load(std::memory_order_seq_cst) != 0)
-    futex(&b.value, FUTEX_WAKE, INT_MAX, nullptr);
+  if (b.sleepers.load(std::memory_order_seq_cst) != 0) wake(b);
 }
 
 bool Segment::dead(int r) {
@@ -258,7 +369,7 @@ void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const W
                       Deadline deadline) {
   if (pred()) return;
   const auto spin = spin_.get();
-  if (spin.count() > 0) {
+  if (spin.count() > 0 && core_free()) {
     // The clock is read after the first 64 polls: most small waits end
     // sooner, and a clock read cost an 8 B all-reduce a tenth of its time.
     Clock::time_point spin_end{};
@@ -268,6 +379,7 @@ void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const W
         cpu_relax();
       }
       if (abort_word_->load(std::memory_order_relaxed) != 0 || failure_->failed()) check();
+      if (!core_free()) break;  // a woken peer needs this core
       auto now = Clock::now();
       if (spin_end == Clock::time_point{})
         spin_end = now + spin;
@@ -275,6 +387,12 @@ void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const W
         break;
     }
   }
+  sleep_until(c, nullptr, peers, pred, what, deadline);
+}
+
+template <class Pred>
+void Segment::sleep_until(Counter& c, std::atomic<int32_t>* local, std::span<const int> peers,
+                          Pred pred, const What& what, Deadline deadline) {
   const auto asleep = Clock::now();
   auto answered = [&] { spin_.slept(Clock::now() - asleep); };
   for (bool first = true;; first = false) {
@@ -296,12 +414,92 @@ void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const W
     auto nap = std::min<Clock::duration>(kSlice, deadline - now);
     timespec ts{static_cast<time_t>(nap.count() / 1000000000),
                 static_cast<long>(nap.count() % 1000000000)};
+    // Counted asleep before the last look at `pred`: a waker that makes
+    // it true after that look sees this rank asleep (wake_gate_sleepers
+    // and a spinner's leave decide by these counts, not by c.sleepers).
     c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    mark_asleep(c, local);
     uint32_t v = c.value.load(std::memory_order_seq_cst);
-    if (!pred()) futex(&c.value, FUTEX_WAIT, v, &ts);
+    if (!pred() && info(me_).asleep_on.load(std::memory_order_seq_cst) == word_tag(c))
+      futex(&c.value, FUTEX_WAIT, v, &ts);
+    mark_awake(c, local);
     c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (pred()) return answered();
   }
+}
+
+template <class Pred>
+void Segment::wait_gate(uint32_t target, Pred pred, const What& what, Deadline deadline) {
+  if (crowded_)
+    wait_crowded(target, pred, what, deadline);
+  else
+    wait_on(gate(), others_, pred, what, deadline);
+}
+
+template <class Pred>
+void Segment::wait_crowded(uint32_t target, Pred pred, const What& what, Deadline deadline) {
+  const int s = here();
+  CpuLine& L = cpu_line(s);
+  info(me_).gate_target.store(target, std::memory_order_seq_cst);
+  // Awake in this wait ("watching"): whoever completes the phase leaves
+  // this CPU's sleepers to this rank, which wakes those whose wait the
+  // phase ended (ranks at `target` or behind) once its own wait ends.
+  L.watchers.fetch_add(1, std::memory_order_seq_cst);
+  bool watching = true;
+  auto unwatch = [&] {
+    if (watching) L.watchers.fetch_sub(1, std::memory_order_seq_cst);
+    watching = false;
+  };
+  try {
+    if (pred()) {
+      unwatch();
+      wake_done_here(s, target);
+      return;
+    }
+    // A rank asleep on this CPU that has not arrived yet (its own wait has
+    // ended) must run: hand this CPU to it, a wake-up on this CPU, and then
+    // this rank sleeps.
+    const bool hand_off = wake_done_here(s, target - 1);
+    // Spin while this rank is the only one awake on its CPU (so the CPU
+    // does not halt), for at most the spin budget.
+    auto alone = [&] {
+      return L.registered.load(std::memory_order_relaxed) -
+                 L.asleep.load(std::memory_order_relaxed) <=
+             1;
+    };
+    const auto spin = spin_.get();
+    if (!hand_off && spin.count() > 0 && alone()) {
+      const auto spin_end = Clock::now() + spin;
+      for (bool done = false;;) {
+        for (int i = 0; i < 64 && !done; ++i) {
+          done = pred();
+          cpu_relax();
+        }
+        if (done) {
+          unwatch();
+          wake_done_here(s, target);
+          return;
+        }
+        if (abort_word_->load(std::memory_order_relaxed) != 0 || failure_->failed()) check();
+        if (!alone() || Clock::now() >= spin_end) break;
+      }
+    }
+    unwatch();
+  } catch (...) {
+    unwatch();
+    throw;
+  }
+  // advance() looks at the gate's sleepers to know whether anyone sleeps.
+  Counter& g = gate();
+  g.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  try {
+    sleep_until(L.line, &L.asleep, others_, pred, what, deadline);
+  } catch (...) {
+    g.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    throw;
+  }
+  g.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  if (pred()) wake_done_here(s, target);
 }
 
 void Segment::wait_rank(int r, uint32_t target, const What& what, Deadline deadline) {
@@ -318,8 +516,7 @@ void Segment::wait_all_at(uint32_t target, const What& what, Deadline deadline) 
         return false;
     return true;
   };
-  if (all()) return;
-  wait_on(gate(), others_, all, what, deadline);
+  wait_gate(target, all, what, deadline);  // looks at `all` first
   if (!all()) {
     std::vector<int> late;
     for (int q = 0; q < n_; ++q)
@@ -334,11 +531,10 @@ void Segment::wait_all_ready(uint32_t seq, const What& what, Deadline deadline) 
       if (r != me_ && desc(r, seq).ready.load(std::memory_order_acquire) != seq) return false;
     return true;
   };
-  if (all()) return;
   // Each rank moves its counter after its line is ready, so the gate moves
   // (and wakes sleepers) once every line is.
-  wait_on(gate(), others_, all, what, deadline);
-  if (!all()) wait_all(what, deadline);  // names the late ranks
+  wait_gate(phase_, all, what, deadline);  // looks at `all` first
+  if (!all()) wait_all(what, deadline);    // names the late ranks
 }
 
 void Segment::wait_bell(uint32_t seen, const std::vector<int>& peers, const What& what,
@@ -369,16 +565,21 @@ void Segment::abort(const Error& e) noexcept {
 void Segment::close() noexcept {
   if (!base_) return;
   info(me_).closed.store(1, std::memory_order_release);
+  if (slot_ >= 0) cpu_line(slot_).registered.fetch_sub(1, std::memory_order_seq_cst);
+  slot_ = -1;
   wake_all();
 }
 
 void Segment::wake_all() noexcept {
   if (!base_) return;
-  futex(&gate().value, FUTEX_WAKE, INT_MAX, nullptr);
+  wake(gate());
   for (int r = 0; r < n_; ++r) {
-    futex(&progress(r).value, FUTEX_WAKE, INT_MAX, nullptr);
-    futex(&bell(r).value, FUTEX_WAKE, INT_MAX, nullptr);
+    wake(progress(r));
+    wake(bell(r));
   }
+  if (crowded_)
+    for (int x = 0; x < kCpuLines; ++x)
+      if (cpu_line(x).asleep.load(std::memory_order_seq_cst) > 0) wake_cpu(x);
 }
 
 }  // namespace collie::shm

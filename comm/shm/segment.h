@@ -12,9 +12,33 @@
 // phase p" is "k's counter has reached p". A waiter spins a few
 // microseconds, then sleeps on the counter with a futex; a rank that moves
 // its counter wakes only when someone sleeps on it (one shared load
-// otherwise). While it sleeps a waiter wakes every few milliseconds to see
-// whether the rank it waits for has died (a pidfd), shut down, or aborted the
+// otherwise).
+//
+// While it sleeps a waiter wakes every few milliseconds to see whether the
+// rank it waits for has died (a pidfd), shut down, or aborted the
 // communicator, and whether its own deadline has passed.
+//
+// A waiter spins only while the ranks that are awake (running, or woken and
+// waiting for a CPU) fit the CPUs they may run on: with more ranks than
+// CPUs, a spinner would hold the CPU a peer needs to arrive. Every sleeper
+// says which word it sleeps on, and a waker counts it awake again before it
+// wakes the word, so the count is right the moment the wakees are runnable.
+//
+// With more ranks than CPUs ("crowded"), a collective's waits go further.
+// On this kind of VM a futex wake-up of a rank on another CPU costs the
+// waker about 16 us (the interrupt) and the wakee 40 if its CPU had halted;
+// one on the waker's own CPU about 1.5 us. So each rank notes the CPU it
+// waits on (sched_getcpu) and sleeps on that CPU's line, not the shared
+// gate, and wake-ups stay on their CPU:
+//  - a waiter that needs a rank asleep on its own CPU (one that has not
+//    arrived yet) wakes it and sleeps: a hand-off on one CPU;
+//  - a waiter that is the only awake rank of its CPU spins, so the CPU does
+//    not halt; when its wait ends it wakes the ranks asleep on its CPU whose
+//    waits that phase ended;
+//  - the rank that completes a phase wakes those of its own CPU, and of
+//    another only where no rank is awake in (or just past) a wait for that
+//    phase, which would wake them itself.
+// In the steady state of small collectives no wake-up crosses CPUs.
 #pragma once
 
 #include <atomic>
@@ -63,11 +87,29 @@ struct alignas(kLine) DescSlot {
 };
 static_assert(sizeof(DescSlot) == kLine);
 
+// What the ranks waiting on one CPU share (crowded segments only).
+struct alignas(kLine) CpuLine {
+  Counter line;                     // sleepers of this CPU sleep on line.value
+  std::atomic<int32_t> registered;  // ranks last seen on this CPU (in a line of their own)
+  std::atomic<int32_t> asleep;      // of those, asleep on line
+  std::atomic<int32_t> watchers;    // of those, awake in a collective's wait
+};
+static_assert(sizeof(CpuLine) == 2 * kLine);
+constexpr int kCpuLines = 64;  // CPU c uses line c % kCpuLines
+
 struct alignas(kLine) RankInfo {
   int32_t pid;
   std::atomic<uint32_t> closed;  // 1: shut down cleanly
   std::atomic<int32_t> err_code;
   char err_msg[400];
+  // The futex word this rank sleeps on (its offset + 1), 0 while awake; a
+  // waker that wakes the word takes it back to 0 and counts the rank awake.
+  alignas(kLine) std::atomic<uint64_t> asleep_on;
+  // Crowded segments: the CPU line this rank waits on, and the phase its
+  // last collective's wait was for (wake_gate_sleepers reads them).
+  std::atomic<int32_t> slot;
+  std::atomic<uint32_t> gate_target;
+  uint64_t cpus[16];  // the CPUs this rank may run on (its affinity mask)
 };
 
 // One direction of a point-to-point channel: a ring of slots.
@@ -85,8 +127,8 @@ struct Layout {
   size_t chunk = 0;  // bytes per rank per round (large collectives)
   size_t small = 0;  // bytes per rank per small slot
   size_t p2p_slot = 0, p2p_slots = 0;
-  size_t off_gate = 0, off_counters = 0, off_desc = 0, off_info = 0, off_bell = 0, off_mail = 0,
-         off_small = 0, off_big = 0, total = 0;
+  size_t off_cpu = 0, off_gate = 0, off_counters = 0, off_desc = 0, off_info = 0, off_bell = 0,
+         off_mail = 0, off_small = 0, off_big = 0, total = 0;
   static Layout make(int n, size_t chunk, size_t small);
 };
 
@@ -145,7 +187,9 @@ class Segment {
   void advance();
   // Rings r's doorbell (point-to-point progress that r may wait for).
   void ring(int r);
-  static void publish(Counter& c, uint32_t v);
+  void publish(Counter& c, uint32_t v);
+
+  CpuLine& cpu_line(int slot) { return at<CpuLine>(lay_.off_cpu + slot * sizeof(CpuLine)); }
 
   // Waits until every other rank's counter has reached this rank's phase.
   // `what` names the operation for errors.
@@ -181,6 +225,39 @@ class Segment {
            (static_cast<size_t>(from) * n_ + to) * (2 * kLine + lay_.p2p_slots * slot_stride());
   }
   bool dead(int r);
+  int awake() const;  // ranks of this segment not asleep in a wait
+  // Whether a waiter may spin: the awake ranks fit their CPUs.
+  bool core_free() const { return awake() <= cpus_; }
+  // Wakes every sleeper on `c`, counting them awake first (in `local` too,
+  // when given: the asleep count of the CPU line `c` belongs to); `bump`
+  // moves the word itself (the callers of the other words moved it before).
+  void wake(Counter& c, std::atomic<int32_t>* local = nullptr, bool bump = false) noexcept;
+  // A CPU line's word moves only here.
+  void wake_cpu(int slot) noexcept { wake(cpu_line(slot).line, &cpu_line(slot).asleep, true); }
+  // Counts this rank asleep on `c` (and in `local`), and back awake unless
+  // a waker did.
+  void mark_asleep(Counter& c, std::atomic<int32_t>* local);
+  void mark_awake(Counter& c, std::atomic<int32_t>* local);
+  // The CPU line of the CPU this rank runs on now; moves its registration.
+  int here();
+  // A collective's wait: every other rank has reached `target` when `pred`.
+  template <class Pred>
+  void wait_gate(uint32_t target, Pred pred, const What& what, Deadline deadline);
+  template <class Pred>
+  void wait_crowded(uint32_t target, Pred pred, const What& what, Deadline deadline);
+  // Sleeps in slices on `c` until `pred`, a peer's death or abort, or
+  // `deadline`.
+  template <class Pred>
+  void sleep_until(Counter& c, std::atomic<int32_t>* local, std::span<const int> peers, Pred pred,
+                   const What& what, Deadline deadline);
+  // Phase `low` completed: wake the sleepers of collectives' waits.
+  void wake_gate_sleepers(uint32_t low) noexcept;
+  // Wakes the ranks asleep on CPU line `slot` that are at phase `upto` or
+  // behind (their waits have ended); whether there were any.
+  bool wake_done_here(int slot, uint32_t upto) noexcept;
+  uint64_t word_tag(const Counter& c) const {
+    return static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(&c) - base_) + 1;
+  }
   [[noreturn]] void timed_out(const std::vector<int>& late, const What& what);
   // Spins, then sleeps on `c` while `pred()` is false, until `deadline`;
   // throws when a rank aborts or one of `peers` is gone.
@@ -200,6 +277,10 @@ class Segment {
   std::vector<int> others_;  // every rank but this one
   uint32_t phase_ = 0;
   std::atomic<uint32_t>* abort_word_ = nullptr;
+  std::atomic<int32_t>* asleep_ = nullptr;  // ranks asleep in a wait
+  int cpus_ = 1;                            // CPUs in the union of the ranks' masks
+  bool crowded_ = false;                    // more ranks than those CPUs
+  int slot_ = -1;                           // the CPU line this rank is registered on
 };
 
 }  // namespace collie::shm

@@ -18,7 +18,6 @@
 
 #include "comm/core/reduce.h"
 #include "comm/core/shared_file.h"
-#include "comm/core/topology.h"
 #include "comm/core/trace.h"
 #include "comm/host_executor.h"
 #include "comm/shm/region.h"
@@ -387,7 +386,7 @@ class ShmRunner final : public HostRunner {
             std::memcpy(seg_.mail_data(me_, p, h), static_cast<const uint8_t*>(op.in.data) + s.done,
                         len);
             s.done += len;
-            Segment::publish(head, h + 1);
+            seg_.publish(head, h + 1);
             seg_.ring(p);
             moved = true;
             if (s.done == total) {
@@ -424,7 +423,7 @@ class ShmRunner final : public HostRunner {
             std::memcpy(static_cast<uint8_t*>(op.in.data) + rv.done, seg_.mail_data(p, me_, tl),
                         hdr.len);
             rv.done += hdr.len;
-            Segment::publish(tail, tl + 1);
+            seg_.publish(tail, tl + 1);
             seg_.ring(p);
             moved = true;
             if (rv.done == total) {
@@ -504,11 +503,10 @@ std::string unusable(const config::Launch& l) {
 
 std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
   auto t = config::shm_tuning(ctx.env);
-  return std::make_unique<ShmRunner>(
-      ctx, t,
-      SpinBudget::from_setting(
-          t.spin_us,
-          config::ranks_fit_cores(ctx.launch.local_world_size, topology::usable_cpus(), ctx.env)));
+  // The spin is allowed whatever the rank count: the segment spins only
+  // while the awake ranks fit their cores (Segment::core_free), which is
+  // what the host-wide guess of the other backends approximates.
+  return std::make_unique<ShmRunner>(ctx, t, SpinBudget::from_setting(t.spin_us, true));
 }
 
 BackendEntry backend_entry() {
