@@ -94,11 +94,16 @@ def check_format(events, rank, path):
                % (path, key, evs))
         expect(evs[0]["name"] == evs[1]["name"] and evs[0]["ts"] <= evs[1]["ts"] + EPS,
                "%s: async %r ends before it begins" % (path, key))
-    # A communicator's run spans follow one another.
+    # A communicator's run spans follow one another. A span the writer saw
+    # end after a later one on the same stream (a device's completions can be
+    # observed out of order) is written as a point at its own end
+    # (Track::serial_start), which may fall inside the later one's span: it
+    # is not a run of its own, so it is left out of this check (it failed
+    # CI once, under ASan, with the writer right).
     for tid, name in names.items():
         if not name.startswith("collectives "):
             continue
-        spans = sorted((e for e in events if e["ph"] == "X" and e["tid"] == tid),
+        spans = sorted((e for e in events if e["ph"] == "X" and e["tid"] == tid and e["dur"] > 0),
                        key=lambda e: e["ts"])
         for a, b in zip(spans, spans[1:]):
             expect(a["ts"] + a["dur"] <= b["ts"] + EPS,
