@@ -29,6 +29,11 @@
 
 namespace collie::algo {
 
+// a mod n in [0, n), for rank arithmetic around a ring.
+inline int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+
 // Grow-only scratch memory owned by a communicator.
 class Scratch {
  public:

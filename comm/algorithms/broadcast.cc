@@ -8,12 +8,6 @@
 
 namespace collie::algo {
 
-namespace {
-int mod(int a, int n) {
-  return ((a % n) + n) % n;
-}
-}  // namespace
-
 void chain_broadcast(const Ctx& c, void* buf, size_t bytes, int root) {
   Transport& t = c.transport;
   const int n = t.size();

@@ -12,10 +12,6 @@ namespace collie::algo {
 
 namespace {
 
-int mod(int a, int n) {
-  return ((a % n) + n) % n;
-}
-
 // What a rank does with one chunk at one step of a ring (NCCL's names,
 // src/device/primitives.h). Every step but the first receives from the left
 // neighbour the segment that neighbour handled at the step before; every

@@ -211,18 +211,18 @@ std::shared_ptr<BlasApi> blas_runtime() {
 #endif
 
 namespace {
-Installed<BlasApi>& installed() {
+Installed<BlasApi>& installed_blas() {
   static Installed<BlasApi> api(&blas_runtime);
   return api;
 }
 }  // namespace
 
 std::shared_ptr<BlasApi> blas_api() {
-  return installed().get();
+  return installed_blas().get();
 }
 
 void set_blas_api(std::shared_ptr<BlasApi> api) {
-  installed().set(std::move(api));
+  installed_blas().set(std::move(api));
 }
 
 }  // namespace collie::cuda
