@@ -146,13 +146,9 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spi
     h.total = lay_.total;
   }
   info(me_).pid = static_cast<int32_t>(getpid());
-  {
-    cpu_set_t mine;
-    CPU_ZERO(&mine);
-    if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_SET(0, &mine);
-    static_assert(sizeof(RankInfo::cpus) * 8 >= 1024);
-    for (int c = 0; c < 1024 && c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &mine)) info(me_).cpus[c / 64] |= uint64_t{1} << (c % 64);
+  if (sched_getaffinity(0, sizeof info(me_).cpus, &info(me_).cpus) != 0) {
+    CPU_ZERO(&info(me_).cpus);
+    CPU_SET(0, &info(me_).cpus);
   }
   // Everyone has mapped it (and rank 0's header is written) before anyone
   // uses it. A communicator of one rank has no store and nobody to wait for.
@@ -176,12 +172,10 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spi
                                          "world size");
   }
   asleep_ = &h.asleep;
-  uint64_t all[16] = {};
-  for (int q = 0; q < n_; ++q)
-    for (int w = 0; w < 16; ++w) all[w] |= info(q).cpus[w];
-  cpus_ = 0;
-  for (uint64_t w : all) cpus_ += __builtin_popcountll(w);
-  cpus_ = std::max(cpus_, 1);
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int q = 0; q < n_; ++q) CPU_OR(&all, &all, &info(q).cpus);
+  cpus_ = std::max(CPU_COUNT(&all), 1);
   crowded_ = n_ > cpus_;
   if (crowded_) here();
   pidfds_.assign(n_, -1);
@@ -209,17 +203,20 @@ int Segment::awake() const {
   return n_ - asleep_->load(std::memory_order_relaxed);
 }
 
+bool Segment::claim(int r, uint64_t tag, std::atomic<int32_t>* local) {
+  auto& on = info(r).asleep_on;
+  uint64_t t = tag;
+  if (on.load(std::memory_order_relaxed) != tag ||
+      !on.compare_exchange_strong(t, 0, std::memory_order_seq_cst))
+    return false;
+  asleep_->fetch_sub(1, std::memory_order_seq_cst);
+  if (local) local->fetch_sub(1, std::memory_order_seq_cst);
+  return true;
+}
+
 void Segment::wake(Counter& c, std::atomic<int32_t>* local, bool bump) noexcept {
   const uint64_t tag = word_tag(c);
-  for (int r = 0; r < n_; ++r) {
-    auto& on = info(r).asleep_on;
-    uint64_t t = tag;
-    if (on.load(std::memory_order_relaxed) == tag &&
-        on.compare_exchange_strong(t, 0, std::memory_order_seq_cst)) {
-      asleep_->fetch_sub(1, std::memory_order_seq_cst);
-      if (local) local->fetch_sub(1, std::memory_order_seq_cst);
-    }
-  }
+  for (int r = 0; r < n_; ++r) claim(r, tag, local);
   // After the claims: a sleeper that read the word before this move fails
   // its futex wait; one that read it after sees its claim gone (sleep_until).
   if (bump) c.value.fetch_add(1, std::memory_order_seq_cst);
@@ -235,11 +232,7 @@ void Segment::mark_asleep(Counter& c, std::atomic<int32_t>* local) {
 void Segment::mark_awake(Counter& c, std::atomic<int32_t>* local) {
   // Woken by a waker, it counted this rank awake already; timed out or
   // never asleep (the word had moved), this rank does it.
-  uint64_t t = word_tag(c);
-  if (info(me_).asleep_on.compare_exchange_strong(t, 0, std::memory_order_seq_cst)) {
-    asleep_->fetch_sub(1, std::memory_order_seq_cst);
-    if (local) local->fetch_sub(1, std::memory_order_seq_cst);
-  }
+  claim(me_, word_tag(c), local);
 }
 
 int Segment::here() {
@@ -364,29 +357,34 @@ void Segment::timed_out(const std::vector<int>& late, const What& what) {
                   "the deadline)");
 }
 
+template <class Pred, class May>
+bool Segment::spin_for(Pred pred, May may_spin) {
+  const auto spin = spin_.get();
+  if (spin.count() <= 0 || !may_spin()) return false;
+  // The clock is read after the first 64 polls: most small waits end
+  // sooner, and a clock read cost an 8 B all-reduce a tenth of its time.
+  Clock::time_point spin_end{};
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (pred()) return true;
+      cpu_relax();
+    }
+    if (abort_word_->load(std::memory_order_relaxed) != 0 || failure_->failed()) check();
+    if (!may_spin()) return false;
+    auto now = Clock::now();
+    if (spin_end == Clock::time_point{})
+      spin_end = now + spin;
+    else if (now >= spin_end)
+      return false;
+  }
+}
+
 template <class Pred>
 void Segment::wait_on(Counter& c, std::span<const int> peers, Pred pred, const What& what,
                       Deadline deadline) {
   if (pred()) return;
-  const auto spin = spin_.get();
-  if (spin.count() > 0 && core_free()) {
-    // The clock is read after the first 64 polls: most small waits end
-    // sooner, and a clock read cost an 8 B all-reduce a tenth of its time.
-    Clock::time_point spin_end{};
-    for (;;) {
-      for (int i = 0; i < 64; ++i) {
-        if (pred()) return;
-        cpu_relax();
-      }
-      if (abort_word_->load(std::memory_order_relaxed) != 0 || failure_->failed()) check();
-      if (!core_free()) break;  // a woken peer needs this core
-      auto now = Clock::now();
-      if (spin_end == Clock::time_point{})
-        spin_end = now + spin;
-      else if (now >= spin_end)
-        break;
-    }
-  }
+  // Not while a woken peer needs this core.
+  if (spin_for(pred, [&] { return core_free(); })) return;
   sleep_until(c, nullptr, peers, pred, what, deadline);
 }
 
@@ -467,22 +465,10 @@ void Segment::wait_crowded(uint32_t target, Pred pred, const What& what, Deadlin
                  L.asleep.load(std::memory_order_relaxed) <=
              1;
     };
-    const auto spin = spin_.get();
-    if (!hand_off && spin.count() > 0 && alone()) {
-      const auto spin_end = Clock::now() + spin;
-      for (bool done = false;;) {
-        for (int i = 0; i < 64 && !done; ++i) {
-          done = pred();
-          cpu_relax();
-        }
-        if (done) {
-          unwatch();
-          wake_done_here(s, target);
-          return;
-        }
-        if (abort_word_->load(std::memory_order_relaxed) != 0 || failure_->failed()) check();
-        if (!alone() || Clock::now() >= spin_end) break;
-      }
+    if (!hand_off && spin_for(pred, alone)) {
+      unwatch();
+      wake_done_here(s, target);
+      return;
     }
     unwatch();
   } catch (...) {

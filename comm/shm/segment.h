@@ -41,6 +41,8 @@
 // In the steady state of small collectives no wake-up crosses CPUs.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -109,7 +111,7 @@ struct alignas(kLine) RankInfo {
   // last collective's wait was for (wake_gate_sleepers reads them).
   std::atomic<int32_t> slot;
   std::atomic<uint32_t> gate_target;
-  uint64_t cpus[16];  // the CPUs this rank may run on (its affinity mask)
+  cpu_set_t cpus;  // the CPUs this rank may run on (its affinity mask)
 };
 
 // One direction of a point-to-point channel: a ring of slots.
@@ -238,6 +240,13 @@ class Segment {
   // a waker did.
   void mark_asleep(Counter& c, std::atomic<int32_t>* local);
   void mark_awake(Counter& c, std::atomic<int32_t>* local);
+  // Takes rank r's sleep on the word `tag` back (whoever succeeds counts it
+  // awake, once): whether this call did.
+  bool claim(int r, uint64_t tag, std::atomic<int32_t>* local);
+  // Polls `pred` for at most the spin budget, while `may_spin()`; whether
+  // `pred` came true.
+  template <class Pred, class May>
+  bool spin_for(Pred pred, May may_spin);
   // The CPU line of the CPU this rank runs on now; moves its registration.
   int here();
   // A collective's wait: every other rank has reached `target` when `pred`.
