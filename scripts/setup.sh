@@ -18,6 +18,7 @@ packages=(
   slurmctld slurmd slurm-client munge                                # the srun test's one-node SLURM
   clang libclang-rt-14-dev                                           # the fuzz targets: clang's libFuzzer (scripts/fuzz.sh)
   iproute2                                                           # ip netns, tc: the two-host and network-fault tests
+  ccache                                                             # a compiler cache: Meson uses it when installed
 )
 
 # DPkg::Lock::Timeout makes install wait for the dpkg lock, but update takes

@@ -9,8 +9,9 @@ is read block by block, in order:
                      (each as a substring of some output line)
 A block after `<!-- readme-test: skip ... -->` is not run (the comment says
 why). Everything runs in a fresh copy of the repository's tracked files, with
-$HOME an empty folder and no LD_LIBRARY_PATH (meson test sets one), so an
-install that only works from the build tree fails here.
+$HOME an empty folder (but the user's ccache directory) and no
+LD_LIBRARY_PATH (meson test sets one), so an install that only works from
+the build tree fails here.
 
   run_readme.py SOURCE_ROOT
 Exit 0: every block ran and printed what the README says; 77: skipped (not a
@@ -93,6 +94,11 @@ def main():
                if k not in ("LD_LIBRARY_PATH", "PKG_CONFIG_PATH") and not k.startswith("COLLIE_")
                and not k.startswith("MESON")}
         env["HOME"] = home
+        # The compiler cache stays the user's (where ccache is installed,
+        # Meson compiles through it): the same objects, built once.
+        if "CCACHE_DIR" not in env:
+            env["CCACHE_DIR"] = os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ccache")
         r = subprocess.run(["bash", "-c", "\n".join(script)], cwd=repo, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=1200)

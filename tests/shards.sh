@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs a googletest program as N shards at once (GTEST_TOTAL_SHARDS and
+# GTEST_SHARD_INDEX), prints each shard's output in turn, and fails if any
+# shard fails. For the test programs whose time is spent waiting out
+# deliberate deadlines (faults, launcher, store): their waits overlap instead
+# of adding up, while each test still runs its own processes exactly as
+# alone. Only for programs whose tests share nothing on the machine (each
+# picks its own free port, files named by its pid).
+#   tests/shards.sh 4 build/tests/test_faults [gtest arguments...]
+set -uo pipefail
+n=$1
+shift
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+pids=()
+for ((i = 0; i < n; i++)); do
+  GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i "$@" >"$dir/$i" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for ((i = 0; i < n; i++)); do
+  wait "${pids[$i]}"
+  code=$?
+  echo "=== shard $((i + 1)) of $n: exit $code"
+  cat "$dir/$i"
+  [ $code -ne 0 ] && rc=1
+done
+exit $rc
