@@ -532,6 +532,44 @@ TEST(Faults, SurvivorsRebuildTheReducerOnTheShrunkCommunicatorAndFinishExactly) 
   EXPECT_NE(second[0].report, first[0].report);  // it trained on
 }
 
+// A rank's death fails the operations that need it, not one that no longer
+// does: rank 2 dies while rank 0 waits for a message from rank 1, which
+// comes. That receive completes; the next collective fails naming rank 2. (It used to fail the
+// receive: the loop watches every peer's socket, and failed whatever op was running when one
+// closed. In a collective the dead rank had finished, that failed the op on the survivors that saw
+// the socket close and not on the others, so they disagreed on which step had completed:
+// SurvivorsRebuildTheReducer... caught it, under load.)
+TEST(Faults, ADeathFailsOnlyTheOpsThatNeedTheDeadRank) {
+  auto out = run_ranks(
+      3,
+      [](int rank, Options opt) -> std::string {
+        auto c = connect(opt);
+        c->barrier().wait();
+        if (rank == 2) raise(SIGKILL);
+        float x = 0;
+        std::string got;
+        if (rank == 1) {
+          std::this_thread::sleep_for(500ms);  // rank 2 is gone by now
+          x = 7;
+          c->send(view_of(&x, 1), 0).wait();
+          got = "sent";
+        } else {
+          c->recv(view_of(&x, 1), 1).wait();
+          got = "got " + std::to_string(static_cast<int>(x));
+        }
+        try {
+          c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+          return got + ", then the all-reduce ended without rank 2";
+        } catch (const Error& e) {
+          return got + ", then " + std::string(to_string(e.code())) + ": " + e.what();
+        }
+      },
+      10s);
+  EXPECT_TRUE(contains(out[0].report, "OK got 7, then peer_lost")) << describe(out);
+  EXPECT_TRUE(contains(out[1].report, "OK sent, then peer_lost")) << describe(out);
+  for (int r : {0, 1}) EXPECT_TRUE(contains(out[r].report, "rank 2")) << describe(out);
+}
+
 // A stopped rank's kernel still acknowledges what it is sent, and answers
 // the probes into its closed window: the others must not say the network
 // to it is down (that is said only of a peer that acknowledges nothing,

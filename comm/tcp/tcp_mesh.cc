@@ -25,6 +25,7 @@ struct Mesh::Lane {
   net::Fd fd;
   bool watch = true;      // report hang-ups while this peer has nothing for us
   bool departed = false;  // peeked a bye frame
+  bool gone = false;      // hung up or aborted a later op while this op did not read it
   // Posted and not yet complete, in posting order.
   std::deque<Item> sends, recvs;
   FrameHeader send_hdr{};
@@ -154,6 +155,33 @@ void Mesh::check_hangup(int c) {
   // Data ahead of us (the peer ran on to a later op and then left): it is
   // read, and any loss reported, when this rank gets to that op.
   p.watch = false;
+}
+
+void Mesh::watched_hangup(int c) {
+  // This op reads nothing more from that peer now. A peer that closed
+  // without a word (it died), or that aborted a later collective than this
+  // one, finished its part of this op first: what this op needed of it has
+  // come already, or this op fails when it posts that receive (the
+  // socket's end is read), or through a peer that does. So this op goes on
+  // and completes, as on the ranks that never looked at that socket, and
+  // the survivors agree on which op failed; the next op fails at once
+  // (run() reads the socket then). Anything else (an abort of this op, a
+  // bye) is read now.
+  Lane& p = conns_[c];
+  FrameHeader h{};
+  ssize_t n = ::recv(p.fd.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+  const bool later_abort =
+      static_cast<size_t>(n) == sizeof h && h.magic == kFrameMagic &&
+      h.kind == static_cast<uint8_t>(FrameKind::abort) && current_.op != OpKind::p2p &&
+      h.op != static_cast<uint8_t>(OpKind::p2p) && static_cast<int32_t>(h.seq - current_.seq) > 0;
+  if (n == 0 || later_abort) {
+    if (n == 0) failure_->lost(names_[peer_of(c)]);
+    p.watch = false;
+    p.gone = true;
+    heard_ = true;
+    return;
+  }
+  check_hangup(c);
 }
 
 void Mesh::activate(int c, const OpDesc& d) {
@@ -316,8 +344,16 @@ void Mesh::timed_out() {
 void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
   if (closed_)
     throw Error(ErrorCode::internal, "the communicator on " + names_(rank_) + " is closed");
+  // A peer that hung up while an earlier op did not need it: that op ran
+  // to its end without it; this one fails now, as on the ranks that saw it
+  // in this op's traffic.
+  if (heard_) {
+    heard_ = false;
+    for (int c = 0; c < static_cast<int>(conns_.size()); ++c)
+      if (conns_[c].gone) check_hangup(c);
+  }
   for (Lane& p : conns_)
-    if (!p.departed) p.watch = true;
+    if (!p.departed && !p.gone) p.watch = true;
   std::vector<pollfd> pfds;
   std::vector<int> pfd_lane;
   auto spin = spin_.get();
@@ -372,7 +408,7 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
         continue;
       }
       if (conns_[c].recvs.empty() && (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
-        check_hangup(c);
+        watched_hangup(c);
     }
     if (answered) {
       spin_.slept(net::Clock::now() - asleep);

@@ -76,6 +76,10 @@ class Mesh final : public Transport {
   void activate(int c, const OpDesc& d);
   [[noreturn]] void timed_out();
   void check_hangup(int c);
+  // A hang-up on a lane this op is not reading: check_hangup now, or, for a
+  // peer that finished its part of this op (it died, or aborted a later
+  // op), at the start of the next run (heard_).
+  void watched_hangup(int c);
   // Throws the error for losing the peer on lane `c`: its abort frame's,
   // when it sent one (`can_read`: this rank's read side of the lane is at a
   // frame boundary), else peer_lost naming it and any other rank whose
@@ -101,6 +105,7 @@ class Mesh final : public Transport {
   std::vector<int> active_;
   std::vector<uint8_t> is_active_;
   OpDesc current_;
+  bool heard_ = false;
 };
 
 }  // namespace collie::tcp
