@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <vector>
@@ -255,7 +256,9 @@ class Front final : public Communicator {
     auto alive = [&](int q) { return prefix + "/alive/" + std::to_string(q); };
     const std::string members_key = prefix + "/members";
     Store& store = *ctx.store;
-    store.set(alive(rank()), to_bytes("1"));
+    // Its value: the last collective this rank completed, compared below.
+    const uint32_t done = ctx.inspector ? ctx.inspector->last_completed() : 0;
+    store.set(alive(rank()), to_bytes(std::to_string(done)));
     if (wait.count() <= 0) wait = std::min(timeout(), std::chrono::milliseconds(10000));
     std::vector<std::string> others;
     for (int q = 0; q < n; ++q)
@@ -309,6 +312,27 @@ class Front final : public Communicator {
       log::warn(what.str() + ": going on as rank " + std::to_string(new_rank) + " of " +
                 std::to_string(members.size()) + ", without rank" +
                 (left_out.size() > 1 ? "s " : " ") + RankNames().list(left_out));
+    // A rank that died in the middle of a collective may have given its
+    // part to some survivors and not to others: those completed it, these
+    // failed it, and whatever it updated (a training step) now differs
+    // between them. Nothing can undo it here; say so on every survivor.
+    if (ctx.inspector) {
+      std::vector<std::pair<int, uint32_t>> completed;
+      for (int q : members) {
+        uint32_t v = 0;
+        try {
+          v = static_cast<uint32_t>(std::stoul(to_string(store.get(alive(q), timeout()))));
+        } catch (const std::logic_error&) {  // not a number: a rank of an older collie
+          continue;
+        }
+        completed.emplace_back(q, v);
+      }
+      const std::string differ = survivors_disagree(completed);
+      if (!differ.empty())
+        log::warn(what.str() + ": the survivors did not complete the same collectives (" + differ +
+                  "): what the later ones changed differs between the ranks; make them agree "
+                  "(broadcast the model and optimizer state from one rank) before going on");
+    }
     return make_front(c, c.remake(c));
   }
 
@@ -398,6 +422,20 @@ class Front final : public Communicator {
 };
 
 }  // namespace
+
+std::string survivors_disagree(const std::vector<std::pair<int, uint32_t>>& completed) {
+  std::map<uint32_t, std::vector<int>> by_seq;
+  for (auto [rank, seq] : completed) by_seq[seq].push_back(rank);
+  if (by_seq.size() < 2) return "";
+  std::string s;
+  for (auto it = by_seq.rbegin(); it != by_seq.rend(); ++it) {
+    const auto& ranks = it->second;
+    s += (s.empty() ? "" : "; ") + std::string(ranks.size() > 1 ? "ranks " : "rank ") +
+         RankNames().list(ranks) + (s.empty() ? " completed up to #" : " up to #") +
+         std::to_string(it->first);
+  }
+  return s;
+}
 
 std::shared_ptr<trace::Sink> trace_sink(const Communicator& comm) {
   const auto* front = dynamic_cast<const Front*>(&comm);

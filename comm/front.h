@@ -9,7 +9,11 @@
 // makes destruction safe for the hooks that still hold a share().
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "collie/comm.h"
 #include "comm/backend.h"
@@ -19,6 +23,12 @@ namespace collie {
 // The owning communicator over `backend`, created from `ctx`.
 std::unique_ptr<Communicator> make_front(const BackendContext& ctx,
                                          std::unique_ptr<Backend> backend);
+
+// shrink's check that the survivors completed the same collectives: for
+// each survivor (its rank, the last collective it completed), "" when they
+// all agree, else which ranks completed up to which collective ("rank 2
+// completed up to #12; ranks 0, 1 up to #11").
+std::string survivors_disagree(const std::vector<std::pair<int, uint32_t>>& completed);
 
 // COLLIE_TRACE's file of `comm`'s rank (the reducer writes its events
 // there), or null: tracing is off, or `comm` is not a front.

@@ -113,6 +113,10 @@ void StallInspector::completed(uint32_t seq) {
   }
 }
 
+uint32_t StallInspector::last_completed() const {
+  return progress_->completed.load(std::memory_order_relaxed);
+}
+
 std::string StallInspector::ask_key(int q) const {
   return key_ + "/stall/ask/" + std::to_string(q);
 }

@@ -44,6 +44,7 @@ class StallInspector {
   // The last collective this rank issued, and the last one it completed.
   void issued(uint32_t seq);
   void completed(uint32_t seq);
+  uint32_t last_completed() const;
 
   // `e`, the timeout of collective `desc` on this rank, with where every
   // rank is appended. Waits for the answers up to the inspection's budget;
