@@ -322,8 +322,11 @@ class Front final : public Communicator {
         uint32_t v = 0;
         try {
           v = static_cast<uint32_t>(std::stoul(to_string(store.get(alive(q), timeout()))));
-        } catch (const std::logic_error&) {  // not a number: a rank of an older collie
+        } catch (const std::logic_error&) {  // not a number
           continue;
+        } catch (const Error&) {  // the store: this check only advises, the shrink stands
+          completed.clear();
+          break;
         }
         completed.emplace_back(q, v);
       }

@@ -18,11 +18,15 @@ FrameHeader make_header(FrameKind kind, const OpDesc& d, uint64_t bytes) {
   return h;
 }
 
-std::string last_frame(FrameKind kind, uint8_t code, const std::string& text) {
+std::string last_frame(FrameKind kind, uint8_t code, const std::string& text, const OpDesc* op) {
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.kind = static_cast<uint8_t>(kind);
   h.redop = code;
+  if (op) {
+    h.op = static_cast<uint8_t>(op->op);
+    h.seq = op->seq;
+  }
   h.bytes = text.size();
   std::string frame(reinterpret_cast<const char*>(&h), sizeof h);
   frame += text;

@@ -38,8 +38,11 @@ static_assert(sizeof(FrameHeader) == 32);
 // The header of a frame of `kind` for `d` with `bytes` of payload.
 FrameHeader make_header(FrameKind kind, const OpDesc& d, uint64_t bytes);
 // An abort (`code`: the ErrorCode) or bye frame, header and text, as a rank
-// sends it last.
-std::string last_frame(FrameKind kind, uint8_t code, const std::string& text);
+// sends it last. An abort of a running op carries that op's kind and number
+// (`op`, `seq`; 0 otherwise), so that a peer still in an earlier collective
+// can tell that this one is later (Mesh::watched_hangup).
+std::string last_frame(FrameKind kind, uint8_t code, const std::string& text,
+                       const OpDesc* op = nullptr);
 // The operation a header describes (an out-of-range dtype or op reads as 0).
 OpDesc desc_of(const FrameHeader& h);
 // An abort frame's error code (an unknown one reads as internal).

@@ -25,7 +25,7 @@ struct Mesh::Lane {
   net::Fd fd;
   bool watch = true;      // report hang-ups while this peer has nothing for us
   bool departed = false;  // peeked a bye frame
-  bool gone = false;      // hung up or aborted a later op while this op did not read it
+  bool gone = false;      // hung up, or aborted a later op, while not read (watched_hangup)
   // Posted and not yet complete, in posting order.
   std::deque<Item> sends, recvs;
   FrameHeader send_hdr{};
@@ -158,27 +158,29 @@ void Mesh::check_hangup(int c) {
 }
 
 void Mesh::watched_hangup(int c) {
-  // This op reads nothing more from that peer now. A peer that closed
+  // The running op reads nothing from that peer now. A peer that closed
   // without a word (it died), or that aborted a later collective than this
-  // one, finished its part of this op first: what this op needed of it has
-  // come already, or this op fails when it posts that receive (the
-  // socket's end is read), or through a peer that does. So this op goes on
-  // and completes, as on the ranks that never looked at that socket, and
-  // the survivors agree on which op failed; the next op fails at once
-  // (run() reads the socket then). Anything else (an abort of this op, a
-  // bye) is read now.
+  // one, finished its part of this op first: what this op needs of it has
+  // come already (it is read when the op posts that receive, before the
+  // socket's end), or the op fails when it reads that end, or through the
+  // abort of a peer that does. So the op goes on, and completes as on the
+  // ranks that never looked at that socket: the survivors agree on which
+  // op failed. The lane is not watched again. Anything else (an abort of
+  // this op, a bye) is read now.
   Lane& p = conns_[c];
   FrameHeader h{};
   ssize_t n = ::recv(p.fd.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+  const bool died = n == 0 || (n < 0 && errno == ECONNRESET);
   const bool later_abort =
       static_cast<size_t>(n) == sizeof h && h.magic == kFrameMagic &&
       h.kind == static_cast<uint8_t>(FrameKind::abort) && current_.op != OpKind::p2p &&
-      h.op != static_cast<uint8_t>(OpKind::p2p) && static_cast<int32_t>(h.seq - current_.seq) > 0;
-  if (n == 0 || later_abort) {
-    if (n == 0) failure_->lost(names_[peer_of(c)]);
+      h.op >= static_cast<uint8_t>(OpKind::allreduce) &&
+      h.op != static_cast<uint8_t>(OpKind::p2p) && h.op <= static_cast<uint8_t>(OpKind::split) &&
+      static_cast<int32_t>(h.seq - current_.seq) > 0;
+  if (died || later_abort) {
+    if (died) failure_->lost(names_[peer_of(c)]);
     p.watch = false;
     p.gone = true;
-    heard_ = true;
     return;
   }
   check_hangup(c);
@@ -225,6 +227,10 @@ void Mesh::post_recv(const OpDesc& d, int q, void* data, size_t bytes, Callback 
 bool Mesh::pump_send(int c) {
   Lane& p = conns_[c];
   bool progressed = false;
+  // A send to a peer seen gone: its end (or abort) is the error, not the
+  // first write, which may still land in the dead socket's buffer.
+  if (p.gone && !p.sends.empty() && p.send_done == 0 && p.recv_hdr_got == 0 && p.recv_got == 0)
+    check_hangup(c);
   while (!p.sends.empty()) {
     Lane::Item& it = p.sends.front();
     if (p.send_done == 0) p.send_hdr = make_header(FrameKind::data, it.desc, it.bytes);
@@ -344,14 +350,6 @@ void Mesh::timed_out() {
 void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
   if (closed_)
     throw Error(ErrorCode::internal, "the communicator on " + names_(rank_) + " is closed");
-  // A peer that hung up while an earlier op did not need it: that op ran
-  // to its end without it; this one fails now, as on the ranks that saw it
-  // in this op's traffic.
-  if (heard_) {
-    heard_ = false;
-    for (int c = 0; c < static_cast<int>(conns_.size()); ++c)
-      if (conns_[c].gone) check_hangup(c);
-  }
   for (Lane& p : conns_)
     if (!p.departed && !p.gone) p.watch = true;
   std::vector<pollfd> pfds;
@@ -425,13 +423,14 @@ void Mesh::wake() noexcept {
   [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
 }
 
-void Mesh::send_last_frame(uint8_t kind, uint8_t code, const std::string& text) noexcept {
+void Mesh::send_last_frame(uint8_t kind, uint8_t code, const std::string& text,
+                           const OpDesc* op) noexcept {
   for (Lane& p : conns_) {
     if (!p.fd.valid()) continue;
     // Only at a frame boundary: in the middle of a frame the peer would read
     // this as payload; there the half-close below tells it instead.
     if (p.send_done == 0) {
-      std::string frame = last_frame(static_cast<FrameKind>(kind), code, text);
+      std::string frame = last_frame(static_cast<FrameKind>(kind), code, text, op);
       [[maybe_unused]] ssize_t n =
           ::send(p.fd.get(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     }
@@ -445,7 +444,8 @@ void Mesh::send_last_frame(uint8_t kind, uint8_t code, const std::string& text) 
 void Mesh::abort(const Error& e) noexcept {
   if (!closed_)
     send_last_frame(static_cast<uint8_t>(FrameKind::abort), static_cast<uint8_t>(e.code()),
-                    std::string(e.what()).substr(0, kMaxAbortText));
+                    std::string(e.what()).substr(0, kMaxAbortText),
+                    pending_ > 0 ? &current_ : nullptr);
   // Whatever was posted belongs to an operation that has failed: its
   // callbacks point into state that is gone, and never run.
   for (Lane& p : conns_) {

@@ -76,9 +76,9 @@ class Mesh final : public Transport {
   void activate(int c, const OpDesc& d);
   [[noreturn]] void timed_out();
   void check_hangup(int c);
-  // A hang-up on a lane this op is not reading: check_hangup now, or, for a
-  // peer that finished its part of this op (it died, or aborted a later
-  // op), at the start of the next run (heard_).
+  // A hang-up on a lane the running op is not reading: check_hangup now,
+  // or, for a peer that finished its part of this op (it died, or aborted a
+  // later op), nothing until an op reads or writes that lane.
   void watched_hangup(int c);
   // Throws the error for losing the peer on lane `c`: its abort frame's,
   // when it sent one (`can_read`: this rank's read side of the lane is at a
@@ -87,7 +87,8 @@ class Mesh final : public Transport {
   [[noreturn]] void lost(int c, const OpDesc& desc, const std::string& how, bool can_read);
   // Sends `kind` (abort or bye) to every peer where a frame boundary allows,
   // then half-closes every socket.
-  void send_last_frame(uint8_t kind, uint8_t code, const std::string& text) noexcept;
+  void send_last_frame(uint8_t kind, uint8_t code, const std::string& text,
+                       const OpDesc* op = nullptr) noexcept;
 
   const int rank_;
   const RankNames names_;  // for messages
@@ -105,7 +106,6 @@ class Mesh final : public Transport {
   std::vector<int> active_;
   std::vector<uint8_t> is_active_;
   OpDesc current_;
-  bool heard_ = false;
 };
 
 }  // namespace collie::tcp

@@ -11,9 +11,9 @@ set -uo pipefail
 root=$1
 copy=$(mktemp -d)
 trap 'rm -rf "$copy"' EXIT
-git -C "$root" ls-files -z | tar -C "$root" --null -T - -cf - 2>/dev/null | tar -C "$copy" -xf - ||
+git -C "$root" ls-files -z | tar -C "$root" --null -T - -cf - | tar -C "$copy" -xf - ||
   { echo "cannot copy the tracked files of $root"; exit 1; }
-out=$(cd "$copy" && BENCH_ARGS="-e 1M -n 3" scripts/demo.sh 2>&1); rc=$?
+out=$(cd "$copy" && BUILD=build BENCH_ARGS="-e 1M -n 3" scripts/demo.sh 2>&1); rc=$?
 fail() { echo "$out"; echo "FAILED: $*"; exit 1; }
 [ $rc = 0 ] || fail "demo.sh exited $rc"
 progress=$(grep -c '^  build: ' <<<"$out")

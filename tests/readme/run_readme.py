@@ -96,9 +96,10 @@ def main():
         env["HOME"] = home
         # The compiler cache stays the user's (where ccache is installed,
         # Meson compiles through it): the same objects, built once.
-        if "CCACHE_DIR" not in env:
-            env["CCACHE_DIR"] = os.path.join(
-                os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ccache")
+        if "CCACHE_DIR" not in env and shutil.which("ccache"):
+            r = subprocess.run(["ccache", "-k", "cache_dir"], capture_output=True, text=True)
+            if r.returncode == 0 and r.stdout.strip():
+                env["CCACHE_DIR"] = r.stdout.strip()
         r = subprocess.run(["bash", "-c", "\n".join(script)], cwd=repo, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=1200)
