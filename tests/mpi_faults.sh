@@ -21,7 +21,10 @@ run() {
   took=$(($(date +%s) - start))
 }
 expect() {  # expect CASE DESCRIPTION PATTERN (extended regex, in $out)
-  if echo "$out" | grep -Eq -- "$3"; then
+  # Not `echo | grep -q` under pipefail: grep quits at the first match, and
+  # echo, still writing a long $out, then fails with SIGPIPE (a match near
+  # the top of a long output was reported missing).
+  if grep -Eq -- "$3" <<<"$out"; then
     echo "ok   $1: $2"
   else
     echo "FAIL $1: $2 (no /$3/ in:)"

@@ -120,7 +120,7 @@ case $what in
   shaped | netem | flap)
     [ $rc = 0 ] || fail "the job exited $rc"
     for ((r = 0; r < world; r++)); do
-      line_of $r 'done: .* ops, every result exact$' | grep -q . || fail "rank $r did not finish"
+      [ -n "$(line_of $r 'done: .* ops, every result exact$')" ] || fail "rank $r did not finish"
     done
     took=$(grep -o '^\[[0-9]*\] op [0-9]* ok t=[0-9.]* took=[0-9.]*' "$work/out.txt" |
       sed 's/.*took=//' | sort -g | sed -n '1p;$p' | paste -sd' ')

@@ -23,7 +23,7 @@ if [ "${1:-}" = --kill ]; then
   # Rank 3 of this job: its checkpoint path (under WORK) tells it from any
   # other train_mlp on the machine.
   for pid in $(pgrep -f "train_mlp.*$work/ck"); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'COLLIE_RANK=3'; then
+    if grep -qx 'COLLIE_RANK=3' < <(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null); then
       kill -9 "$pid" && echo "killed rank 3 (pid $pid) at step 50" && exit 0
     fi
   done

@@ -55,8 +55,8 @@ CONF
 export SLURM_CONF="$t/slurm.conf"
 slurmctld -D -i -f "$SLURM_CONF" >"$t/slurmctld.out" 2>&1 & pids+=($!)
 slurmd -D -f "$SLURM_CONF" >"$t/slurmd.out" 2>&1 & pids+=($!)
-for _ in $(seq 100); do sinfo -h -o %T 2>/dev/null | grep -q idle && break; sleep 0.2; done
-sinfo -h -o %T 2>/dev/null | grep -q idle || {
+for _ in $(seq 100); do grep -q idle <<<"$(sinfo -h -o %T 2>/dev/null)" && break; sleep 0.2; done
+grep -q idle <<<"$(sinfo -h -o %T 2>/dev/null)" || {
   echo "skipped: the one-node SLURM did not come up here"; tail -5 "$t/slurmctld.log" "$t/slurmd.log"; exit 77; }
 
 awk '/^```c my_job.c$/ {on=1; next} on && /^```$/ {exit} on {print}' "$src/README.md" > "$t/my_job.c"
