@@ -69,25 +69,28 @@ struct alignas(kLine) Counter {
 // What a rank says about the collective it is in (checked by every rank
 // before any data moves, so that different calls are a mismatch error).
 struct alignas(kLine) DescSlot {
+  // The first 64-byte line: the call, its check, and (small all-reduces)
+  // the input and its flag, so that a peer finds all of them in one miss
+  // and the writer takes one line from the reader, not two.
   uint32_t seq;
   uint8_t op, dtype, redop, pad;
   int32_t tag;
+  // An all-reduce of at most sizeof inline_data bytes carries its input
+  // here, and says `ready` = its seq once the line is written.
+  std::atomic<uint32_t> ready;
   uint64_t count;
   // An all-reduce in place over memory from allocate_region: where peers
   // find it (its id 0 otherwise). Not compared by the check: ranks may
   // differ here, and then every rank copies.
   uint64_t reg_id;
-  uint64_t reg_bytes;
+  uint8_t inline_data[32];
+  // The second line: the rest of the region's address.
+  alignas(64) uint64_t reg_bytes;
   uint64_t reg_offset;
   int32_t reg_fd;
-  // An all-reduce of at most sizeof inline_data bytes carries its input
-  // here, and says `ready` = its seq once the line is written: a peer then
-  // finds the call, its check and its data in one cache line, one miss per
-  // peer (the slot path takes two: the counter, then the data).
-  std::atomic<uint32_t> ready;
-  alignas(64) uint8_t inline_data[64];
 };
 static_assert(sizeof(DescSlot) == kLine);
+static_assert(offsetof(DescSlot, inline_data) + sizeof(DescSlot::inline_data) == 64);
 
 // What the ranks waiting on one CPU share (crowded segments only).
 struct alignas(kLine) CpuLine {
