@@ -91,12 +91,16 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   void loop();
   // A waiter's turn: runs queued ops up to and including `ticket`.
   void run_until(uint64_t ticket);
-  std::vector<Task> pop_batch();  // with mu_ held
+  void pop_batch(std::vector<Task>& batch);  // with mu_ held; into an empty batch
   void execute_and_release(std::vector<Task>& batch);
   std::optional<Error> execute(std::vector<Task>& batch);
   // Records the first failure, tells the peers; returns the error to report.
   Error fail(Error e);
   std::string rank_str() const;
+
+  // A batch buffer per thread, reused: a fresh vector per op cost a malloc
+  // and a free.
+  static thread_local std::vector<Task> spare_;
 
   HostRunner& runner_;
   std::shared_ptr<FailureLatch> failure_;

@@ -642,6 +642,39 @@ TEST(WorkHandle, CompletionErrorAndTimeout) {
   slow.complete();
 }
 
+// Waiters sleep on a futex word (Completion::block_until), which a finish
+// wakes only when it sees a waiter counted: a waiter that counted itself
+// after the finish's look, and then slept, would sleep to its deadline
+// (an end seen late is still an end, so only the time shows it). Many
+// rounds of two waiters racing one finish; a lost wake-up is a wait of
+// seconds, against microseconds.
+TEST(WorkHandle, AWaiterIsWokenByAFinishThatRacesItsSleep) {
+  constexpr int kRounds = 3000;
+  std::vector<Work> works;
+  for (int i = 0; i < kRounds; ++i) works.push_back(Work::pending("op #" + std::to_string(i), 60s));
+  std::atomic<int> next{0};  // the round the finisher is at
+  std::atomic<int> lost{0};
+  auto waiter = [&] {
+    for (int i = 0; i < kRounds; ++i) {
+      while (next.load() < i) {
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      works[static_cast<size_t>(i)].wait(30s);
+      if (std::chrono::steady_clock::now() - t0 > 5s) ++lost;
+    }
+  };
+  std::thread a(waiter), b(waiter);
+  for (int i = 0; i < kRounds; ++i) {
+    next.store(i);
+    for (int k = 0; k < (i % 7) * 50; ++k) std::atomic_signal_fence(std::memory_order_seq_cst);
+    works[static_cast<size_t>(i)].complete();
+  }
+  a.join();
+  b.join();
+  EXPECT_EQ(lost.load(), 0) << "waits woken only by their deadline";
+  for (auto& w : works) EXPECT_TRUE(w.done());
+}
+
 // What the NCCL backend will return: a completion that is ended when its
 // CUDA event fires (query polls it), makes a stream wait without blocking
 // the host, and aborts its communicator when told to. A fake event stands in

@@ -1,5 +1,11 @@
 #include "collie/work.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <ctime>
 #include <optional>
 #include <utility>
 
@@ -18,10 +24,14 @@ bool Completion::wait_until(Clock::time_point deadline) {
   return block_until(deadline);
 }
 
+bool Completion::wait_for(std::chrono::milliseconds timeout) {
+  return ended() || wait_until(Clock::now() + timeout);
+}
+
 void Completion::wait_on(void* /*stream*/) {
   // Nothing runs on a stream for a host operation: the stream may go on once
   // the host has seen the end.
-  if (!wait_until(Clock::now() + default_timeout_))
+  if (!wait_for(default_timeout_))
     throw Error(ErrorCode::timeout, description() + " did not complete within " +
                                         std::to_string(default_timeout_.count()) + " ms");
 }
@@ -34,12 +44,15 @@ void Completion::finish(std::optional<Error> e, const Dispatch& dispatch) {
   std::vector<std::function<void()>> cbs;
   {
     std::lock_guard lk(mu_);
-    if (done_) return;
-    done_ = true;
+    if (done_.load(std::memory_order_relaxed)) return;
     error_ = std::move(e);
+    // seq_cst, then the waiter count: a waiter counts itself, then looks
+    // at done_ (block_until), so one of the two sees the other.
+    done_.store(1, std::memory_order_seq_cst);
     cbs.swap(callbacks_);
   }
-  cv_.notify_all();
+  if (waiters_.load(std::memory_order_seq_cst) != 0)
+    syscall(SYS_futex, &done_, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
   if (cbs.empty()) return;
   if (dispatch) {
     dispatch(std::move(cbs));
@@ -49,18 +62,18 @@ void Completion::finish(std::optional<Error> e, const Dispatch& dispatch) {
 }
 
 bool Completion::ended() const {
-  std::lock_guard lk(mu_);
-  return done_;
+  return done_.load(std::memory_order_acquire);
 }
 
 std::optional<Error> Completion::error() const {
-  std::lock_guard lk(mu_);
+  // error_ is written before done_ and never after it.
+  if (!done_.load(std::memory_order_acquire)) return std::nullopt;
   return error_;
 }
 
 void Completion::on_complete(std::function<void()> fn) {
   std::unique_lock lk(mu_);
-  if (!done_) {
+  if (!done_.load(std::memory_order_relaxed)) {
     callbacks_.push_back(std::move(fn));
     return;
   }
@@ -69,8 +82,25 @@ void Completion::on_complete(std::function<void()> fn) {
 }
 
 bool Completion::block_until(Clock::time_point deadline) {
-  std::unique_lock lk(mu_);
-  return cv_.wait_until(lk, deadline, [&] { return done_; });
+  if (done_.load(std::memory_order_acquire)) return true;
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  bool ended = false;
+  for (;;) {
+    if (done_.load(std::memory_order_seq_cst)) {
+      ended = true;
+      break;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    // FUTEX_WAIT's timeout is relative, on CLOCK_MONOTONIC (steady_clock's
+    // clock); an hour at most, then look again (a far deadline overflows).
+    const auto nap = std::min<Clock::duration>(deadline - now, std::chrono::hours(1));
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(nap).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    syscall(SYS_futex, &done_, FUTEX_WAIT_PRIVATE, 0, &ts, nullptr, 0);
+  }
+  waiters_.fetch_sub(1, std::memory_order_relaxed);
+  return ended;
 }
 
 namespace {
@@ -119,7 +149,7 @@ void Work::wait() const {
 }
 
 void Work::wait(std::chrono::milliseconds timeout) const {
-  if (!c_->wait_until(Completion::Clock::now() + timeout))
+  if (!c_->wait_for(timeout))
     throw Error(ErrorCode::timeout, c_->description() + " did not complete within " +
                                         std::to_string(timeout.count()) + " ms");
   if (auto e = c_->error()) throw *e;

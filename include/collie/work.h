@@ -19,8 +19,8 @@
 // the one continuation thread).
 #pragma once
 
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -56,6 +56,10 @@ class Completion {
   // Blocks until the operation has ended or `deadline` passes; returns
   // whether it ended.
   virtual bool wait_until(Clock::time_point deadline);
+  // The same with a timeout: an operation that has ended by the time this
+  // is called reads no clock. A backend whose waiter runs the operation
+  // itself (the host executor) counts the timeout from the end of that run.
+  virtual bool wait_for(std::chrono::milliseconds timeout);
   // Makes `stream` (a cudaStream_t) wait for the operation. A host
   // operation has no stream work: this waits for it on the host.
   virtual void wait_on(void* stream);
@@ -82,9 +86,14 @@ class Completion {
   bool block_until(Clock::time_point deadline);
 
  private:
+  // Guards callbacks_ and the end. Waiters sleep on done_ (a futex word),
+  // not on a condition variable: one was built, notified and destroyed for
+  // every operation, waited for or not.
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
+  // 1 once ended: set under mu_, once, after error_; read without it, so
+  // that ended(), error() and a wait after the end take no lock.
+  std::atomic<uint32_t> done_{0};
+  std::atomic<uint32_t> waiters_{0};  // threads in block_until
   std::optional<Error> error_;
   std::vector<std::function<void()>> callbacks_;
   const std::string description_;
