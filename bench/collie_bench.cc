@@ -679,7 +679,7 @@ int main(int argc, char** argv) {
       rows.push_back(
           {nbytes, count, us, tm.best_us, algbw, busbw, cpu, cpu_pct, a.check ? wrong : -1});
       if (rank == 0 && a.format == Format::text) {
-        std::printf("  %12zu %12zu %6s %6s %11.1f %11.1f %8.3f %8.3f %9.1f %5.0f %7s\n", nbytes,
+        std::printf("  %12zu %12zu %6s %6s %11.2f %11.2f %8.3f %8.3f %9.1f %5.0f %7s\n", nbytes,
                     count, dtype.c_str(), redop.c_str(), us, tm.best_us, algbw, busbw, cpu, cpu_pct,
                     a.check ? std::to_string(wrong).c_str() : "N/A");
         std::fflush(stdout);

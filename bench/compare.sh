@@ -43,6 +43,7 @@ from runs import allreduce_busbw, load, size_label as size
 n, tmp, reps, plot = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 cfgs = {c: load(f"{tmp}/{c}.*.*") for c in ["collie_shm", "mpi_sm", "collie_tcp", "mpi_tcp", "gloo", "collie_mem"]}
 bw = lambda s, t: allreduce_busbw(s, t, n)
+us = lambda t: f"{t:.2f}" if t < 10 else f"{t:.1f}"  # sub-us times need the second digit
 print(f"{n} ranks, f32 sum, out of place (shm mem: in place in communicator memory, -i 1 -M 1); "
       f"per-size median over {reps} interleaved runs; time in us, busbw in GB/s")
 print()
@@ -51,9 +52,9 @@ print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|--
 for s in sorted(cfgs["collie_shm"]):
     c = [cfgs[k].get(s, (float("nan"), 0)) for k in cfgs]
     wrong = sum(x[1] for x in c)
-    print(f"| {size(s)} | {c[0][0]:.1f} | {bw(s, c[0][0]):.3f} | {c[1][0]:.1f} | {bw(s, c[1][0]):.3f} | "
-          f"{c[1][0] / c[0][0]:.2f}x | {c[5][0]:.1f} | {bw(s, c[5][0]):.3f} | {c[1][0] / c[5][0]:.2f}x | {c[2][0]:.1f} | {bw(s, c[2][0]):.3f} | {c[3][0]:.1f} | {bw(s, c[3][0]):.3f} | "
-          f"{c[3][0] / c[2][0]:.2f}x | {c[4][0]:.1f} | {c[4][0] / c[2][0]:.2f}x | {wrong} |")
+    print(f"| {size(s)} | {us(c[0][0])} | {bw(s, c[0][0]):.3f} | {us(c[1][0])} | {bw(s, c[1][0]):.3f} | "
+          f"{c[1][0] / c[0][0]:.2f}x | {us(c[5][0])} | {bw(s, c[5][0]):.3f} | {c[1][0] / c[5][0]:.2f}x | {us(c[2][0])} | {bw(s, c[2][0]):.3f} | {us(c[3][0])} | {bw(s, c[3][0]):.3f} | "
+          f"{c[3][0] / c[2][0]:.2f}x | {us(c[4][0])} | {c[4][0] / c[2][0]:.2f}x | {wrong} |")
 if plot:
     names = {"collie_shm": "collie shm", "mpi_sm": "Open MPI sm", "collie_tcp": "collie tcp",
              "mpi_tcp": "Open MPI tcp", "gloo": "Gloo", "collie_mem": "collie shm, comm memory"}

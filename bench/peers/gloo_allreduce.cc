@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
     allreduce(ctx, &wrong, &all_wrong, 1, static_cast<ReduceFn>(&gloo::sum<double>));
     double algbw = count * 4.0 / tm.median_us / 1e3, busbw = algbw * 2.0 * (n - 1) / n;
     if (rank == 0)
-      std::printf("  %12zu %12zu %6s %6s %11.1f %11.1f %8.3f %8.3f %7.0f\n", count * 4, count,
+      std::printf("  %12zu %12zu %6s %6s %11.2f %11.2f %8.3f %8.3f %7.0f\n", count * 4, count,
                   "f32", "sum", tm.median_us, tm.best_us, algbw, busbw, all_wrong);
     std::fflush(stdout);
   }

@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
     MPI_Allreduce(&wrong, &all_wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     double algbw = count * 4.0 / slowest / 1e3, busbw = algbw * 2.0 * (n - 1) / n;
     if (rank == 0)
-      std::printf("  %12zu %12zu %6s %6s %11.1f %11.1f %8.3f %8.3f %7ld\n", count * 4, count, "f32",
+      std::printf("  %12zu %12zu %6s %6s %11.2f %11.2f %8.3f %8.3f %7ld\n", count * 4, count, "f32",
                   "sum", slowest, tm.best_us, algbw, busbw, all_wrong);
     std::fflush(stdout);
   }
