@@ -111,7 +111,7 @@ Work HostExecutor::submit(Op op) {
     sleeping_ = false;
   }
   if (wake) cv_.notify_all();
-  return Work(done);
+  return Work(std::move(done));
 }
 
 thread_local std::vector<HostExecutor::Task> HostExecutor::spare_;

@@ -54,9 +54,7 @@ namespace {
 // Whether a data frame's fields are ones a collie rank writes: a known op,
 // dtype and reduce op.
 bool known_fields(const FrameHeader& h) {
-  return h.op >= static_cast<uint8_t>(OpKind::allreduce) &&
-         h.op <= static_cast<uint8_t>(OpKind::split) && h.dtype < kNumDTypes &&
-         h.redop < kNumReduceOps;
+  return known_op(h.op) && h.dtype < kNumDTypes && h.redop < kNumReduceOps;
 }
 
 }  // namespace

@@ -35,6 +35,11 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 32);
 
+// Whether `op` names an operation kind a collie rank writes in a header.
+inline bool known_op(uint8_t op) {
+  return op >= static_cast<uint8_t>(OpKind::allreduce) && op <= static_cast<uint8_t>(OpKind::split);
+}
+
 // The header of a frame of `kind` for `d` with `bytes` of payload.
 FrameHeader make_header(FrameKind kind, const OpDesc& d, uint64_t bytes);
 // An abort (`code`: the ErrorCode) or bye frame, header and text, as a rank

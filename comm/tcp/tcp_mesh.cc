@@ -23,9 +23,10 @@ struct Mesh::Lane {
     Callback on_done;
   };
   net::Fd fd;
-  bool watch = true;      // report hang-ups while this peer has nothing for us
-  bool departed = false;  // peeked a bye frame
-  bool gone = false;      // hung up, or aborted a later op, while not read (watched_hangup)
+  bool watch = true;          // report hang-ups while this peer has nothing for us
+  bool departed = false;      // peeked a bye frame
+  bool gone = false;          // hung up, or aborted a later op, while not read (watched_hangup)
+  bool gone_checked = false;  // pump_send looked at a gone lane's end
   // Posted and not yet complete, in posting order.
   std::deque<Item> sends, recvs;
   FrameHeader send_hdr{};
@@ -135,11 +136,19 @@ void Mesh::lost(int c, const OpDesc& desc, const std::string& how, bool can_read
                                       (n_also > 1 ? " are gone too" : " is gone too")));
 }
 
+ssize_t Mesh::peek_header(int c, FrameHeader& h) {
+  return ::recv(conns_[c].fd.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+}
+
 void Mesh::check_hangup(int c) {
+  FrameHeader h{};
+  const ssize_t n = peek_header(c, h);
+  on_hangup(c, h, n);
+}
+
+void Mesh::on_hangup(int c, FrameHeader& h, ssize_t n) {
   const int q = peer_of(c);
   Lane& p = conns_[c];
-  FrameHeader h{};
-  ssize_t n = ::recv(p.fd.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0)
     lost(c, current_, "(its connection closed: the process died, was killed, or aborted)", false);
@@ -169,21 +178,20 @@ void Mesh::watched_hangup(int c) {
   // this op, a bye) is read now.
   Lane& p = conns_[c];
   FrameHeader h{};
-  ssize_t n = ::recv(p.fd.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+  const ssize_t n = peek_header(c, h);
   const bool died = n == 0 || (n < 0 && errno == ECONNRESET);
-  const bool later_abort =
-      static_cast<size_t>(n) == sizeof h && h.magic == kFrameMagic &&
-      h.kind == static_cast<uint8_t>(FrameKind::abort) && current_.op != OpKind::p2p &&
-      h.op >= static_cast<uint8_t>(OpKind::allreduce) &&
-      h.op != static_cast<uint8_t>(OpKind::p2p) && h.op <= static_cast<uint8_t>(OpKind::split) &&
-      static_cast<int32_t>(h.seq - current_.seq) > 0;
+  const bool later_abort = static_cast<size_t>(n) == sizeof h && h.magic == kFrameMagic &&
+                           h.kind == static_cast<uint8_t>(FrameKind::abort) &&
+                           current_.op != OpKind::p2p && known_op(h.op) &&
+                           h.op != static_cast<uint8_t>(OpKind::p2p) &&
+                           static_cast<int32_t>(h.seq - current_.seq) > 0;
   if (died || later_abort) {
     if (died) failure_->lost(names_[peer_of(c)]);
     p.watch = false;
     p.gone = true;
     return;
   }
-  check_hangup(c);
+  on_hangup(c, h, n);
 }
 
 void Mesh::activate(int c, const OpDesc& d) {
@@ -229,8 +237,12 @@ bool Mesh::pump_send(int c) {
   bool progressed = false;
   // A send to a peer seen gone: its end (or abort) is the error, not the
   // first write, which may still land in the dead socket's buffer.
-  if (p.gone && !p.sends.empty() && p.send_done == 0 && p.recv_hdr_got == 0 && p.recv_got == 0)
+  // Once: what the peek finds (data ahead, or nothing) stays so.
+  if (p.gone && !p.gone_checked && !p.sends.empty() && p.send_done == 0 && p.recv_hdr_got == 0 &&
+      p.recv_got == 0) {
+    p.gone_checked = true;
     check_hangup(c);
+  }
   while (!p.sends.empty()) {
     Lane::Item& it = p.sends.front();
     if (p.send_done == 0) p.send_hdr = make_header(FrameKind::data, it.desc, it.bytes);

@@ -40,6 +40,8 @@
 
 namespace collie::tcp {
 
+struct FrameHeader;
+
 class Mesh final : public Transport {
  public:
   // `conns`: tuning.sockets_per_peer connections per peer, peer-major
@@ -75,7 +77,13 @@ class Mesh final : public Transport {
   bool pump_recv(int c);
   void activate(int c, const OpDesc& d);
   [[noreturn]] void timed_out();
+  // Peeks lane c's next frame header (recv's result).
+  ssize_t peek_header(int c, FrameHeader& h);
+  // A watched lane became readable while the running op reads nothing
+  // there: throws what a hang-up or an abort means; data ahead (the peer
+  // ran on to a later op) or a bye only stop the watch.
   void check_hangup(int c);
+  void on_hangup(int c, FrameHeader& h, ssize_t n);  // with the peeked header
   // A hang-up on a lane the running op is not reading: check_hangup now,
   // or, for a peer that finished its part of this op (it died, or aborted a
   // later op), nothing until an op reads or writes that lane.
