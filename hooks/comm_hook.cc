@@ -124,8 +124,12 @@ class CompressHook final : public CommHook {
       }
       w = inner_->run(comm, nb);
     }
-    return w.then([small, full](const Work& done) {
+    // The continuation runs on the communicator's continuation thread:
+    // decompress on the stream and device the bucket came with, not that
+    // thread's (the legacy stream of device 0).
+    return w.then([small, full, stream = cuda_stream()](const Work& done) {
       if (auto e = done.error()) throw *e;
+      StreamScope on(stream, full.device);
       hook_math_for(full.device).decompress(small, full);
     });
   }
@@ -268,9 +272,29 @@ HookMath& cpu_hook_math() {
   return m;
 }
 
+namespace {
+std::atomic<HookMath*> cuda_math_override{nullptr};
+}  // namespace
+
 HookMath& hook_math_for(const Device& d) {
   static CudaHookMath cuda;
-  return d.is_cpu() ? cpu_hook_math() : cuda;
+  if (d.is_cpu()) return cpu_hook_math();
+  HookMath* m = cuda_math_override.load(std::memory_order_acquire);
+  return m ? *m : cuda;
+}
+
+void set_cuda_hook_math(HookMath* math) {
+  cuda_math_override.store(math, std::memory_order_release);
+}
+
+StreamScope::StreamScope(void* stream, Device d) : before_(cuda_stream()) {
+  if (!d.is_cpu())
+    if (auto api = cuda::device_api()) api->set_device(d.index);
+  set_cuda_stream(stream);
+}
+
+StreamScope::~StreamScope() {
+  set_cuda_stream(before_);
 }
 
 void register_comm_hook(const std::string& name, std::vector<std::string> params,

@@ -97,5 +97,26 @@ HookMath& cpu_hook_math();
 // The hook math for buffers on `d`: the CPU's, or the CUDA kernels'
 // (kernels/; Error{unavailable} from each call in a build without CUDA).
 HookMath& hook_math_for(const Device& d);
+// Tests: the hook math for CUDA buffers (a fake device's); nullptr puts the
+// kernels back.
+void set_cuda_hook_math(HookMath* math);
+
+// Makes `stream` this thread's current stream while it lives: a hook's
+// later steps run on whichever thread completed the step before (a
+// continuation thread), and must queue their work on the stream the bucket
+// was handed over on. For a CUDA bucket the bucket's device becomes the
+// thread's current one too (and stays so, as the nccl backend's watchdog
+// sets its own thread's): a collie thread starts on device 0, and the
+// stream, the kernels and a cuBLAS handle must be on the bucket's.
+class StreamScope {
+ public:
+  StreamScope(void* stream, Device d);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  void* before_;
+};
 
 }  // namespace collie

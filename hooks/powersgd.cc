@@ -226,28 +226,6 @@ class StateMemory {
   std::shared_ptr<void> dev_;
 };
 
-// Makes `stream` this thread's current stream while it lives: a chain's
-// steps run on whichever thread completed the step before, and queue their
-// work on the stream the bucket was handed over on. For a CUDA bucket the
-// bucket's device becomes the thread's current one too (and stays so, as
-// the nccl backend's watchdog sets its own thread's): a collie thread
-// starts on device 0, and the stream and cuBLAS handle must be on the
-// bucket's.
-class StreamScope {
- public:
-  StreamScope(void* stream, Device d) : before_(cuda_stream()) {
-    if (!d.is_cpu())
-      if (auto api = cuda::device_api()) api->set_device(d.index);
-    set_cuda_stream(stream);
-  }
-  ~StreamScope() { set_cuda_stream(before_); }
-  StreamScope(const StreamScope&) = delete;
-  StreamScope& operator=(const StreamScope&) = delete;
-
- private:
-  void* before_;
-};
-
 // --- the hook -------------------------------------------------------------------
 
 class PowerSgdHook final : public CommHook {

@@ -67,6 +67,7 @@ void Stream::loop() {
 
 namespace {
 struct Event {
+  int device = 0;  // current when it was made, as a CUDA event's
   Stream* stream = nullptr;
   uint64_t target = 0;
 };
@@ -106,7 +107,9 @@ void FakeCuda::destroy_stream(cuda::Stream s) noexcept {
 
 cuda::Event FakeCuda::create_event() {
   ++live_events;
-  return new Event;
+  auto* e = new Event;
+  e->device = current_device();
+  return e;
 }
 
 void FakeCuda::destroy_event(cuda::Event e) noexcept {
@@ -119,6 +122,12 @@ Stream& FakeCuda::stream(cuda::Stream s) {
 }
 
 void FakeCuda::record(cuda::Event e, cuda::Stream s) {
+  // cudaEventRecord: the event and the stream must be on one device.
+  const int on = s ? static_cast<Stream*>(s)->device : current_device();
+  if (ev(e)->device != on)
+    throw Error(ErrorCode::internal,
+                "cudaEventRecord (fake): an event of cuda:" + std::to_string(ev(e)->device) +
+                    " recorded on a stream of cuda:" + std::to_string(on));
   Stream& st = stream(s);
   ev(e)->stream = &st;
   ev(e)->target = st.enqueued();
@@ -144,12 +153,37 @@ void FakeCuda::synchronize(cuda::Stream s) {
 }
 
 void* FakeCuda::device_alloc(size_t bytes) {
+  return alloc(bytes, current_device());
+}
+
+void* FakeCuda::alloc(size_t bytes, int device) {
   ++live_allocations;
   void* p = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(64));
   std::memset(p, 0xAB, bytes);  // not zeroed, as cudaMalloc's is not
   std::lock_guard lk(blocks_mu_);
-  blocks_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  blocks_[reinterpret_cast<uintptr_t>(p)] = {bytes, device};
   return p;
+}
+
+void FakeCuda::require_stream_device(const void* p, size_t bytes, cuda::Stream s,
+                                     const char* call) {
+  if (bytes == 0) return;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  int device;
+  {
+    std::lock_guard lk(blocks_mu_);
+    auto it = blocks_.upper_bound(at);
+    if (it == blocks_.begin()) return;
+    --it;
+    if (at + bytes > it->first + it->second.bytes || it->second.device < 0) return;
+    device = it->second.device;
+  }
+  // The legacy default stream is the current device's.
+  const int on = s ? static_cast<Stream*>(s)->device : current_device();
+  if (on != device)
+    throw Error(ErrorCode::internal, std::string(call) +
+                                         " (fake): memory of cuda:" + std::to_string(device) +
+                                         " queued on a stream of cuda:" + std::to_string(on));
 }
 
 bool FakeCuda::is_device_memory(const void* p, size_t bytes) {
@@ -158,7 +192,7 @@ bool FakeCuda::is_device_memory(const void* p, size_t bytes) {
   auto it = blocks_.upper_bound(at);
   if (it == blocks_.begin()) return false;
   --it;
-  return at + bytes <= it->first + it->second;
+  return at + bytes <= it->first + it->second.bytes;
 }
 
 void FakeCuda::device_free(void* p) noexcept {
@@ -172,10 +206,13 @@ void FakeCuda::device_free(void* p) noexcept {
 }
 
 void FakeCuda::copy_async(void* dst, const void* src, size_t bytes, cuda::Stream s) {
+  require_stream_device(dst, bytes, s, "cudaMemcpyAsync");
+  require_stream_device(src, bytes, s, "cudaMemcpyAsync");
   stream(s).enqueue([=] { std::memcpy(dst, src, bytes); });
 }
 
 void FakeCuda::zero_async(void* p, size_t bytes, cuda::Stream s) {
+  require_stream_device(p, bytes, s, "cudaMemsetAsync");
   stream(s).enqueue([=] { std::memset(p, 0, bytes); });
 }
 

@@ -79,7 +79,8 @@ class FakeCuda final : public cuda::Api {
   void synchronize(cuda::Stream s) override;
   void* device_alloc(size_t bytes) override;
   void device_free(void* p) noexcept override;
-  void* host_alloc(size_t bytes) override { return device_alloc(bytes); }
+  // Pinned host memory: any device's stream may copy it.
+  void* host_alloc(size_t bytes) override { return alloc(bytes, -1); }
   void host_free(void* p) noexcept override { device_free(p); }
   void copy_async(void* dst, const void* src, size_t bytes, cuda::Stream s) override;
   void zero_async(void* p, size_t bytes, cuda::Stream s) override;
@@ -99,8 +100,19 @@ class FakeCuda final : public cuda::Api {
  private:
   const int devices_;
   Stream legacy_;
+  // Memory on `device` (the calling thread's current one), or pinned host
+  // memory (-1).
+  void* alloc(size_t bytes, int device);
+  // A copy or fill on stream s touches [p, p + bytes): device memory must be
+  // s's device's, as a real copy is queued on its memory's device (queued
+  // on another's, it makes that device a context and goes through it).
+  void require_stream_device(const void* p, size_t bytes, cuda::Stream s, const char* call);
+  struct Block {
+    size_t bytes;
+    int device;
+  };
   std::mutex blocks_mu_;
-  std::map<uintptr_t, size_t> blocks_;  // device_alloc'ed: start, bytes
+  std::map<uintptr_t, Block> blocks_;  // device_alloc'ed and host_alloc'ed, by start
 };
 
 class FakeBlas final : public cuda::BlasApi {

@@ -10,19 +10,24 @@
 //     uninterrupted run (tests/powersgd_device_check.h; test_gpu runs the
 //     same checks on a real GPU). The CUDA all-reduces are staged
 //     (COLLIE_CUDA_BACKEND=staged).
+//   CompressOnFakeCuda.*: under collie-run too, the fp16/bf16 hooks'
+//     steps on the bucket's stream and device, whichever thread runs them.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "collie/comm.h"
+#include "comm/core/reduce.h"
 #include "comm/cuda/blas_api.h"
 #include "comm/cuda/cuda_api.h"
 #include "fake_device.h"
+#include "hooks/comm_hook.h"
 #include "hooks/powersgd.h"
 #include "mp_test.h"
 #include "powersgd_device_check.h"
@@ -308,6 +313,91 @@ TEST(PowerSgdOnFakeCudaStreams, EveryStepIsQueuedOnTheCallersStream) {
       EXPECT_GT(fakes().cuda->stream(mine).enqueued(), on_mine) << spec << " step " << step;
     }
   }
+}
+
+// The compression hooks' last step, decompressing the reduced bucket, runs
+// on the communicator's continuation thread, which starts on device 0 with
+// the legacy default stream. It must run on the stream the bucket was
+// handed over on, and on the bucket's device, as the first step did on the
+// caller's thread. A HookMath over the fake device records where each call
+// ran, and computes on the host once that stream has reached the call.
+class RecordingHookMath final : public HookMath {
+ public:
+  struct Call {
+    bool decompress;
+    void* stream;
+    int device;
+  };
+  void compress(TensorView src, TensorView dst, int divisor) override {
+    run(false, src, dst, divisor);
+  }
+  void decompress(TensorView src, TensorView dst) override { run(true, src, dst, 1); }
+  std::vector<Call> calls() {
+    std::lock_guard lk(mu_);
+    return calls_;
+  }
+
+ private:
+  void run(bool decompress, TensorView src, TensorView dst, int divisor) {
+    {
+      std::lock_guard lk(mu_);
+      calls_.push_back({decompress, cuda_stream(), fakes().cuda->current_device()});
+    }
+    fakes().cuda->synchronize(cuda_stream());
+    kernels::convert(src.dtype, src.data, dst.dtype, dst.data, src.numel, divisor);
+  }
+  std::mutex mu_;
+  std::vector<Call> calls_;
+};
+
+TEST(CompressOnFakeCuda, DecompressRunsOnTheBucketsStreamAndDevice) {
+  Communicator& c = comm();
+  RecordingHookMath math;
+  set_cuda_hook_math(&math);
+  fakes().cuda->set_device(1);
+  {
+    OnStream on;  // a stream of device 1
+    const size_t n = 37;
+    const int ranks = c.size(), r = c.rank();
+    for (const char* spec : {"fp16", "bf16_wrap:allreduce"}) {
+      // Multiples of 0.25 up to 7 x ranks: exact in f16 and bf16.
+      std::vector<float> host(n);
+      for (size_t i = 0; i < n; ++i) host[i] = 0.25f * static_cast<float>((r + 1) * (i % 8));
+      void* dev = fakes().cuda->device_alloc(n * sizeof(float));
+      cuda::copy(dev, host.data(), n * sizeof(float), Device::cuda(1));
+      GradBucket b;
+      b.buffer = TensorView{dev, DType::f32, n, Device::cuda(1)};
+      b.grads = {b.buffer};
+      b.params = {b.buffer};
+      b.rows = {0};
+      b.is_last = true;
+      auto hook = make_comm_hook(spec);
+      const size_t before = math.calls().size();
+      hook->run(c, b).wait();
+      std::vector<float> got(n);
+      cuda::copy(got.data(), dev, n * sizeof(float), Device::cuda(1));
+      cuda::wait_queued(Device::cuda(1));
+      fakes().cuda->device_free(dev);
+
+      auto calls = math.calls();
+      int decompressed = 0;
+      for (size_t k = before; k < calls.size(); ++k) {
+        EXPECT_EQ(calls[k].stream, on.get())
+            << spec << (calls[k].decompress ? " decompress" : " compress");
+        EXPECT_EQ(calls[k].device, 1)
+            << spec << (calls[k].decompress ? " decompress" : " compress");
+        decompressed += calls[k].decompress;
+      }
+      EXPECT_EQ(decompressed, 1) << spec;
+      // The average over ranks, within a 16-bit rounding.
+      for (size_t i = 0; i < n; ++i) {
+        const double want = 0.25 * static_cast<double>(i % 8) * (ranks + 1) / 2.0;
+        EXPECT_NEAR(got[i], want, 1e-2 * std::max(want, 1.0)) << spec << " element " << i;
+      }
+    }
+  }
+  fakes().cuda->set_device(0);
+  set_cuda_hook_math(nullptr);
 }
 
 // Through the reducer: parameters, gradients and buckets on the fake

@@ -22,7 +22,7 @@ namespace {
 
 auto fake_cuda() {
   static auto api = [] {
-    auto a = std::make_shared<fake::FakeCuda>();
+    auto a = std::make_shared<fake::FakeCuda>(2);
     cuda::set_device_api(a);
     return a;
   }();
@@ -106,6 +106,37 @@ TEST(Staged, BroadcastAllgatherReduceScatterSendAndReceive) {
   wait_all({s, v});
   for (size_t i = 0; i < count; ++i)
     ASSERT_EQ(from[i], static_cast<float>(value((r + n - 1) % n, i)));
+}
+
+// Tensors on the second device: the staging thread (and, for a receive,
+// the thread its copy back runs on) start on device 0, and the fake device
+// refuses a copy queued on another device's stream, and an event recorded
+// on another device's stream, as CUDA does the latter.
+TEST(Staged, TensorsOnTheSecondDeviceAreStagedOnIt) {
+  const int n = comm().size(), r = comm().rank();
+  const size_t count = 3000;
+  auto& cuda = *fake_cuda();
+  cuda.set_device(1);
+  auto* a = static_cast<float*>(cuda.device_alloc(count * sizeof(float)));
+  auto* b = static_cast<float*>(cuda.device_alloc(count * sizeof(float)));
+  for (size_t i = 0; i < count; ++i) a[i] = static_cast<float>(value(r, i));
+  auto on1 = [&](float* p) { return TensorView{p, DType::f32, count, Device::cuda(1)}; };
+  comm().allreduce(on1(a), on1(b), ReduceOp::sum).wait();
+  for (size_t i = 0; i < count; ++i) {
+    double want = 0;
+    for (int q = 0; q < n; ++q) want += value(q, i);
+    ASSERT_EQ(b[i], static_cast<float>(want)) << "element " << i;
+  }
+  if (n >= 2) {
+    Work s = comm().send(on1(a), (r + 1) % n);
+    Work v = comm().recv(on1(b), (r + n - 1) % n);
+    wait_all({s, v});
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_EQ(b[i], static_cast<float>(value((r + n - 1) % n, i))) << "element " << i;
+  }
+  cuda.device_free(a);
+  cuda.device_free(b);
+  cuda.set_device(0);
 }
 
 // Host and CUDA tensors issued back to back, none waited for until the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -116,16 +117,17 @@ class Staged final : public Backend {
     if (Backend* d = device_backend()) d->shutdown();
     inner_->shutdown();
     std::lock_guard lk(mu_);
-    if (stream_) {
-      api_->destroy_event(ready_);
-      api_->destroy_event(copied_);
+    for (auto& [device, st] : stages_) {
+      api_->destroy_event(st.ready);
+      api_->destroy_event(st.copied);
       for (int i = 0; i < 2; ++i) {
-        api_->destroy_event(piece_[i]);
-        api_->destroy_event(back_[i]);
+        api_->destroy_event(st.piece[i]);
+        api_->destroy_event(st.back[i]);
       }
-      api_->destroy_stream(stream_);
-      stream_ = nullptr;
+      api_->destroy_stream(st.stream);
     }
+    stages_.clear();
+    st_ = nullptr;
     bufs_[0] = Pinned();
     bufs_[1] = Pinned();
   }
@@ -222,7 +224,7 @@ class Staged final : public Backend {
         chain(inner_->start(std::move(inner_op)), j.done);
         return;
       }
-      setup();
+      use_device_of(op);
       switch (op.desc.op) {
         case OpKind::allreduce:
         case OpKind::broadcast:
@@ -249,19 +251,32 @@ class Staged final : public Backend {
     w.completion()->on_complete([w, done, keep] { done->finish(w.error()); });
   }
 
-  void setup() {
+  // The staging thread works on the device of the op's CUDA tensor: its
+  // stream, events and copies are that device's. (A thread starts on device
+  // 0: each rank's staging made a context on GPU 0 and copied every tensor
+  // through it.)
+  void use_device_of(const Op& op) {
+    const Device d = op.in.device.is_cpu() ? op.out.device : op.in.device;
+    api_->set_device(d.index);
+    device_index_ = d.index;
     std::lock_guard lk(mu_);
-    if (stream_) return;
+    auto it = stages_.find(d.index);
+    if (it != stages_.end()) {
+      st_ = &it->second;
+      return;
+    }
     std::string why;
     if (api_->device_count(&why) <= 0)
       throw Error(ErrorCode::unavailable, "no CUDA device can be used: " + why);
-    stream_ = api_->create_stream();
-    ready_ = api_->create_event();
-    copied_ = api_->create_event();
+    Stage st;
+    st.stream = api_->create_stream();
+    st.ready = api_->create_event();
+    st.copied = api_->create_event();
     for (int i = 0; i < 2; ++i) {
-      piece_[i] = api_->create_event();
-      back_[i] = api_->create_event();
+      st.piece[i] = api_->create_event();
+      st.back[i] = api_->create_event();
     }
+    st_ = &stages_.emplace(d.index, st).first->second;
   }
 
   Clock::time_point deadline() const { return Clock::now() + ctx_.launch.timeout; }
@@ -280,8 +295,8 @@ class Staged final : public Backend {
 
   // The staging stream starts after what the caller queued on its stream.
   void after_caller(const Job& j) {
-    api_->record(ready_, j.after);
-    api_->stream_wait(stream_, ready_);
+    api_->record(st_->ready, j.after);
+    api_->stream_wait(st_->stream, st_->ready);
   }
 
   // All-reduce and broadcast, piece by piece through two pinned buffers.
@@ -301,18 +316,18 @@ class Staged final : public Backend {
     auto to_host = [&](size_t k) {
       if (!send_in || n == 0) return;
       api_->copy_async(bufs_[k % 2].get(), static_cast<const char*>(op.in.data) + k * per * es,
-                       len(k) * es, stream_);
-      api_->record(piece_[k % 2], stream_);
+                       len(k) * es, st_->stream);
+      api_->record(st_->piece[k % 2], st_->stream);
     };
     after_caller(j);
     to_host(0);
     for (size_t k = 0; k < count; ++k) {
       // Queued behind the copy back of piece k-1, which used this buffer.
       if (k + 1 < count) to_host(k + 1);
-      if (send_in && n > 0) wait_event(piece_[k % 2], until);
+      if (send_in && n > 0) wait_event(st_->piece[k % 2], until);
       // The copy back of piece k-2 read this buffer (a broadcast's
       // receivers have no copy in to wait for that).
-      if (!send_in && k >= 2) wait_event(back_[k % 2], until);
+      if (!send_in && k >= 2) wait_event(st_->back[k % 2], until);
       Op piece = op;
       piece.trace = nullptr;
       piece.desc.count = n == 0 ? 0 : len(k);
@@ -325,16 +340,16 @@ class Staged final : public Backend {
       inner_->start(std::move(piece)).wait();
       if (n > 0) {
         api_->copy_async(static_cast<char*>(op.out.data) + k * per * es, bufs_[k % 2].get(),
-                         len(k) * es, stream_);
-        api_->record(back_[k % 2], stream_);
+                         len(k) * es, st_->stream);
+        api_->record(st_->back[k % 2], st_->stream);
       }
     }
     {
       std::lock_guard lk(mu_);
       extra_ += static_cast<uint32_t>(count - 1);
     }
-    api_->record(copied_, stream_);
-    wait_event(copied_, until);
+    api_->record(st_->copied, st_->stream);
+    wait_event(st_->copied, until);
     j.done->finish(std::nullopt);
   }
 
@@ -344,9 +359,9 @@ class Staged final : public Backend {
     const auto until = deadline();
     Pinned in(*api_, op.in.nbytes()), out(*api_, op.out.nbytes());
     after_caller(j);
-    api_->copy_async(in.get(), op.in.data, op.in.nbytes(), stream_);
-    api_->record(copied_, stream_);
-    wait_event(copied_, until);
+    api_->copy_async(in.get(), op.in.data, op.in.nbytes(), st_->stream);
+    api_->record(st_->copied, st_->stream);
+    wait_event(st_->copied, until);
     Op staged = op;
     staged.trace = nullptr;
     staged.in = TensorView{in.get(), op.in.dtype, op.in.numel, Device::cpu()};
@@ -356,9 +371,9 @@ class Staged final : public Backend {
       staged = renumbered(std::move(staged), 0);
     }
     inner_->start(std::move(staged)).wait();
-    api_->copy_async(op.out.data, out.get(), op.out.nbytes(), stream_);
-    api_->record(copied_, stream_);
-    wait_event(copied_, until);
+    api_->copy_async(op.out.data, out.get(), op.out.nbytes(), st_->stream);
+    api_->record(st_->copied, st_->stream);
+    wait_event(st_->copied, until);
     j.done->finish(std::nullopt);
   }
 
@@ -372,9 +387,9 @@ class Staged final : public Backend {
     staged.in = staged.out = TensorView{buf->get(), op.in.dtype, op.in.numel, Device::cpu()};
     if (op.is_send) {
       after_caller(j);
-      api_->copy_async(buf->get(), op.in.data, op.in.nbytes(), stream_);
-      api_->record(copied_, stream_);
-      wait_event(copied_, deadline());
+      api_->copy_async(buf->get(), op.in.data, op.in.nbytes(), st_->stream);
+      api_->record(st_->copied, st_->stream);
+      wait_event(st_->copied, deadline());
       chain(inner_->start(std::move(staged)), j.done, buf);
       return;
     }
@@ -383,13 +398,18 @@ class Staged final : public Backend {
     // continuation thread, which the inner backend's shutdown drains before
     // this backend goes), with an event of its own, waited for up to the
     // deadline as every staging copy is.
-    w.completion()->on_complete([this, w, buf, op, done = j.done] {
+    // That thread is on device 0 until told: the copy goes on the op's
+    // device, on its stage's stream (which the staging thread may have
+    // moved on from by then).
+    w.completion()->on_complete([this, w, buf, op, done = j.done, device = device_index_,
+                                 stream = st_->stream] {
       if (auto e = w.error()) return done->finish(e);
       Event ev = nullptr;
       try {
+        api_->set_device(device);
         ev = api_->create_event();
-        api_->copy_async(op.out.data, buf->get(), op.out.nbytes(), stream_);
-        api_->record(ev, stream_);
+        api_->copy_async(op.out.data, buf->get(), op.out.nbytes(), stream);
+        api_->record(ev, stream);
         wait_event(ev, deadline());
         done->finish(std::nullopt);
       } catch (const Error& e) {
@@ -446,11 +466,18 @@ class Staged final : public Backend {
   uint32_t extra_ = 0;  // pieces beyond one per staged collective, so far
   std::thread thread_;
 
-  // The staging thread's (made at the first CUDA tensor).
-  Stream stream_ = nullptr;
-  Event ready_ = nullptr, copied_ = nullptr;
-  Event piece_[2] = {nullptr, nullptr};  // after each buffer's copy in
-  Event back_[2] = {nullptr, nullptr};   // after each buffer's copy back
+  // A device's staging stream and events, made at its first CUDA tensor
+  // (stages_, under mu_; a std::map, so a Stage stays where it is).
+  struct Stage {
+    Stream stream = nullptr;
+    Event ready = nullptr, copied = nullptr;
+    Event piece[2] = {nullptr, nullptr};  // after each buffer's copy in
+    Event back[2] = {nullptr, nullptr};   // after each buffer's copy back
+  };
+  std::map<int, Stage> stages_;
+  // The running op's device and its Stage (the staging thread's).
+  int device_index_ = 0;
+  Stage* st_ = nullptr;
   Pinned bufs_[2];
 };
 
