@@ -11,7 +11,7 @@ void dissemination_barrier(const Ctx& c) {
   uint8_t token = 0, sink = 0;
   for (int k = 1; k < n; k <<= 1) {
     t.post_send(c.desc, (r + k) % n, &token, 1);
-    t.post_recv(c.desc, ((r - k) % n + n) % n, &sink, 1);
+    t.post_recv(c.desc, mod(r - k, n), &sink, 1);
     t.run(c.deadline);
   }
 }
