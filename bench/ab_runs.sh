@@ -35,6 +35,7 @@ print("| size (B) | A time (us) | B time (us) | B / A |")
 print("|---:|---:|---:|---:|")
 for size in sorted(ra):
     ta, tb = statistics.median(ra[size]), statistics.median(rb[size])
-    print(f"| {size} | {ta:.1f} | {tb:.1f} | {tb / ta:.2f} |")
+    us = lambda t: f"{t:.3f}" if t < 10 else f"{t:.1f}"  # sub-us times need the digits
+    print(f"| {size} | {us(ta)} | {us(tb)} | {tb / ta:.2f} |")
 PY
 rm -rf "$tmp"
