@@ -10,6 +10,7 @@
 #include "comm/cuda/cuda_api.h"
 #include "hooks/post_local_sgd.h"
 #include "hooks/powersgd.h"
+#include "hooks/stream_scope.h"
 #include "kernels/kernels.h"
 
 namespace collie {
@@ -288,8 +289,7 @@ void set_cuda_hook_math(HookMath* math) {
 }
 
 StreamScope::StreamScope(void* stream, Device d) : before_(cuda_stream()) {
-  if (!d.is_cpu())
-    if (auto api = cuda::device_api()) api->set_device(d.index);
+  if (!d.is_cpu() && (api_ = cuda::device_api())) device_.emplace(*api_, d.index);
   set_cuda_stream(stream);
 }
 

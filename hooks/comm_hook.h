@@ -101,22 +101,4 @@ HookMath& hook_math_for(const Device& d);
 // kernels back.
 void set_cuda_hook_math(HookMath* math);
 
-// Makes `stream` this thread's current stream while it lives: a hook's
-// later steps run on whichever thread completed the step before (a
-// continuation thread), and must queue their work on the stream the bucket
-// was handed over on. For a CUDA bucket the bucket's device becomes the
-// thread's current one too (and stays so, as the nccl backend's watchdog
-// sets its own thread's): a collie thread starts on device 0, and the
-// stream, the kernels and a cuBLAS handle must be on the bucket's.
-class StreamScope {
- public:
-  StreamScope(void* stream, Device d);
-  ~StreamScope();
-  StreamScope(const StreamScope&) = delete;
-  StreamScope& operator=(const StreamScope&) = delete;
-
- private:
-  void* before_;
-};
-
 }  // namespace collie

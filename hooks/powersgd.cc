@@ -19,6 +19,7 @@
 #include "comm/core/fingerprint.h"
 #include "comm/core/state_bytes.h"
 #include "comm/cuda/cuda_api.h"
+#include "hooks/stream_scope.h"
 #if COLLIE_HAVE_BLAS
 #include <cblas.h>
 #endif

@@ -91,7 +91,7 @@ void FakeCuda::set_device(int device) {
   current_device_of_thread = device;
 }
 
-int FakeCuda::current_device() const {
+int FakeCuda::current_device() {
   return current_device_of_thread;
 }
 

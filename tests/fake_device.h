@@ -68,7 +68,7 @@ class FakeCuda final : public cuda::Api {
   int device_count(std::string* why) override;
   // The calling thread's current device (0 until set), as cudaSetDevice.
   void set_device(int device) override;
-  int current_device() const;
+  int current_device() override;
   cuda::Stream create_stream() override;
   void destroy_stream(cuda::Stream s) noexcept override;
   cuda::Event create_event() override;

@@ -29,6 +29,7 @@
 #include "fake_device.h"
 #include "hooks/comm_hook.h"
 #include "hooks/powersgd.h"
+#include "hooks/stream_scope.h"
 #include "mp_test.h"
 #include "powersgd_device_check.h"
 #include "reducer/reducer.h"
@@ -353,8 +354,17 @@ class RecordingHookMath final : public HookMath {
 TEST(CompressOnFakeCuda, DecompressRunsOnTheBucketsStreamAndDevice) {
   Communicator& c = comm();
   RecordingHookMath math;
-  set_cuda_hook_math(&math);
-  fakes().cuda->set_device(1);
+  // Installed, and device 1 current, until the test ends however it ends.
+  struct Installed {
+    explicit Installed(HookMath& m) {
+      set_cuda_hook_math(&m);
+      fakes().cuda->set_device(1);
+    }
+    ~Installed() {
+      fakes().cuda->set_device(0);
+      set_cuda_hook_math(nullptr);
+    }
+  } installed(math);
   {
     OnStream on;  // a stream of device 1
     const size_t n = 37;
@@ -396,8 +406,25 @@ TEST(CompressOnFakeCuda, DecompressRunsOnTheBucketsStreamAndDevice) {
       }
     }
   }
+}
+
+// A hook step that runs on the caller's thread (its Work had ended before
+// then() was called) must leave that thread's device and stream as they
+// were: StreamScope puts both back.
+TEST(CompressOnFakeCuda, AStepsScopePutsTheThreadsDeviceAndStreamBack) {
+  comm();
+  fakes().cuda->set_device(1);
+  cuda::Stream s1 = fakes().cuda->create_stream();
   fakes().cuda->set_device(0);
-  set_cuda_hook_math(nullptr);
+  void* before = cuda_stream();
+  {
+    StreamScope on(s1, Device::cuda(1));
+    EXPECT_EQ(fakes().cuda->current_device(), 1);
+    EXPECT_EQ(cuda_stream(), s1);
+  }
+  EXPECT_EQ(fakes().cuda->current_device(), 0);
+  EXPECT_EQ(cuda_stream(), before);
+  fakes().cuda->destroy_stream(s1);
 }
 
 // Through the reducer: parameters, gradients and buckets on the fake

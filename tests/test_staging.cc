@@ -116,9 +116,22 @@ TEST(Staged, TensorsOnTheSecondDeviceAreStagedOnIt) {
   const int n = comm().size(), r = comm().rank();
   const size_t count = 3000;
   auto& cuda = *fake_cuda();
-  cuda.set_device(1);
-  auto* a = static_cast<float*>(cuda.device_alloc(count * sizeof(float)));
-  auto* b = static_cast<float*>(cuda.device_alloc(count * sizeof(float)));
+  // Device 1 current, two buffers there; all undone however the test ends.
+  struct OnDevice1 {
+    explicit OnDevice1(fake::FakeCuda& c, size_t bytes) : cuda(c) {
+      cuda.set_device(1);
+      a = static_cast<float*>(cuda.device_alloc(bytes));
+      b = static_cast<float*>(cuda.device_alloc(bytes));
+    }
+    ~OnDevice1() {
+      cuda.device_free(a);
+      cuda.device_free(b);
+      cuda.set_device(0);
+    }
+    fake::FakeCuda& cuda;
+    float *a, *b;
+  } on(cuda, count * sizeof(float));
+  float *a = on.a, *b = on.b;
   for (size_t i = 0; i < count; ++i) a[i] = static_cast<float>(value(r, i));
   auto on1 = [&](float* p) { return TensorView{p, DType::f32, count, Device::cuda(1)}; };
   comm().allreduce(on1(a), on1(b), ReduceOp::sum).wait();
@@ -134,9 +147,6 @@ TEST(Staged, TensorsOnTheSecondDeviceAreStagedOnIt) {
     for (size_t i = 0; i < count; ++i)
       ASSERT_EQ(b[i], static_cast<float>(value((r + n - 1) % n, i))) << "element " << i;
   }
-  cuda.device_free(a);
-  cuda.device_free(b);
-  cuda.set_device(0);
 }
 
 // Host and CUDA tensors issued back to back, none waited for until the

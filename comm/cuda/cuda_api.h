@@ -30,6 +30,7 @@ class Api {
   virtual int device_count(std::string* why) = 0;
   // The calling thread's current device.
   virtual void set_device(int device) = 0;
+  virtual int current_device() = 0;
   // A stream that does not synchronise with the legacy default stream.
   virtual Stream create_stream() = 0;
   virtual void destroy_stream(Stream s) noexcept = 0;
@@ -57,6 +58,32 @@ class Api {
 
 // The CUDA runtime, when this build has it (COLLIE_HAVE_CUDA); else nullptr.
 std::shared_ptr<Api> runtime();
+
+// Makes `device` the calling thread's current one while it lives, and
+// puts the one before back (a collie thread that runs a step for a tensor
+// on another device, or a user's thread that runs a continuation inline).
+class DeviceScope {
+ public:
+  DeviceScope(Api& api, int device) : api_(api), before_(api.current_device()) {
+    if (before_ != device) api_.set_device(device);
+    changed_ = before_ != device;
+  }
+  ~DeviceScope() {
+    if (changed_) {
+      try {
+        api_.set_device(before_);
+      } catch (...) {  // a destructor does not throw; the next call reports it
+      }
+    }
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  Api& api_;
+  const int before_;
+  bool changed_ = false;
+};
 
 // What connect() stages CUDA tensors through on the host backends:
 // runtime(), unless a test has installed another (a fake device) first.

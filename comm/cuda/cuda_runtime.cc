@@ -53,6 +53,11 @@ class Runtime final : public Api {
     return n;
   }
   void set_device(int device) override { check(cudaSetDevice(device), "cudaSetDevice"); }
+  int current_device() override {
+    int d = 0;
+    check(cudaGetDevice(&d), "cudaGetDevice");
+    return d;
+  }
   Stream create_stream() override {
     cudaStream_t s = nullptr;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");

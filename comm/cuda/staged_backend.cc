@@ -5,6 +5,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "collie/comm.h"
@@ -257,17 +258,24 @@ class Staged final : public Backend {
   // through it.)
   void use_device_of(const Op& op) {
     const Device d = op.in.device.is_cpu() ? op.out.device : op.in.device;
-    api_->set_device(d.index);
-    device_index_ = d.index;
+    if (!op.in.device.is_cpu() && !op.out.device.is_cpu() && op.in.device.index != d.index)
+      throw Error(ErrorCode::invalid_argument,
+                  "its input is on cuda:" + std::to_string(op.in.device.index) +
+                      " and its output on cuda:" + std::to_string(op.out.device.index) +
+                      ": staging takes both on one device");
     std::lock_guard lk(mu_);
     auto it = stages_.find(d.index);
     if (it != stages_.end()) {
+      api_->set_device(d.index);
+      device_index_ = d.index;
       st_ = &it->second;
       return;
     }
     std::string why;
     if (api_->device_count(&why) <= 0)
       throw Error(ErrorCode::unavailable, "no CUDA device can be used: " + why);
+    api_->set_device(d.index);
+    device_index_ = d.index;
     Stage st;
     st.stream = api_->create_stream();
     st.ready = api_->create_event();
@@ -399,25 +407,30 @@ class Staged final : public Backend {
     // this backend goes), with an event of its own, waited for up to the
     // deadline as every staging copy is.
     // That thread is on device 0 until told: the copy goes on the op's
-    // device, on its stage's stream (which the staging thread may have
-    // moved on from by then).
-    w.completion()->on_complete([this, w, buf, op, done = j.done, device = device_index_,
-                                 stream = st_->stream] {
-      if (auto e = w.error()) return done->finish(e);
-      Event ev = nullptr;
-      try {
-        api_->set_device(device);
-        ev = api_->create_event();
-        api_->copy_async(op.out.data, buf->get(), op.out.nbytes(), stream);
-        api_->record(ev, stream);
-        wait_event(ev, deadline());
-        done->finish(std::nullopt);
-      } catch (const Error& e) {
-        done->finish(Error(
-            e.code(), done->description() + ": copying the message to the device: " + e.what()));
-      }
-      if (ev) api_->destroy_event(ev);
-    });
+    // device (for its duration), on its stage's stream (which the staging
+    // thread may have moved on from by then).
+    w.completion()->on_complete(
+        [this, w, buf, op, done = j.done, device = device_index_, stream = st_->stream] {
+          if (auto e = w.error()) return done->finish(e);
+          std::optional<Error> err;
+          try {
+            DeviceScope on(*api_, device);
+            Event ev = api_->create_event();
+            try {
+              api_->copy_async(op.out.data, buf->get(), op.out.nbytes(), stream);
+              api_->record(ev, stream);
+              wait_event(ev, deadline());
+            } catch (...) {
+              api_->destroy_event(ev);
+              throw;
+            }
+            api_->destroy_event(ev);
+          } catch (const Error& e) {
+            err = Error(e.code(),
+                        done->description() + ": copying the message to the device: " + e.what());
+          }
+          done->finish(err);
+        });
   }
 
   void fail_queued(const Error& e) {

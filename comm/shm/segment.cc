@@ -26,7 +26,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMagic = 0x434c5348;  // "CLSH"
-constexpr uint32_t kVersion = 5;
+// 6: DescSlot's first line holds the call, the ready word and the input.
+constexpr uint32_t kVersion = 6;
 // How often a sleeping waiter looks at the peer's process and its deadline.
 constexpr auto kSlice = std::chrono::milliseconds(5);
 

@@ -24,6 +24,8 @@
 // are filled in the order they were posted.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <deque>
 #include <functional>

@@ -39,8 +39,8 @@ using Dispatch = std::function<void(std::vector<std::function<void()>>)>;
 // whoever runs the operation ends with finish(); a backend derives from it
 // where "ended" is something to poll (a CUDA event), where a waiter can run
 // the operation itself (the host executor), or where a stream can wait
-// without the host (NCCL). The four virtual functions are the interface:
-// query, wait with a deadline, make a stream wait, abort.
+// without the host (NCCL). The virtual functions are the interface: query,
+// wait with a deadline (or a timeout), make a stream wait, abort.
 class Completion {
  public:
   using Clock = std::chrono::steady_clock;
@@ -82,7 +82,7 @@ class Completion {
 
  protected:
   virtual std::string describe() const { return "an operation"; }
-  // Waits for finish() on a condition variable, at most until `deadline`.
+  // Waits for finish() (asleep on done_), at most until `deadline`.
   bool block_until(Clock::time_point deadline);
 
  private:
@@ -108,7 +108,10 @@ class Work {
 
   bool done() const;
   // Waits until complete, at most `timeout` (by default a little over twice
-  // the communicator's timeout, so that the op's own error comes first).
+  // the communicator's timeout, so that the op's own error comes first). On
+  // a host backend the waiting thread first runs the queued ops up to its
+  // own, each within the communicator's timeout, and the `timeout` counts
+  // from then.
   // Throws the operation's error, or Error{timeout} naming the operation if
   // it is not complete in time.
   void wait() const;
