@@ -309,6 +309,27 @@ TEST(Config, BadValuesSayWhatToChange) {
   EXPECT_NE(msg.find("auto, ring, rd"), std::string::npos) << msg;
 }
 
+// Sizes in bytes take collie-bench's K, M and G (binary) as well as plain
+// numbers; anything else names the variable and the form.
+TEST(Config, SizesTakeKMAndGSuffixes) {
+  EXPECT_EQ(config::shm_tuning(fake({{"COLLIE_SHM_CHUNK", "1M"}})).chunk_bytes, size_t{1} << 20);
+  EXPECT_EQ(config::shm_tuning(fake({{"COLLIE_SHM_CHUNK", "262144"}})).chunk_bytes, 262144u);
+  EXPECT_EQ(config::shm_tuning(fake({{"COLLIE_SHM_SMALL", "16k"}})).small_bytes, 16384u);
+  EXPECT_EQ(config::tcp_tuning(fake({{"COLLIE_TCP_CHUNK_BYTES", "512K"}})).chunk_bytes, 524288u);
+  EXPECT_EQ(config::cuda_chunk_bytes(fake({{"COLLIE_CUDA_CHUNK", "1G"}})), size_t{1} << 30);
+  EXPECT_EQ(config::hier_piece_bytes(fake({{"COLLIE_HIER_PIECE", "2M"}})), size_t{2} << 20);
+  for (const char* bad : {"1X", "K", "1.5M", "1MB", "-1K", "99999999999G"}) {
+    auto msg = error_of([&] { config::shm_tuning(fake({{"COLLIE_SHM_CHUNK", bad}})); });
+    EXPECT_EQ(msg, std::string("invalid_argument: COLLIE_SHM_CHUNK='") + bad +
+                       "' is not a size; set it to a whole number of bytes, with an optional K, "
+                       "M or G (262144 or 256K)")
+        << bad;
+  }
+  // In range after the suffix, as before.
+  auto msg = error_of([&] { config::shm_tuning(fake({{"COLLIE_SHM_CHUNK", "1G"}})); });
+  EXPECT_NE(msg.find("between 4096 and 67108864"), std::string::npos) << msg;
+}
+
 // The mpi backend's settings.
 TEST(Config, MpiSettingsCheckIsOnUnlessTurnedOff) {
   EXPECT_EQ(config::mpi_settings(fake({})).check, 1);

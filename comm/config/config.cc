@@ -39,6 +39,41 @@ std::optional<long long> parse_int(const char* name, const char* value) {
   return x;
 }
 
+// A size in bytes: a whole number with an optional K, M or G (1K = 1024),
+// as collie-bench's sizes are written: 262144 or 256K.
+std::optional<long long> parse_bytes(const char* name, const char* value) {
+  if (!value || !*value) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(value, &end, 10);
+  int shift = 0;
+  if (end != value) {
+    switch (*end) {
+      case 'K':
+      case 'k':
+        shift = 10;
+        break;
+      case 'M':
+      case 'm':
+        shift = 20;
+        break;
+      case 'G':
+      case 'g':
+        shift = 30;
+        break;
+      default:
+        break;
+    }
+    if (shift) ++end;
+  }
+  if (end == value || *end != '\0' || errno == ERANGE ||
+      (shift && (x < 0 || x > (LLONG_MAX >> shift))))
+    throw bad(std::string(name) + "='" + value +
+              "' is not a size; set it to a whole number of bytes, with an optional K, M or G "
+              "(262144 or 256K)");
+  return x << shift;
+}
+
 std::optional<double> parse_double(const char* name, const char* value) {
   if (!value || !*value) return std::nullopt;
   char* end = nullptr;
@@ -321,12 +356,12 @@ TcpTuning tcp_tuning(const Env& raw) {
   t.latency_us = positive("COLLIE_TCP_LATENCY_US", t.latency_us);
   t.bandwidth_gbps = positive("COLLIE_TCP_GBPS", t.bandwidth_gbps);
   t.reduce_gbps = positive("COLLIE_REDUCE_GBPS", t.reduce_gbps);
-  if (auto v = parse_int("COLLIE_TCP_CHUNK_BYTES", env("COLLIE_TCP_CHUNK_BYTES"))) {
+  if (auto v = parse_bytes("COLLIE_TCP_CHUNK_BYTES", env("COLLIE_TCP_CHUNK_BYTES"))) {
     if (*v < 4096) throw bad("COLLIE_TCP_CHUNK_BYTES must be at least 4096");
     t.chunk_bytes = static_cast<size_t>(*v);
   }
   t.spin_us = spin_us(env);
-  if (auto v = parse_int("COLLIE_SOCKET_BUFFER", env("COLLIE_SOCKET_BUFFER"))) {
+  if (auto v = parse_bytes("COLLIE_SOCKET_BUFFER", env("COLLIE_SOCKET_BUFFER"))) {
     if (*v < 0 || *v > INT_MAX)
       throw bad("COLLIE_SOCKET_BUFFER=" + std::to_string(*v) +
                 " is not 0 (the kernel's autotuning) to 2147483647 bytes");
@@ -336,7 +371,7 @@ TcpTuning tcp_tuning(const Env& raw) {
     if (*v < 1 || *v > 16) throw bad("COLLIE_TCP_SOCKETS must be 1 to 16 (connections per peer)");
     t.sockets_per_peer = static_cast<int>(*v);
   }
-  if (auto v = parse_int("COLLIE_TCP_SOCKET_MIN_BYTES", env("COLLIE_TCP_SOCKET_MIN_BYTES"))) {
+  if (auto v = parse_bytes("COLLIE_TCP_SOCKET_MIN_BYTES", env("COLLIE_TCP_SOCKET_MIN_BYTES"))) {
     if (*v < 4096) throw bad("COLLIE_TCP_SOCKET_MIN_BYTES must be at least 4096");
     t.lane_min_bytes = static_cast<size_t>(*v);
   }
@@ -346,12 +381,12 @@ TcpTuning tcp_tuning(const Env& raw) {
 ShmTuning shm_tuning(const Env& raw) {
   const Env env = tuned(raw);
   ShmTuning t;
-  if (auto v = parse_int("COLLIE_SHM_CHUNK", env("COLLIE_SHM_CHUNK"))) {
+  if (auto v = parse_bytes("COLLIE_SHM_CHUNK", env("COLLIE_SHM_CHUNK"))) {
     if (*v < 4096 || *v > (64 << 20))
       throw bad("COLLIE_SHM_CHUNK must be between 4096 and 67108864 bytes");
     t.chunk_bytes = static_cast<size_t>(*v) & ~size_t{63};
   }
-  if (auto v = parse_int("COLLIE_SHM_SMALL", env("COLLIE_SHM_SMALL"))) {
+  if (auto v = parse_bytes("COLLIE_SHM_SMALL", env("COLLIE_SHM_SMALL"))) {
     if (*v < 0 || *v > (1 << 20)) throw bad("COLLIE_SHM_SMALL must be between 0 and 1048576 bytes");
     t.small_bytes = static_cast<size_t>(*v);
   }
@@ -369,7 +404,7 @@ std::string cuda_route(const Env& env) {
 
 size_t cuda_chunk_bytes(const Env& env) {
   size_t bytes = 4 << 20;
-  if (auto v = parse_int("COLLIE_CUDA_CHUNK", env("COLLIE_CUDA_CHUNK"))) {
+  if (auto v = parse_bytes("COLLIE_CUDA_CHUNK", env("COLLIE_CUDA_CHUNK"))) {
     if (*v < 4096 || *v > (1 << 30))
       throw bad("COLLIE_CUDA_CHUNK must be between 4096 and 1073741824 bytes");
     bytes = static_cast<size_t>(*v) & ~size_t{255};
@@ -421,7 +456,7 @@ bool ranks_fit_cores(int local_world_size, int usable_cpus, const Env& env) {
 
 size_t hier_piece_bytes(const Env& raw) {
   const Env env = tuned(raw);
-  auto v = parse_int("COLLIE_HIER_PIECE", env("COLLIE_HIER_PIECE"));
+  auto v = parse_bytes("COLLIE_HIER_PIECE", env("COLLIE_HIER_PIECE"));
   if (!v) return size_t{1} << 20;
   if (*v < 4096 || *v > (1LL << 30))
     throw bad("COLLIE_HIER_PIECE must be between 4096 and 1073741824 bytes");
