@@ -12,6 +12,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -58,6 +59,40 @@ inline RefInt ref_int(const config::Env& env, const char* name) {
   }
   if (!neg && x == LLONG_MIN) return r.bad = true, r;
   r.value = neg ? x : -x;
+  return r;
+}
+
+// The reference reading of a size in bytes: an integer as above, or one
+// followed by K, M or G (either case; x 2^10, 2^20, 2^30), not negative,
+// whose product fits in long long.
+inline RefInt ref_bytes(const config::Env& env, const char* name) {
+  const char* v = env(name);
+  if (!v || !*v) return {};
+  std::string s(v);
+  int shift = 0;
+  switch (s.back()) {
+    case 'K':
+    case 'k':
+      shift = 10;
+      break;
+    case 'M':
+    case 'm':
+      shift = 20;
+      break;
+    case 'G':
+    case 'g':
+      shift = 30;
+      break;
+    default:
+      break;
+  }
+  if (!shift) return ref_int(env, name);
+  s.pop_back();
+  if (s.empty()) return RefInt{std::nullopt, true};
+  RefInt r = ref_int([&s](const char*) { return s.c_str(); }, name);
+  if (r.bad || !r.value || *r.value < 0 || *r.value > (LLONG_MAX >> shift))
+    return RefInt{std::nullopt, true};
+  r.value = *r.value << shift;
   return r;
 }
 
@@ -138,6 +173,16 @@ inline void check_int_setting(const config::Env& env, const char* name, long lon
                                                     std::to_string(r.value.value_or(fallback)));
 }
 
+// The same for a size in bytes.
+inline void check_bytes_setting(const config::Env& env, const char* name, long long got,
+                                long long fallback) {
+  RefInt r = ref_bytes(env, name);
+  FUZZ_CHECK(!r.bad, std::string(name) + "='" + env(name) + "' was accepted");
+  FUZZ_CHECK(got == r.value.value_or(fallback), std::string(name) + " gave " + std::to_string(got) +
+                                                    " from " +
+                                                    std::to_string(r.value.value_or(fallback)));
+}
+
 inline void check_tuning(const config::Env& env) {
   config::TcpTuning t;
   if (accepted([&] { t = config::tcp_tuning(env); })) {
@@ -146,10 +191,10 @@ inline void check_tuning(const config::Env& env) {
     for (double v : {t.latency_us, t.bandwidth_gbps, t.reduce_gbps})
       FUZZ_CHECK(std::isfinite(v) && v > 0, "a cost-model constant of " + std::to_string(v));
     FUZZ_CHECK(t.chunk_bytes >= 4096, "chunk of " + std::to_string(t.chunk_bytes));
-    check_int_setting(env, "COLLIE_TCP_CHUNK_BYTES", static_cast<long long>(t.chunk_bytes),
-                      512 * 1024);
+    check_bytes_setting(env, "COLLIE_TCP_CHUNK_BYTES", static_cast<long long>(t.chunk_bytes),
+                        512 * 1024);
     check_int_setting(env, "COLLIE_SPIN_US", t.spin_us, -1);
-    check_int_setting(env, "COLLIE_SOCKET_BUFFER", t.socket_buffer_bytes, 0);
+    check_bytes_setting(env, "COLLIE_SOCKET_BUFFER", t.socket_buffer_bytes, 0);
     FUZZ_CHECK(t.sockets_per_peer >= 1 && t.sockets_per_peer <= 16, "sockets per peer");
     FUZZ_CHECK(t.lane_min_bytes >= 4096, "lane minimum");
   }

@@ -175,6 +175,11 @@ void environments() {
         "SLURM_PROCID=3\nSLURM_NTASKS=4\nSLURM_LOCALID=1\nSLURM_JOB_ID=123456\n");
   write("launch_env", "not-numbers",
         "COLLIE_RANK=one\nCOLLIE_WORLD_SIZE=2x\nCOLLIE_TIMEOUT=soon\n");
+  // Sizes with K, M and G (config::parse_bytes), and one suffix that is not.
+  write("launch_env", "size-suffixes",
+        "COLLIE_TCP_CHUNK_BYTES=512K\nCOLLIE_SOCKET_BUFFER=4m\nCOLLIE_TCP_SOCKET_MIN_BYTES=64k\n"
+        "COLLIE_SHM_CHUNK=1M\nCOLLIE_SHM_SMALL=16K\nCOLLIE_HIER_PIECE=2M\nCOLLIE_CUDA_CHUNK=1G\n");
+  write("launch_env", "size-suffix-bad", "COLLIE_SOCKET_BUFFER=4MB\nCOLLIE_SHM_CHUNK=-1K\n");
   write("tuning_file", "edge-cases",
         "# comment\n\n  COLLIE_TCP_SOCKETS = 2  # two lanes\r\nCOLLIE_ALLREDUCE_ALGO=rd\n"
         "COLLIE_SHM_CHUNK=4096\nCOLLIE_HIER_PIECE=1e6\n");
