@@ -163,24 +163,23 @@ inline void check_launch(const config::Env& env) {
   }
 }
 
-// `got` is `name`'s value when it is set, else `fallback`.
-inline void check_int_setting(const config::Env& env, const char* name, long long got,
-                              long long fallback) {
-  RefInt r = ref_int(env, name);
+// `got` is `name`'s value as the reference reads it (`r`) when it is set,
+// else `fallback`.
+inline void check_setting(const config::Env& env, const char* name, const RefInt& r, long long got,
+                          long long fallback) {
   FUZZ_CHECK(!r.bad, std::string(name) + "='" + env(name) + "' was accepted");
   FUZZ_CHECK(got == r.value.value_or(fallback), std::string(name) + " gave " + std::to_string(got) +
                                                     " from " +
                                                     std::to_string(r.value.value_or(fallback)));
 }
-
+inline void check_int_setting(const config::Env& env, const char* name, long long got,
+                              long long fallback) {
+  check_setting(env, name, ref_int(env, name), got, fallback);
+}
 // The same for a size in bytes.
 inline void check_bytes_setting(const config::Env& env, const char* name, long long got,
                                 long long fallback) {
-  RefInt r = ref_bytes(env, name);
-  FUZZ_CHECK(!r.bad, std::string(name) + "='" + env(name) + "' was accepted");
-  FUZZ_CHECK(got == r.value.value_or(fallback), std::string(name) + " gave " + std::to_string(got) +
-                                                    " from " +
-                                                    std::to_string(r.value.value_or(fallback)));
+  check_setting(env, name, ref_bytes(env, name), got, fallback);
 }
 
 inline void check_tuning(const config::Env& env) {
