@@ -265,26 +265,23 @@ class Staged final : public Backend {
                       ": staging takes both on one device");
     std::lock_guard lk(mu_);
     auto it = stages_.find(d.index);
-    if (it != stages_.end()) {
-      api_->set_device(d.index);
-      device_index_ = d.index;
-      st_ = &it->second;
-      return;
-    }
     std::string why;
-    if (api_->device_count(&why) <= 0)
+    if (it == stages_.end() && api_->device_count(&why) <= 0)
       throw Error(ErrorCode::unavailable, "no CUDA device can be used: " + why);
     api_->set_device(d.index);
     device_index_ = d.index;
-    Stage st;
-    st.stream = api_->create_stream();
-    st.ready = api_->create_event();
-    st.copied = api_->create_event();
-    for (int i = 0; i < 2; ++i) {
-      st.piece[i] = api_->create_event();
-      st.back[i] = api_->create_event();
+    if (it == stages_.end()) {
+      Stage st;
+      st.stream = api_->create_stream();
+      st.ready = api_->create_event();
+      st.copied = api_->create_event();
+      for (int i = 0; i < 2; ++i) {
+        st.piece[i] = api_->create_event();
+        st.back[i] = api_->create_event();
+      }
+      it = stages_.emplace(d.index, st).first;
     }
-    st_ = &stages_.emplace(d.index, st).first->second;
+    st_ = &it->second;
   }
 
   Clock::time_point deadline() const { return Clock::now() + ctx_.launch.timeout; }
