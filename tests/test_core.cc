@@ -330,6 +330,23 @@ TEST(Config, SizesTakeKMAndGSuffixes) {
   EXPECT_NE(msg.find("between 4096 and 67108864"), std::string::npos) << msg;
 }
 
+// Half a core's L2, a power of two, 64 KiB to 4 MiB, at most 32 MiB of
+// rounds in all: the EPYC here before (512 KiB L2) got 256 KiB, the Xeon
+// (2 MiB) 1 MiB, the sizes measured best on each (bench/RESULTS.md).
+TEST(Config, ShmRoundIsHalfACoresL2) {
+  EXPECT_EQ(config::shm_auto_chunk(512 << 10, 2), size_t{256} << 10);
+  EXPECT_EQ(config::shm_auto_chunk(2 << 20, 2), size_t{1} << 20);
+  EXPECT_EQ(config::shm_auto_chunk(1280 << 10, 2), size_t{512} << 10);  // not a power of two
+  EXPECT_EQ(config::shm_auto_chunk(size_t{32} << 20, 2), size_t{4} << 20);
+  EXPECT_EQ(config::shm_auto_chunk(32 << 10, 2), size_t{64} << 10);
+  EXPECT_EQ(config::shm_auto_chunk(2 << 20, 64), size_t{256} << 10);  // 64 x 2 x 256 KiB = 32 MiB
+  EXPECT_EQ(config::shm_auto_chunk(2 << 20, 1024), size_t{64} << 10);
+  EXPECT_EQ(config::shm_auto_chunk(0, 2), config::ShmTuning{}.chunk_bytes);  // unknown L2
+  EXPECT_FALSE(config::shm_tuning(fake({})).chunk_set);
+  EXPECT_TRUE(config::shm_tuning(fake({{"COLLIE_SHM_CHUNK", "1M"}})).chunk_set);
+  EXPECT_TRUE(config::shm_tuning(fake({{"COLLIE_SHM_SMALL", "0"}})).small_set);
+}
+
 // The mpi backend's settings.
 TEST(Config, MpiSettingsCheckIsOnUnlessTurnedOff) {
   EXPECT_EQ(config::mpi_settings(fake({})).check, 1);

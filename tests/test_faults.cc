@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -790,6 +791,83 @@ TEST(Faults, DifferentSocketCountsAreNamed) {
   EXPECT_TRUE(contains(out[0].message(), "rank 1 opens 2 connections")) << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "COLLIE_TCP_SOCKETS")) << describe(out);
   EXPECT_TRUE(contains(out[1].message(), "COLLIE_TCP_SOCKETS")) << describe(out);
+}
+
+// The shm round and one-step sizes set the segment's layout and the
+// algorithm, so rank 0's are every rank's: set on rank 0 alone they still
+// hold everywhere (before, rank 1 built another layout and refused the
+// segment).
+TEST(Faults, ShmSizesSetOnRankZeroAloneHoldForEveryRank) {
+  auto out = run_ranks(
+      2,
+      [](int rank, Options opt) {
+        opt.backend = "shm";
+        if (rank == 0) {
+          setenv("COLLIE_SHM_CHUNK", "64K", 1);
+          setenv("COLLIE_SHM_SMALL", "0", 1);
+        }
+        auto c = connect(opt);
+        // 8 B (one step unless COLLIE_SHM_SMALL=0) and 1 MiB (16 rounds of
+        // 64 KiB): each element's sum is known exactly.
+        std::string got;
+        for (size_t count : {size_t{1}, size_t{1} << 17}) {
+          std::vector<int64_t> x(count);
+          for (size_t i = 0; i < count; ++i) x[i] = (rank + 1) * static_cast<int64_t>(i + 1);
+          c->allreduce(view_of(x.data(), count), ReduceOp::sum).wait();
+          size_t wrong = 0;
+          for (size_t i = 0; i < count; ++i) wrong += x[i] != 3 * static_cast<int64_t>(i + 1);
+          got += std::to_string(wrong) + " wrong;";
+        }
+        return got;
+      },
+      20s);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(out[r].report, "OK 0 wrong;0 wrong;") << describe(out);
+}
+
+// Set differently on two ranks, they are refused by name (before, 0 and 32
+// gave one layout, and the ranks ran different algorithms for 8 B).
+TEST(Faults, DifferentShmSizesAreNamed) {
+  auto out = run_ranks(
+      2,
+      [](int rank, Options opt) {
+        opt.backend = "shm";
+        setenv("COLLIE_SHM_SMALL", rank == 0 ? "0" : "32", 1);
+        auto c = connect(opt);
+        int64_t x = rank + 1;
+        c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+        return std::to_string(x);
+      },
+      20s);
+  for (int r = 0; r < 2; ++r) EXPECT_FALSE(out[r].ok() || out[r].hung) << describe(out);
+  EXPECT_EQ(out[1].code(), "mismatch") << describe(out);
+  EXPECT_TRUE(contains(out[1].message(), "COLLIE_SHM_SMALL=32, rank 0 has 0")) << describe(out);
+  // Rank 0 hears rank 1's reason at once, not a rendezvous timeout.
+  EXPECT_EQ(out[0].code(), "mismatch") << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "rank 1 could not share the segment")) << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "COLLIE_SHM_SMALL=32, rank 0 has 0")) << describe(out);
+}
+
+// Rank 0 cannot make the segment (here: a file size limit below its size):
+// the others get its reason, not a rendezvous timeout.
+TEST(Faults, ASegmentRankZeroCannotMakeIsNamedOnEveryRank) {
+  auto out = run_ranks(
+      2,
+      [](int rank, Options opt) {
+        opt.backend = "shm";
+        if (rank == 0) {
+          signal(SIGXFSZ, SIG_IGN);
+          rlimit small{64 * 1024, 64 * 1024};
+          setrlimit(RLIMIT_FSIZE, &small);
+        }
+        connect(opt);
+        return std::string("joined");
+      },
+      20s);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(out[r].code(), "unavailable") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "sizing the shared segment")) << describe(out);
+  }
+  EXPECT_TRUE(contains(out[1].message(), "rank 0 could not share the segment")) << describe(out);
 }
 
 TEST(Faults, StrayClientsOnTheStorePortDoNotDisturbTheJob) {

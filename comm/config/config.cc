@@ -385,13 +385,24 @@ ShmTuning shm_tuning(const Env& raw) {
     if (*v < 4096 || *v > (64 << 20))
       throw bad("COLLIE_SHM_CHUNK must be between 4096 and 67108864 bytes");
     t.chunk_bytes = static_cast<size_t>(*v) & ~size_t{63};
+    t.chunk_set = true;
   }
   if (auto v = parse_bytes("COLLIE_SHM_SMALL", env("COLLIE_SHM_SMALL"))) {
     if (*v < 0 || *v > (1 << 20)) throw bad("COLLIE_SHM_SMALL must be between 0 and 1048576 bytes");
     t.small_bytes = static_cast<size_t>(*v);
+    t.small_set = true;
   }
   t.spin_us = spin_us(env);
   return t;
+}
+
+size_t shm_auto_chunk(size_t l2, int ranks) {
+  if (l2 == 0) return ShmTuning{}.chunk_bytes;
+  constexpr size_t lo = 64 * 1024, hi = 4 << 20, all_rounds = 32 << 20;
+  size_t c = lo;
+  while (c * 2 <= l2 / 2 && c * 2 <= hi) c *= 2;
+  while (c > lo && c * 2 * static_cast<size_t>(std::max(ranks, 1)) > all_rounds) c /= 2;
+  return c;
 }
 
 std::string cuda_route(const Env& env) {

@@ -91,13 +91,25 @@ struct TcpTuning {
 TcpTuning tcp_tuning(const Env& env);
 
 // Settings of the shared-memory backend.
+// Rank 0's chunk and small sizes are every rank's (they set the segment's
+// layout and the algorithm): a rank that sets either to another value is
+// refused when the segment is shared.
 struct ShmTuning {
   size_t chunk_bytes = 256 * 1024;  // COLLIE_SHM_CHUNK: bytes per rank per round
   size_t small_bytes = 16 * 1024;   // COLLIE_SHM_SMALL: one-step all-reduce up to here
+  bool chunk_set = false;           // chunk_bytes was given; else shm_auto_chunk decides
+  bool small_set = false;           // small_bytes was given
   int spin_us = -1;                 // COLLIE_SPIN_US: spin before sleeping; -1: auto
 };
 
 ShmTuning shm_tuning(const Env& env);
+
+// The shm round per rank when COLLIE_SHM_CHUNK is not set, for ranks whose
+// cores have `l2` bytes of L2 each (0: unknown): half of it, a power of two
+// from 64 KiB to 4 MiB, so that a round's slices stay in the L2 of the rank
+// that reduces them; at most 32 MiB of rounds in the whole segment (2 per
+// rank); 256 KiB when the L2 is unknown.
+size_t shm_auto_chunk(size_t l2, int ranks);
 
 // COLLIE_CUDA_CHUNK: the piece in which the host backends stage a CUDA
 // tensor's all-reduce and broadcast through pinned host memory (the copy of

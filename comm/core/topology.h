@@ -1,6 +1,7 @@
 // comm/core/topology.h: facts about this host that tuning depends on.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace collie::topology {
@@ -10,6 +11,12 @@ namespace collie::topology {
 // built with hwloc, else std::thread::hardware_concurrency(). Busy-polling
 // only pays while every local rank has a thread of its own.
 int usable_cpus();
+
+// The L2 cache a core of this process has to itself, in bytes: the
+// smallest L2 among the cores it may run on, divided by the cores that share
+// it (from hwloc; without it, what the C library reports for the L2). 0 when
+// unknown. The shm backend sizes its rounds by it.
+size_t l2_per_core();
 
 // This kernel's boot id ("" if unreadable): processes that share it share
 // memory, whatever their host names say.

@@ -61,6 +61,32 @@ bool reached(uint32_t v, uint32_t target) {
   return static_cast<int32_t>(v - target) >= 0;
 }
 
+// A rank that cannot share the segment says why under the key the others
+// wait on ("!<code> <message>"), so that they fail with its reason at once
+// instead of timing out on it.
+void post_refusal(Store& store, const std::string& key, const Error& e) {
+  try {
+    store.set(key, to_bytes("!" + std::to_string(static_cast<int>(e.code())) + " " + e.what()));
+  } catch (const Error&) {
+    // the store is gone too: the others time out, as before
+  }
+}
+
+// Throws the refusal a rank posted under a key, if that is what `value` is.
+void check_refusal(const std::string& value, const std::string& who, const std::string& whose) {
+  if (value.empty() || value[0] != '!') return;
+  const size_t sp = value.find(' ');
+  int code = static_cast<int>(ErrorCode::internal);
+  try {
+    code = std::stoi(value.substr(1, sp - 1));
+  } catch (const std::exception&) {
+  }
+  if (code < 1 || code > kNumErrorCodes) code = static_cast<int>(ErrorCode::internal);
+  throw Error(static_cast<ErrorCode>(code),
+              who + ": " + whose + " could not share the segment: " +
+                  (sp == std::string::npos ? value : value.substr(sp + 1)));
+}
+
 }  // namespace
 
 Layout Layout::make(int n, size_t chunk, size_t small) {
@@ -95,48 +121,47 @@ Layout Layout::make(int n, size_t chunk, size_t small) {
   return l;
 }
 
-Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spin)
+Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, SpinBudget spin)
     : me_(ctx.launch.rank),
       n_(ctx.launch.world_size),
       names_(ctx.names),
-      lay_(layout),
+      settings_(wanted),
       spin_(spin),
       timeout_(ctx.launch.timeout),
       failure_(ctx.failure) {
   const std::string who = names_(me_);
   const std::string key = ctx.key + "/shm";
   int fd = -1;  // rank 0's, open until every rank has mapped the segment
+  const std::string my_up = key + "/up/" + std::to_string(me_);
   if (me_ == 0) {
-    shared_file::Made made =
-        shared_file::create("collie-shm", lay_.total, who, "the shared segment");
-    fd = made.fd;
-    base_ = static_cast<uint8_t*>(made.base);
+    if (!settings_.chunk_set)
+      settings_.chunk_bytes = config::shm_auto_chunk(topology::l2_per_core(), n_);
+    lay_ = Layout::make(n_, settings_.chunk_bytes, settings_.small_bytes);
+    try {
+      shared_file::Made made =
+          shared_file::create("collie-shm", lay_.total, who, "the shared segment");
+      fd = made.fd;
+      base_ = static_cast<uint8_t*>(made.base);
+    } catch (const Error& e) {
+      if (n_ > 1) post_refusal(*ctx.store, key, e);
+      throw;
+    }
     std::string where = std::to_string(getpid()) + " " + std::to_string(fd) + " " +
-                        std::to_string(lay_.total) + " " + topology::boot_id();
+                        std::to_string(lay_.total) + " " + std::to_string(settings_.chunk_bytes) +
+                        " " + std::to_string(settings_.small_bytes) + " " + topology::boot_id();
     if (n_ > 1) ctx.store->set(key, to_bytes(where));
   } else {
     std::vector<std::string> from_rank0(n_);
     from_rank0[0] = key;
     wait_for_ranks(*ctx.store, from_rank0, Clock::now() + timeout_, timeout_, who, names_);
-    std::istringstream in(collie::to_string(ctx.store->get(key)));
-    long pid = 0, rfd = 0;
-    size_t total = 0;
-    std::string boot;
-    in >> pid >> rfd >> total >> boot;
-    if (total != lay_.total)
-      throw Error(ErrorCode::mismatch,
-                  who + ": rank 0 made a shared segment of " + std::to_string(total) +
-                      " bytes, this rank expects " + std::to_string(lay_.total) +
-                      " (different COLLIE_SHM_CHUNK or COLLIE_SHM_SMALL on different ranks?)");
-    if (!boot.empty() && boot != topology::boot_id())
-      throw Error(ErrorCode::unavailable,
-                  who +
-                      " is not on rank 0's host (another kernel): the shm backend needs every "
-                      "rank on one host; use tcp, or auto");
-    base_ = static_cast<uint8_t*>(shared_file::open(
-        pid, static_cast<int>(rfd), lay_.total, who, "rank 0's shared segment",
-        " (ranks in different PID namespaces or containers cannot share memory this way; use "
-        "tcp)"));
+    const std::string said = collie::to_string(ctx.store->get(key));
+    check_refusal(said, who, names_(0));
+    try {
+      open_rank0s(said, wanted);
+    } catch (const Error& e) {
+      post_refusal(*ctx.store, my_up, e);
+      throw;
+    }
   }
   auto& h = at<Header>(0);
   abort_word_ = &h.abort_word;
@@ -153,11 +178,15 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spi
   }
   // Everyone has mapped it (and rank 0's header is written) before anyone
   // uses it. A communicator of one rank has no store and nobody to wait for.
-  if (n_ > 1) ctx.store->set(key + "/up/" + std::to_string(me_), to_bytes("1"));
+  if (n_ > 1) ctx.store->set(my_up, to_bytes("1"));
   std::vector<std::string> up;
   for (int q = 0; q < n_; ++q) up.push_back(key + "/up/" + std::to_string(q));
   try {
-    if (n_ > 1) wait_for_ranks(*ctx.store, up, Clock::now() + timeout_, timeout_, who, names_);
+    if (n_ > 1) {
+      wait_for_ranks(*ctx.store, up, Clock::now() + timeout_, timeout_, who, names_);
+      for (int q = 0; q < n_; ++q)
+        if (q != me_) check_refusal(collie::to_string(ctx.store->get(up[q])), who, names_(q));
+    }
   } catch (...) {
     if (fd >= 0) ::close(fd);
     munmap(base_, lay_.total);
@@ -187,6 +216,48 @@ Segment::Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spi
     pids_[q] = info(q).pid;
     if (q != me_) pidfds_[q] = static_cast<int>(syscall(SYS_pidfd_open, pids_[q], 0));
   }
+}
+
+// Rank q > 0: checks rank 0's description of the segment (`said`) against
+// this rank's settings, adopts rank 0's and maps the segment.
+void Segment::open_rank0s(const std::string& said, const config::ShmTuning& wanted) {
+  const std::string who = names_(me_);
+  std::istringstream in(said);
+  long pid = 0, rfd = 0;
+  size_t total = 0, chunk = 0, small = 0;
+  std::string boot;
+  in >> pid >> rfd >> total >> chunk >> small;
+  if (!in)
+    throw Error(ErrorCode::mismatch, who +
+                                         ": rank 0's description of the shared segment is "
+                                         "unreadable (a different collie build on rank 0?)");
+  in >> boot;  // "" when rank 0 could not read its boot id
+  auto agree = [&](const char* var, bool set, size_t& mine, size_t rank0) {
+    if (set && mine != rank0)
+      throw Error(ErrorCode::mismatch,
+                  who + " has " + var + "=" + std::to_string(mine) + ", rank 0 has " +
+                      std::to_string(rank0) +
+                      ": every rank of a host must use rank 0's value (set it the same "
+                      "everywhere, or only on rank 0)");
+    mine = rank0;
+  };
+  agree("COLLIE_SHM_CHUNK", wanted.chunk_set, settings_.chunk_bytes, chunk);
+  agree("COLLIE_SHM_SMALL", wanted.small_set, settings_.small_bytes, small);
+  lay_ = Layout::make(n_, settings_.chunk_bytes, settings_.small_bytes);
+  if (total != lay_.total)
+    throw Error(ErrorCode::mismatch, who + ": rank 0 made a shared segment of " +
+                                         std::to_string(total) + " bytes, this rank expects " +
+                                         std::to_string(lay_.total) +
+                                         " (a different collie build on rank 0?)");
+  if (!boot.empty() && boot != topology::boot_id())
+    throw Error(ErrorCode::unavailable,
+                who +
+                    " is not on rank 0's host (another kernel): the shm backend needs every "
+                    "rank on one host; use tcp, or auto");
+  base_ = static_cast<uint8_t*>(shared_file::open(
+      pid, static_cast<int>(rfd), lay_.total, who, "rank 0's shared segment",
+      " (ranks in different PID namespaces or containers cannot share memory this way; use "
+      "tcp)"));
 }
 
 Segment::~Segment() {

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/config/config.h"
 #include "comm/core/spin.h"
 #include "comm/transport.h"
 
@@ -154,7 +155,10 @@ class What {
 class Segment {
  public:
   // Collective over the ranks of ctx: rank 0 creates, the others open.
-  Segment(const BackendContext& ctx, const Layout& layout, SpinBudget spin);
+  // Rank 0 settles the round and small sizes (`wanted`'s, or the round from
+  // its L2 when not set); a rank that set either to another value throws
+  // ErrorCode::mismatch naming the variable.
+  Segment(const BackendContext& ctx, const config::ShmTuning& wanted, SpinBudget spin);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
@@ -162,6 +166,8 @@ class Segment {
   int rank() const { return me_; }
   int size() const { return n_; }
   const Layout& layout() const { return lay_; }
+  // The settings every rank of this segment runs with (rank 0's).
+  const config::ShmTuning& settings() const { return settings_; }
 
   // Where waiters for every rank sleep: its value is the lowest phase all
   // ranks have reached, as last seen by a rank that moved it.
@@ -224,6 +230,7 @@ class Segment {
   T& at(size_t off) {
     return *reinterpret_cast<T*>(base_ + off);
   }
+  void open_rank0s(const std::string& said, const config::ShmTuning& wanted);
   size_t slot_stride() const { return kLine + lay_.p2p_slot; }
   size_t mail_base(int from, int to) const {
     return lay_.off_mail +
@@ -279,7 +286,8 @@ class Segment {
 
   const int me_, n_;
   const RankNames names_;  // for messages
-  const Layout lay_;
+  config::ShmTuning settings_;
+  Layout lay_;
   SpinBudget spin_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<FailureLatch> failure_;

@@ -41,8 +41,8 @@ std::string describe(const DescSlot& s) {
 class ShmRunner final : public HostRunner {
  public:
   ShmRunner(const BackendContext& ctx, const config::ShmTuning& t, SpinBudget spin)
-      : tuning_(t),
-        seg_(ctx, Layout::make(ctx.launch.world_size, t.chunk_bytes, t.small_bytes), spin),
+      : seg_(ctx, t, spin),
+        tuning_(seg_.settings()),
         me_(ctx.launch.rank),
         n_(ctx.launch.world_size),
         names_(ctx.names),
@@ -492,8 +492,8 @@ class ShmRunner final : public HostRunner {
     }
   };
 
-  const config::ShmTuning tuning_;
   Segment seg_;
+  const config::ShmTuning tuning_;  // rank 0's settings, the segment's
   static constexpr size_t kMaxMapped = 64;
   std::map<std::pair<int, uint64_t>, Mapping> mapped_;  // (rank, region id): peers' buffers
   uint64_t uses_ = 0;
