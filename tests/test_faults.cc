@@ -12,12 +12,14 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -822,6 +824,64 @@ TEST(Faults, ShmSizesSetOnRankZeroAloneHoldForEveryRank) {
       },
       20s);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(out[r].report, "OK 0 wrong;0 wrong;") << describe(out);
+}
+
+// Large all-reduces read peers' memory directly (process_vm_readv) only
+// when every rank may: one rank with COLLIE_SHM_CMA=0 puts every rank on
+// the segment's rounds (were the ranks to choose apart, they would wait on
+// each other for ever or read a buffer nobody described). Which one ran is
+// read back from COLLIE_TRACE; the sums are known exactly either way.
+TEST(Faults, ShmReadsPeersDirectlyOnlyWhenEveryRankMay) {
+  {
+    // Whether this machine lets a process read another's memory at all
+    // (Yama's ptrace_scope, a container's seccomp profile may not): a child
+    // reads a word of its parent, as one rank reads another.
+    static volatile int64_t word = 42;
+    pid_t child = fork();
+    if (child == 0) {
+      int64_t seen = 0;
+      iovec local{&seen, sizeof seen}, remote{const_cast<int64_t*>(&word), sizeof seen};
+      _exit(process_vm_readv(getppid(), &local, 1, &remote, 1, 0) == sizeof seen && seen == 42 ? 0
+                                                                                               : 1);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      GTEST_SKIP() << "process_vm_readv between processes is not allowed here (Yama or seccomp)";
+  }
+  char dir[] = "/tmp/collie-direct-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  for (int one_off = 0; one_off < 2; ++one_off) {
+    const std::string trace = std::string(dir) + "/t" + std::to_string(one_off) + ".%r.json";
+    auto out = run_ranks(
+        2,
+        [&](int rank, Options opt) {
+          opt.backend = "shm";
+          setenv("COLLIE_TRACE", trace.c_str(), 1);
+          if (one_off && rank == 1) setenv("COLLIE_SHM_CMA", "0", 1);
+          auto c = connect(opt);
+          const size_t count = (size_t{1} << 20) / sizeof(int64_t) + 3;  // slices of unequal size
+          std::vector<int64_t> x(count), y(count);
+          for (size_t i = 0; i < count; ++i) x[i] = (rank + 1) * static_cast<int64_t>(i + 1);
+          c->allreduce(view_of(x.data(), count), view_of(y.data(), count), ReduceOp::sum).wait();
+          c->allreduce(view_of(x.data(), count), ReduceOp::sum).wait();  // in place
+          size_t wrong = 0;
+          for (size_t i = 0; i < count; ++i)
+            wrong += (x[i] != 3 * static_cast<int64_t>(i + 1)) + (y[i] != x[i]);
+          c.reset();  // writes the trace
+          std::ifstream f(std::string(dir) + "/t" + std::to_string(one_off) + "." +
+                          std::to_string(rank) + ".json");
+          std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+          const bool direct = text.find("\"algorithm\":\"direct\"") != std::string::npos;
+          const bool rounds = text.find("\"algorithm\":\"rounds\"") != std::string::npos;
+          return std::to_string(wrong) + " wrong, " + (direct ? "direct " : "") +
+                 (rounds ? "rounds" : "");
+        },
+        20s);
+    const std::string want = one_off ? "OK 0 wrong, rounds" : "OK 0 wrong, direct ";
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(out[r].report, want) << one_off << describe(out);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // Set differently on two ranks, they are refused by name (before, 0 and 32

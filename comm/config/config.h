@@ -99,7 +99,10 @@ struct ShmTuning {
   size_t small_bytes = 16 * 1024;   // COLLIE_SHM_SMALL: one-step all-reduce up to here
   bool chunk_set = false;           // chunk_bytes was given; else shm_auto_chunk decides
   bool small_set = false;           // small_bytes was given
-  int spin_us = -1;                 // COLLIE_SPIN_US: spin before sleeping; -1: auto
+  // COLLIE_SHM_CMA=0: large all-reduces go through the segment even where
+  // a rank may read its peers' memory directly (process_vm_readv).
+  bool cma = true;
+  int spin_us = -1;  // COLLIE_SPIN_US: spin before sleeping; -1: auto
 };
 
 ShmTuning shm_tuning(const Env& env);

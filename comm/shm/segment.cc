@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <climits>
@@ -27,7 +28,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMagic = 0x434c5348;  // "CLSH"
 // 6: DescSlot's first line holds the call, the ready word and the input.
-constexpr uint32_t kVersion = 6;
+// 7: RankInfo::base_addr, DescSlot's direct-read fields.
+constexpr uint32_t kVersion = 7;
 // How often a sleeping waiter looks at the peer's process and its deadline.
 constexpr auto kSlice = std::chrono::milliseconds(5);
 
@@ -172,6 +174,7 @@ Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, Spi
     h.total = lay_.total;
   }
   info(me_).pid = static_cast<int32_t>(getpid());
+  info(me_).base_addr = reinterpret_cast<uint64_t>(base_);
   if (sched_getaffinity(0, sizeof info(me_).cpus, &info(me_).cpus) != 0) {
     CPU_ZERO(&info(me_).cpus);
     CPU_SET(0, &info(me_).cpus);
@@ -215,6 +218,41 @@ Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, Spi
   for (int q = 0; q < n_; ++q) {
     pids_[q] = info(q).pid;
     if (q != me_) pidfds_[q] = static_cast<int>(syscall(SYS_pidfd_open, pids_[q], 0));
+  }
+  read_peers_ = settings_.cma && n_ > 1;
+  for (int q = 0; q < n_ && read_peers_; ++q) {
+    if (q == me_) continue;
+    int32_t seen = 0;
+    const uint64_t at_pid =
+        info(q).base_addr + lay_.off_info + q * sizeof(RankInfo) + offsetof(RankInfo, pid);
+    iovec local{&seen, sizeof seen}, remote{reinterpret_cast<void*>(at_pid), sizeof seen};
+    read_peers_ =
+        process_vm_readv(pids_[q], &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof seen) &&
+        seen == pids_[q];
+  }
+}
+
+void Segment::read_peer(int r, void* local, uint64_t remote, size_t len, const What& what) {
+  auto* to = static_cast<uint8_t*>(local);
+  while (len > 0) {
+    iovec l{to, len}, rem{reinterpret_cast<void*>(remote), len};
+    const ssize_t got = process_vm_readv(pids_[r], &l, 1, &rem, 1, 0);
+    if (got <= 0) {
+      // A peer that died (ESRCH: its memory is gone) or gave up on the op
+      // and aborted (its buffer may be gone) is the cause to report.
+      const int err = got < 0 ? errno : EIO;
+      check();
+      if (std::string why = gone(r, what); !why.empty()) throw Error(ErrorCode::peer_lost, why);
+      if (err == ESRCH)
+        throw Error(ErrorCode::peer_lost, names_(me_) + ": " + names_(r) + " (pid " +
+                                              std::to_string(pids_[r]) + ") died during " +
+                                              what.str());
+      throw Error(ErrorCode::internal, names_(me_) + ": reading " + names_(r) + "'s buffer of " +
+                                           what.str() + " failed: " + std::strerror(err));
+    }
+    to += got;
+    remote += static_cast<uint64_t>(got);
+    len -= static_cast<size_t>(got);
   }
 }
 

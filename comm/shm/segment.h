@@ -89,6 +89,11 @@ struct alignas(kLine) DescSlot {
   alignas(64) uint64_t reg_bytes;
   uint64_t reg_offset;
   int32_t reg_fd;
+  // Large all-reduces: 1 if this rank reads its peers' buffers directly
+  // (process_vm_readv), and where its input and output are in its own
+  // address space. Every rank must say 1 for that path to be taken.
+  uint8_t direct;
+  uint64_t in_addr, out_addr;
 };
 static_assert(sizeof(DescSlot) == kLine);
 static_assert(offsetof(DescSlot, inline_data) + sizeof(DescSlot::inline_data) == 64);
@@ -116,6 +121,10 @@ struct alignas(kLine) RankInfo {
   std::atomic<int32_t> slot;
   std::atomic<uint32_t> gate_target;
   cpu_set_t cpus;  // the CPUs this rank may run on (its affinity mask)
+  // Where this rank mapped the segment, in its own address space: a peer
+  // reads `pid` there with process_vm_readv to learn whether it may read
+  // this rank's memory directly (see Segment::can_read_peers).
+  uint64_t base_addr;
 };
 
 // One direction of a point-to-point channel: a ring of slots.
@@ -168,6 +177,14 @@ class Segment {
   const Layout& layout() const { return lay_; }
   // The settings every rank of this segment runs with (rank 0's).
   const config::ShmTuning& settings() const { return settings_; }
+  // Whether this rank may read every peer's memory with process_vm_readv
+  // (tried once, on the segment's pid fields: the kernel's ptrace checks,
+  // Yama or a container's seccomp profile may forbid it), and
+  // COLLIE_SHM_CMA allows it.
+  bool can_read_peers() const { return read_peers_; }
+  // Reads `len` bytes at `remote` in rank r's address space into `local`;
+  // throws naming r and `what` when it cannot (r died: peer_lost).
+  void read_peer(int r, void* local, uint64_t remote, size_t len, const What& what);
 
   // Where waiters for every rank sleep: its value is the lowest phase all
   // ranks have reached, as last seen by a rank that moved it.
@@ -288,6 +305,7 @@ class Segment {
   const RankNames names_;  // for messages
   config::ShmTuning settings_;
   Layout lay_;
+  bool read_peers_ = false;
   SpinBudget spin_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<FailureLatch> failure_;

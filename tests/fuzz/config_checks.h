@@ -202,6 +202,7 @@ inline void check_tuning(const config::Env& env) {
     FUZZ_CHECK(s.chunk_bytes >= 4096 && s.chunk_bytes <= (64 << 20) && s.chunk_bytes % 64 == 0,
                "shm chunk of " + std::to_string(s.chunk_bytes));
     FUZZ_CHECK(s.small_bytes <= (1 << 20), "shm small limit");
+    check_int_setting(env, "COLLIE_SHM_CMA", s.cma ? 1 : 0, 1);
     check_int_setting(env, "COLLIE_SPIN_US", s.spin_us, -1);
   }
   config::MpiSettings m;
