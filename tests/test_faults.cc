@@ -858,6 +858,7 @@ TEST(Faults, ShmReadsPeersDirectlyOnlyWhenEveryRankMay) {
         [&](int rank, Options opt) {
           opt.backend = "shm";
           setenv("COLLIE_TRACE", trace.c_str(), 1);
+          setenv("COLLIE_SHM_CHUNK", "1M", 1);  // a broadcast of 1 MiB reads directly
           if (one_off && rank == 1) setenv("COLLIE_SHM_CMA", "0", 1);
           auto c = connect(opt);
           const size_t count = (size_t{1} << 20) / sizeof(int64_t) + 3;  // slices of unequal size
@@ -868,6 +869,21 @@ TEST(Faults, ShmReadsPeersDirectlyOnlyWhenEveryRankMay) {
           size_t wrong = 0;
           for (size_t i = 0; i < count; ++i)
             wrong += (x[i] != 3 * static_cast<int64_t>(i + 1)) + (y[i] != x[i]);
+          // Broadcast from rank 1, all-gather, reduce-scatter: the same
+          // choice, each checked against its known answer.
+          std::vector<int64_t> b(count, rank == 1 ? 7 : 0);
+          c->broadcast(view_of(b.data(), count), 1).wait();
+          for (int64_t v : b) wrong += v != 7;
+          std::vector<int64_t> all(2 * count);
+          c->allgather(view_of(x.data(), count), view_of(all.data(), 2 * count)).wait();
+          for (size_t i = 0; i < 2 * count; ++i) wrong += all[i] != x[i % count];
+          std::vector<int64_t> part(count);
+          for (size_t i = 0; i < 2 * count; ++i) all[i] = (rank + 1) * static_cast<int64_t>(i);
+          c->reduce_scatter(view_of(all.data(), 2 * count), view_of(part.data(), count),
+                            ReduceOp::sum)
+              .wait();
+          for (size_t i = 0; i < count; ++i)
+            wrong += part[i] != 3 * static_cast<int64_t>(rank * count + i);
           c.reset();  // writes the trace
           std::ifstream f(std::string(dir) + "/t" + std::to_string(one_off) + "." +
                           std::to_string(rank) + ".json");

@@ -58,13 +58,10 @@ class ShmRunner final : public HostRunner {
       case OpKind::allreduce:
         return allreduce(op, what, dl);
       case OpKind::broadcast:
-        trace::algorithm(op, "rounds");
         return broadcast(op, what, dl);
       case OpKind::allgather:
-        trace::algorithm(op, "rounds");
         return allgather(op, what, dl);
       case OpKind::reduce_scatter:
-        trace::algorithm(op, "rounds");
         return reduce_scatter(op, what, dl);
       case OpKind::barrier:
         trace::algorithm(op, "flags");
@@ -211,7 +208,7 @@ class ShmRunner final : public HostRunner {
     // allocate): no copies in or out of the segment.
     const std::optional<RegionRef> reg =
         op.in.data == op.out.data ? find_region(op.in.data, bytes) : std::nullopt;
-    const bool direct = seg_.can_read_peers() && bytes >= kDirectMin;
+    const bool direct = offer_direct(bytes);
     arrive(d, what, dl, reg ? &*reg : nullptr, direct ? &op : nullptr);
     if (reg && everyone_shared(d.seq)) {
       trace::algorithm(op, "in_place");
@@ -357,12 +354,31 @@ class ShmRunner final : public HostRunner {
     seg_.wait_all(what, dl);
   }
 
+  // Whether this rank offers direct reads for an op moving `bytes` here.
+  bool offer_direct(size_t bytes) const { return seg_.can_read_peers() && bytes >= kDirectMin; }
+
+  // Up to two rounds (an L2), where every rank may read every peer's
+  // memory: each non-root reads the root's buffer straight into its own
+  // (one copy, not two through the segment); the last wait keeps the
+  // root's buffer until all have read. Larger, the rounds win: the root's
+  // copy into the segment overlaps the others' copies out, where a direct
+  // read leaves the root idle (2 ranks: 1 MiB 1.9 x faster direct, 4 MiB
+  // 0.8 x, 64 MiB 0.7 x; bench/RESULTS.md).
   void broadcast(const Op& op, const What& what, Deadline dl) {
     const OpDesc& d = op.desc;
     const int root = d.tag;
-    arrive(d, what, dl);
     const size_t bytes = op.in.nbytes(), chunk = seg_.layout().chunk;
     auto* buf = static_cast<uint8_t*>(op.in.data);
+    const bool direct = offer_direct(bytes) && bytes <= 2 * chunk;
+    arrive(d, what, dl, nullptr, direct ? &op : nullptr);
+    if (direct && everyone_direct(d.seq)) {
+      trace::algorithm(op, "direct");
+      if (me_ != root) seg_.read_peer(root, buf, seg_.desc(root, d.seq).in_addr, bytes, what);
+      seg_.advance();
+      seg_.wait_all(what, dl);
+      return;
+    }
+    trace::algorithm(op, "rounds");
     const uint32_t base = seg_.phase();
     for (size_t off = 0, r = 0; off < bytes; off += chunk, ++r) {
       const int b = static_cast<int>(r & 1);
@@ -381,11 +397,25 @@ class ShmRunner final : public HostRunner {
     }
   }
 
+  // Direct: each rank reads every peer's block from its input.
   void allgather(const Op& op, const What& what, Deadline dl) {
-    arrive(op.desc, what, dl);
     const size_t block = op.in.nbytes(), chunk = seg_.layout().chunk;
     const auto* in = static_cast<const uint8_t*>(op.in.data);
     auto* out = static_cast<uint8_t*>(op.out.data);
+    const bool direct = offer_direct(block * n_);
+    arrive(op.desc, what, dl, nullptr, direct ? &op : nullptr);
+    if (direct && everyone_direct(op.desc.seq)) {
+      trace::algorithm(op, "direct");
+      std::memmove(out + me_ * block, in, block);
+      for (int i = 1; i < n_; ++i) {
+        const int k = (me_ + i) % n_;
+        seg_.read_peer(k, out + k * block, seg_.desc(k, op.desc.seq).in_addr, block, what);
+      }
+      seg_.advance();
+      seg_.wait_all(what, dl);
+      return;
+    }
+    trace::algorithm(op, "rounds");
     for (size_t off = 0, r = 0; off < block; off += chunk, ++r) {
       const int b = static_cast<int>(r & 1);
       const size_t m = std::min(chunk, block - off);
@@ -397,14 +427,39 @@ class ShmRunner final : public HostRunner {
     }
   }
 
+  // Direct: each rank reduces its own block of every rank's input into its
+  // output, a piece at a time through the scratch buffer.
   void reduce_scatter(const Op& op, const What& what, Deadline dl) {
     const OpDesc& d = op.desc;
-    arrive(d, what, dl);
     const DType t = op.in.dtype;
     const size_t es = dtype_size(t), cnt = op.out.numel;
     const size_t per_round = std::max<size_t>(seg_.layout().chunk / (es * n_), 1);
     const auto* in = static_cast<const uint8_t*>(op.in.data);
     auto* out = static_cast<uint8_t*>(op.out.data);
+    const bool direct = offer_direct(op.in.nbytes());
+    arrive(d, what, dl, nullptr, direct ? &op : nullptr);
+    if (direct && everyone_direct(d.seq)) {
+      trace::algorithm(op, "direct");
+      const size_t piece = std::max<size_t>(seg_.layout().chunk / kDirectPieces / es, 1);
+      if (scratch_.size() < piece * es) scratch_.resize(piece * es);
+      const size_t mine = static_cast<size_t>(me_) * cnt;
+      for (size_t off = 0; off < cnt; off += piece) {
+        const size_t m = std::min(piece, cnt - off);
+        for (int i = 1; i < n_; ++i) {
+          const int q = (me_ + i) % n_;
+          seg_.read_peer(q, scratch_.data(), seg_.desc(q, d.seq).in_addr + (mine + off) * es,
+                         m * es, what);
+          const int divisor = (d.redop == ReduceOp::avg && i == n_ - 1) ? n_ : 0;
+          kernels::reduce(t, d.redop, out + off * es,
+                          i == 1 ? in + (mine + off) * es : out + off * es, scratch_.data(), m,
+                          divisor);
+        }
+      }
+      seg_.advance();
+      seg_.wait_all(what, dl);
+      return;
+    }
+    trace::algorithm(op, "rounds");
     for (size_t off = 0, r = 0; off < cnt; off += per_round, ++r) {
       const int b = static_cast<int>(r & 1);
       const size_t m = std::min(per_round, cnt - off);
