@@ -394,7 +394,7 @@ ShmTuning shm_tuning(const Env& raw) {
   }
   if (auto v = parse_int("COLLIE_SHM_CMA", env("COLLIE_SHM_CMA"))) {
     if (*v != 0 && *v != 1)
-      throw bad("COLLIE_SHM_CMA must be 0 or 1 (read peers' memory directly in large all-reduces)");
+      throw bad("COLLIE_SHM_CMA must be 0 or 1 (read peers' memory directly in large collectives)");
     t.cma = *v == 1;
   }
   t.spin_us = spin_us(env);

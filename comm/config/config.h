@@ -99,7 +99,7 @@ struct ShmTuning {
   size_t small_bytes = 16 * 1024;   // COLLIE_SHM_SMALL: one-step all-reduce up to here
   bool chunk_set = false;           // chunk_bytes was given; else shm_auto_chunk decides
   bool small_set = false;           // small_bytes was given
-  // COLLIE_SHM_CMA=0: large all-reduces go through the segment even where
+  // COLLIE_SHM_CMA=0: large collectives go through the segment even where
   // a rank may read its peers' memory directly (process_vm_readv).
   bool cma = true;
   int spin_us = -1;  // COLLIE_SPIN_US: spin before sleeping; -1: auto
@@ -110,7 +110,8 @@ ShmTuning shm_tuning(const Env& env);
 // The shm round per rank when COLLIE_SHM_CHUNK is not set, for ranks whose
 // cores have `l2` bytes of L2 each (0: unknown): half of it, a power of two
 // from 64 KiB to 4 MiB, so that a round's slices stay in the L2 of the rank
-// that reduces them; at most 32 MiB of rounds in the whole segment (2 per
+// that reduces them; at most 32 MiB of rounds in the whole segment up to
+// 256 ranks (2 per
 // rank); 256 KiB when the L2 is unknown.
 size_t shm_auto_chunk(size_t l2, int ranks);
 

@@ -90,29 +90,34 @@ int usable_cpus() {
 }
 
 size_t l2_per_core() {
-  size_t best = 0;
+  // Read once: hwloc loads the whole topology, and rank 0 asks on every
+  // segment it makes (splits, sub-communicators).
+  static const size_t cached = [] {
+    size_t best = 0;
 #if COLLIE_HAVE_HWLOC
-  Topo topo;
-  if (topo.t) {
-    hwloc_bitmap_t mine = hwloc_bitmap_alloc();
-    if (mine && hwloc_get_cpubind(topo.t, mine, HWLOC_CPUBIND_PROCESS) != 0)
-      hwloc_bitmap_copy(mine, hwloc_topology_get_allowed_cpuset(topo.t));
-    for (int i = 0; mine && i < topo.count(HWLOC_OBJ_L2CACHE); ++i) {
-      hwloc_obj_t c = hwloc_get_obj_by_type(topo.t, HWLOC_OBJ_L2CACHE, i);
-      if (!c->attr || !hwloc_bitmap_intersects(c->cpuset, mine)) continue;
-      const int cores =
-          std::max(1, hwloc_get_nbobjs_inside_cpuset_by_type(topo.t, c->cpuset, HWLOC_OBJ_CORE));
-      const size_t share = static_cast<size_t>(c->attr->cache.size) / cores;
-      if (share > 0 && (best == 0 || share < best)) best = share;
+    Topo topo;
+    if (topo.t) {
+      hwloc_bitmap_t mine = hwloc_bitmap_alloc();
+      if (mine && hwloc_get_cpubind(topo.t, mine, HWLOC_CPUBIND_PROCESS) != 0)
+        hwloc_bitmap_copy(mine, hwloc_topology_get_allowed_cpuset(topo.t));
+      for (int i = 0; mine && i < topo.count(HWLOC_OBJ_L2CACHE); ++i) {
+        hwloc_obj_t c = hwloc_get_obj_by_type(topo.t, HWLOC_OBJ_L2CACHE, i);
+        if (!c->attr || !hwloc_bitmap_intersects(c->cpuset, mine)) continue;
+        const int cores =
+            std::max(1, hwloc_get_nbobjs_inside_cpuset_by_type(topo.t, c->cpuset, HWLOC_OBJ_CORE));
+        const size_t share = static_cast<size_t>(c->attr->cache.size) / cores;
+        if (share > 0 && (best == 0 || share < best)) best = share;
+      }
+      if (mine) hwloc_bitmap_free(mine);
     }
-    if (mine) hwloc_bitmap_free(mine);
-  }
 #endif
-  if (best == 0) {
-    const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    if (v > 0) best = static_cast<size_t>(v);
-  }
-  return best;
+    if (best == 0) {
+      const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+      if (v > 0) best = static_cast<size_t>(v);
+    }
+    return best;
+  }();
+  return cached;
 }
 
 std::string binding() {

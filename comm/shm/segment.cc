@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <span>
 #include <sstream>
+#include <thread>
 
 #include "comm/core/log.h"
 #include "comm/core/shared_file.h"
@@ -30,6 +32,10 @@ constexpr uint32_t kMagic = 0x434c5348;  // "CLSH"
 // 6: DescSlot's first line holds the call, the ready word and the input.
 // 7: RankInfo::base_addr, DescSlot's direct-read fields.
 constexpr uint32_t kVersion = 7;
+// The first word of rank 0's description of the segment in the store.
+constexpr const char* kDescribe = "collie-shm/7";
+// How long rank 0 waits for the others to read a refusal.
+constexpr std::chrono::milliseconds kAckWait{5000};
 // How often a sleeping waiter looks at the peer's process and its deadline.
 constexpr auto kSlice = std::chrono::milliseconds(5);
 
@@ -63,30 +69,32 @@ bool reached(uint32_t v, uint32_t target) {
   return static_cast<int32_t>(v - target) >= 0;
 }
 
-// A rank that cannot share the segment says why under the key the others
-// wait on ("!<code> <message>"), so that they fail with its reason at once
-// instead of timing out on it.
-void post_refusal(Store& store, const std::string& key, const Error& e) {
+// A rank that cannot share the segment says why ("!<code> <rank>
+// <message>") where the others look: under rank 0's description when rank 0
+// cannot make it, else under <key>/refused (one key, so that each rank looks
+// once). Best effort: with the store gone too, the others time out as before.
+void post_refusal(Store& store, const std::string& key, int rank, const Error& e) {
   try {
-    store.set(key, to_bytes("!" + std::to_string(static_cast<int>(e.code())) + " " + e.what()));
+    store.set(key, to_bytes("!" + std::to_string(static_cast<int>(e.code())) + " " +
+                            std::to_string(rank) + " " + e.what()));
   } catch (const Error&) {
-    // the store is gone too: the others time out, as before
   }
 }
 
-// Throws the refusal a rank posted under a key, if that is what `value` is.
-void check_refusal(const std::string& value, const std::string& who, const std::string& whose) {
+// Throws the refusal in `value`, if that is what it is.
+void check_refusal(const std::string& value, const std::string& who, const RankNames& names) {
   if (value.empty() || value[0] != '!') return;
-  const size_t sp = value.find(' ');
-  int code = static_cast<int>(ErrorCode::internal);
-  try {
-    code = std::stoi(value.substr(1, sp - 1));
-  } catch (const std::exception&) {
+  // "!<code> <rank> <message>"; the message may hold anything.
+  const size_t a = value.find(' '), b = a == std::string::npos ? a : value.find(' ', a + 1);
+  int code = std::atoi(value.c_str() + 1), rank = 0;
+  std::string msg = value;
+  if (b != std::string::npos) {
+    rank = std::atoi(value.c_str() + a + 1);
+    msg = value.substr(b + 1);
   }
   if (code < 1 || code > kNumErrorCodes) code = static_cast<int>(ErrorCode::internal);
   throw Error(static_cast<ErrorCode>(code),
-              who + ": " + whose + " could not share the segment: " +
-                  (sp == std::string::npos ? value : value.substr(sp + 1)));
+              who + ": " + names(rank) + " could not share the segment: " + msg);
 }
 
 }  // namespace
@@ -133,8 +141,25 @@ Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, Spi
       failure_(ctx.failure) {
   const std::string who = names_(me_);
   const std::string key = ctx.key + "/shm";
+  const std::string refused = key + "/refused", acks = key + "/acks";
   int fd = -1;  // rank 0's, open until every rank has mapped the segment
   const std::string my_up = key + "/up/" + std::to_string(me_);
+  // After a refusal, rank 0 (whose process may serve the store) stays until
+  // every other rank has read it, or for 5 s at most; the others say so.
+  auto acknowledge = [&] {
+    try {
+      ctx.store->add(acks, 1);
+    } catch (const Error&) {
+    }
+  };
+  auto await_acks = [&] {
+    const auto until = Clock::now() + std::min<std::chrono::milliseconds>(timeout_, kAckWait);
+    try {
+      while (ctx.store->add(acks, 0) < n_ - 1 && Clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } catch (const Error&) {
+    }
+  };
   if (me_ == 0) {
     if (!settings_.chunk_set)
       settings_.chunk_bytes = config::shm_auto_chunk(topology::l2_per_core(), n_);
@@ -145,23 +170,36 @@ Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, Spi
       fd = made.fd;
       base_ = static_cast<uint8_t*>(made.base);
     } catch (const Error& e) {
-      if (n_ > 1) post_refusal(*ctx.store, key, e);
+      if (n_ > 1) {
+        post_refusal(*ctx.store, key, 0, e);
+        await_acks();
+      }
       throw;
     }
-    std::string where = std::to_string(getpid()) + " " + std::to_string(fd) + " " +
-                        std::to_string(lay_.total) + " " + std::to_string(settings_.chunk_bytes) +
-                        " " + std::to_string(settings_.small_bytes) + " " + topology::boot_id();
+    // The format's version first, so that a later build's rank refuses an
+    // older description by name instead of misreading it.
+    std::string where = std::string(kDescribe) + " " + std::to_string(getpid()) + " " +
+                        std::to_string(fd) + " " + std::to_string(lay_.total) + " " +
+                        std::to_string(settings_.chunk_bytes) + " " +
+                        std::to_string(settings_.small_bytes) + " " + topology::boot_id();
     if (n_ > 1) ctx.store->set(key, to_bytes(where));
   } else {
     std::vector<std::string> from_rank0(n_);
     from_rank0[0] = key;
     wait_for_ranks(*ctx.store, from_rank0, Clock::now() + timeout_, timeout_, who, names_);
     const std::string said = collie::to_string(ctx.store->get(key));
-    check_refusal(said, who, names_(0));
+    try {
+      check_refusal(said, who, names_);
+    } catch (const Error&) {
+      acknowledge();
+      throw;
+    }
     try {
       open_rank0s(said, wanted);
     } catch (const Error& e) {
-      post_refusal(*ctx.store, my_up, e);
+      post_refusal(*ctx.store, refused, me_, e);
+      ctx.store->set(my_up, to_bytes("!"));
+      acknowledge();
       throw;
     }
   }
@@ -187,8 +225,13 @@ Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, Spi
   try {
     if (n_ > 1) {
       wait_for_ranks(*ctx.store, up, Clock::now() + timeout_, timeout_, who, names_);
-      for (int q = 0; q < n_; ++q)
-        if (q != me_) check_refusal(collie::to_string(ctx.store->get(up[q])), who, names_(q));
+      if (ctx.store->check({refused})) {
+        if (me_ == 0)
+          await_acks();
+        else
+          acknowledge();
+        check_refusal(collie::to_string(ctx.store->get(refused)), who, names_);
+      }
     }
   } catch (...) {
     if (fd >= 0) ::close(fd);
@@ -232,6 +275,19 @@ Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, Spi
   }
 }
 
+bool Segment::pinnable(const void* a, size_t a_len, const void* b, size_t b_len) {
+  uint8_t sink[4];
+  const auto* pa = static_cast<const uint8_t*>(a);
+  const auto* pb = static_cast<const uint8_t*>(b);
+  iovec local[4], remote[4];
+  const uint8_t* at[4] = {pa, pa + a_len - 1, pb, pb + b_len - 1};
+  for (int i = 0; i < 4; ++i) {
+    local[i] = {&sink[i], 1};
+    remote[i] = {const_cast<uint8_t*>(at[i]), 1};
+  }
+  return process_vm_readv(getpid(), local, 4, remote, 4, 0) == 4;
+}
+
 void Segment::read_peer(int r, void* local, uint64_t remote, size_t len, const What& what) {
   auto* to = static_cast<uint8_t*>(local);
   while (len > 0) {
@@ -263,13 +319,18 @@ void Segment::open_rank0s(const std::string& said, const config::ShmTuning& want
   std::istringstream in(said);
   long pid = 0, rfd = 0;
   size_t total = 0, chunk = 0, small = 0;
-  std::string boot;
-  in >> pid >> rfd >> total >> chunk >> small;
-  if (!in)
-    throw Error(ErrorCode::mismatch, who +
-                                         ": rank 0's description of the shared segment is "
-                                         "unreadable (a different collie build on rank 0?)");
+  std::string format, boot;
+  in >> format >> pid >> rfd >> total >> chunk >> small;
+  if (format != kDescribe || !in)
+    throw Error(ErrorCode::mismatch, who + ": rank 0 describes its shared segment as '" + said +
+                                         "', not in this build's form (" + kDescribe +
+                                         "): is rank 0 running another collie build?");
   in >> boot;  // "" when rank 0 could not read its boot id
+  if (!boot.empty() && boot != topology::boot_id())
+    throw Error(ErrorCode::unavailable,
+                who +
+                    " is not on rank 0's host (another kernel): the shm backend needs every "
+                    "rank on one host; use tcp, or auto");
   auto agree = [&](const char* var, bool set, size_t& mine, size_t rank0) {
     if (set && mine != rank0)
       throw Error(ErrorCode::mismatch,
@@ -287,11 +348,6 @@ void Segment::open_rank0s(const std::string& said, const config::ShmTuning& want
                                          std::to_string(total) + " bytes, this rank expects " +
                                          std::to_string(lay_.total) +
                                          " (a different collie build on rank 0?)");
-  if (!boot.empty() && boot != topology::boot_id())
-    throw Error(ErrorCode::unavailable,
-                who +
-                    " is not on rank 0's host (another kernel): the shm backend needs every "
-                    "rank on one host; use tcp, or auto");
   base_ = static_cast<uint8_t*>(shared_file::open(
       pid, static_cast<int>(rfd), lay_.total, who, "rank 0's shared segment",
       " (ranks in different PID namespaces or containers cannot share memory this way; use "

@@ -74,7 +74,10 @@ struct alignas(kLine) DescSlot {
   // the input and its flag, so that a peer finds all of them in one miss
   // and the writer takes one line from the reader, not two.
   uint32_t seq;
-  uint8_t op, dtype, redop, pad;
+  uint8_t op, dtype, redop;
+  // 1 if this rank reads its peers' buffers directly (process_vm_readv) in
+  // this op: every rank must say 1 for that path. Not compared by the check.
+  uint8_t direct;
   int32_t tag;
   // An all-reduce of at most sizeof inline_data bytes carries its input
   // here, and says `ready` = its seq once the line is written.
@@ -89,10 +92,8 @@ struct alignas(kLine) DescSlot {
   alignas(64) uint64_t reg_bytes;
   uint64_t reg_offset;
   int32_t reg_fd;
-  // Large all-reduces: 1 if this rank reads its peers' buffers directly
-  // (process_vm_readv), and where its input and output are in its own
-  // address space. Every rank must say 1 for that path to be taken.
-  uint8_t direct;
+  // With `direct`: where this rank's input and output are, in its own
+  // address space (written only then: a small op touches the first line).
   uint64_t in_addr, out_addr;
 };
 static_assert(sizeof(DescSlot) == kLine);
@@ -182,6 +183,11 @@ class Segment {
   // Yama or a container's seccomp profile may forbid it), and
   // COLLIE_SHM_CMA allows it.
   bool can_read_peers() const { return read_peers_; }
+  // Whether peers could read these buffers of this rank directly: a buffer
+  // in memory the kernel cannot pin (a device mapping, VM_IO or VM_PFNMAP)
+  // is readable here but not through process_vm_readv. Checks the first
+  // and last byte of each.
+  bool pinnable(const void* a, size_t a_len, const void* b, size_t b_len);
   // Reads `len` bytes at `remote` in rank r's address space into `local`;
   // throws naming r and `what` when it cannot (r died: peer_lost).
   void read_peer(int r, void* local, uint64_t remote, size_t len, const What& what);

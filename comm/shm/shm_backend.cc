@@ -76,7 +76,7 @@ class ShmRunner final : public HostRunner {
   void announce(const OpDesc& d, const RegionRef* reg = nullptr, const Op* direct = nullptr) {
     DescSlot& s = seg_.desc(me_, d.seq);
     s.direct = direct != nullptr;
-    if (direct) {
+    if (direct) {  // the second line only then
       s.in_addr = reinterpret_cast<uint64_t>(direct->in.data);
       s.out_addr = reinterpret_cast<uint64_t>(direct->out.data);
     }
@@ -208,7 +208,7 @@ class ShmRunner final : public HostRunner {
     // allocate): no copies in or out of the segment.
     const std::optional<RegionRef> reg =
         op.in.data == op.out.data ? find_region(op.in.data, bytes) : std::nullopt;
-    const bool direct = offer_direct(bytes);
+    const bool direct = offer_direct(op, bytes);
     arrive(d, what, dl, reg ? &*reg : nullptr, direct ? &op : nullptr);
     if (reg && everyone_shared(d.seq)) {
       trace::algorithm(op, "in_place");
@@ -242,6 +242,14 @@ class ShmRunner final : public HostRunner {
     }
   }
 
+  // Whether this rank offers direct reads for an op moving `bytes` here:
+  // every rank may read every peer's memory, the op is large enough, and
+  // the kernel can pin this rank's buffers for the peers' reads.
+  bool offer_direct(const Op& op, size_t bytes) {
+    return seg_.can_read_peers() && bytes >= kDirectMin &&
+           seg_.pinnable(op.in.data, op.in.nbytes(), op.out.data, op.out.nbytes());
+  }
+
   bool everyone_direct(uint32_t seq) {
     for (int r = 0; r < n_; ++r)
       if (!seg_.desc(r, seq).direct) return false;
@@ -271,6 +279,7 @@ class ShmRunner final : public HostRunner {
     const auto* in = static_cast<const uint8_t*>(op.in.data);
     auto* out = static_cast<uint8_t*>(op.out.data);
     for (size_t off = lo; off < lo + len; off += piece) {
+      seg_.check();  // a peer's abort, before the next piece, not the next wait
       const size_t m = std::min(piece, lo + len - off);
       for (int i = 1; i < n_; ++i) {
         const int q = (me_ + i) % n_;
@@ -335,11 +344,11 @@ class ShmRunner final : public HostRunner {
     for (int r = 0; r < n_; ++r)
       buf[r] =
           r == me_ ? static_cast<uint8_t*>(op.in.data) : peer_buffer(r, seg_.desc(r, d.seq), what);
-    // Slices of 4 segment rounds (1 MiB by default) per rank per round: no
-    // segment space limits them here, and with slices of one round (256 KiB)
-    // the waits cost 2 MiB to 256 MiB a fifth to two fifths of their speed
-    // (bench/RESULTS.md).
-    const size_t per_round = std::max<size_t>(4 * seg_.layout().chunk / es, 1) * n_;
+    // Slices of 1 MiB per rank per round: no segment space limits them
+    // here, and with 256 KiB slices the waits cost 2 MiB to 256 MiB a fifth
+    // to two fifths of their speed (bench/RESULTS.md). Fixed, not the
+    // segment's round: that follows the L2 now, and this was measured alone.
+    const size_t per_round = std::max<size_t>(kSharedSlice / es, 1) * n_;
     for (size_t off = 0; off < count; off += per_round) {
       const Slices sl = slices(std::min(per_round, count - off), es);
       reduce_own_slice([&](int q) { return buf[q] + off * es; }, sl, es, t, d.redop);
@@ -354,9 +363,6 @@ class ShmRunner final : public HostRunner {
     seg_.wait_all(what, dl);
   }
 
-  // Whether this rank offers direct reads for an op moving `bytes` here.
-  bool offer_direct(size_t bytes) const { return seg_.can_read_peers() && bytes >= kDirectMin; }
-
   // Up to two rounds (an L2), where every rank may read every peer's
   // memory: each non-root reads the root's buffer straight into its own
   // (one copy, not two through the segment); the last wait keeps the
@@ -369,7 +375,7 @@ class ShmRunner final : public HostRunner {
     const int root = d.tag;
     const size_t bytes = op.in.nbytes(), chunk = seg_.layout().chunk;
     auto* buf = static_cast<uint8_t*>(op.in.data);
-    const bool direct = offer_direct(bytes) && bytes <= 2 * chunk;
+    const bool direct = bytes <= 2 * chunk && offer_direct(op, bytes);
     arrive(d, what, dl, nullptr, direct ? &op : nullptr);
     if (direct && everyone_direct(d.seq)) {
       trace::algorithm(op, "direct");
@@ -402,11 +408,11 @@ class ShmRunner final : public HostRunner {
     const size_t block = op.in.nbytes(), chunk = seg_.layout().chunk;
     const auto* in = static_cast<const uint8_t*>(op.in.data);
     auto* out = static_cast<uint8_t*>(op.out.data);
-    const bool direct = offer_direct(block * n_);
+    const bool direct = offer_direct(op, block * n_);
     arrive(op.desc, what, dl, nullptr, direct ? &op : nullptr);
     if (direct && everyone_direct(op.desc.seq)) {
       trace::algorithm(op, "direct");
-      std::memmove(out + me_ * block, in, block);
+      if (in != out + me_ * block) std::memcpy(out + me_ * block, in, block);
       for (int i = 1; i < n_; ++i) {
         const int k = (me_ + i) % n_;
         seg_.read_peer(k, out + k * block, seg_.desc(k, op.desc.seq).in_addr, block, what);
@@ -436,7 +442,7 @@ class ShmRunner final : public HostRunner {
     const size_t per_round = std::max<size_t>(seg_.layout().chunk / (es * n_), 1);
     const auto* in = static_cast<const uint8_t*>(op.in.data);
     auto* out = static_cast<uint8_t*>(op.out.data);
-    const bool direct = offer_direct(op.in.nbytes());
+    const bool direct = offer_direct(op, op.in.nbytes());
     arrive(d, what, dl, nullptr, direct ? &op : nullptr);
     if (direct && everyone_direct(d.seq)) {
       trace::algorithm(op, "direct");
@@ -444,6 +450,7 @@ class ShmRunner final : public HostRunner {
       if (scratch_.size() < piece * es) scratch_.resize(piece * es);
       const size_t mine = static_cast<size_t>(me_) * cnt;
       for (size_t off = 0; off < cnt; off += piece) {
+        seg_.check();
         const size_t m = std::min(piece, cnt - off);
         for (int i = 1; i < n_; ++i) {
           const int q = (me_ + i) % n_;
@@ -609,12 +616,15 @@ class ShmRunner final : public HostRunner {
 
   Segment seg_;
   const config::ShmTuning tuning_;  // rank 0's settings, the segment's
-  // All-reduces from here up read peers' memory directly where every rank
-  // may, in pieces of a round / kDirectPieces (2 ranks: 32 KiB 8-10% faster
-  // than the rounds, 64 KiB 1.3 x, 4-16 MiB 1.8-2 x; bench/RESULTS.md).
+  // Collectives from here up read peers' memory directly where every rank
+  // may, reductions in pieces of a round / kDirectPieces (2 ranks: an
+  // all-reduce of 32 KiB 8-10% faster than the rounds, 64 KiB 1.3 x, 4-16
+  // MiB 1.8-2 x; the other collectives 1.6-2.1 x up to 16 MiB;
+  // bench/RESULTS.md).
   static constexpr size_t kDirectMin = 32 * 1024;
+  static constexpr size_t kSharedSlice = 1 << 20;  // allreduce_shared's, per rank
   static constexpr size_t kDirectPieces = 4;
-  std::vector<uint8_t> scratch_;  // a peer's piece (allreduce_direct)
+  std::vector<uint8_t> scratch_;  // a peer's piece (direct all-reduce, reduce-scatter)
   static constexpr size_t kMaxMapped = 64;
   std::map<std::pair<int, uint64_t>, Mapping> mapped_;  // (rank, region id): peers' buffers
   uint64_t uses_ = 0;
