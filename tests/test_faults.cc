@@ -905,6 +905,15 @@ TEST(Faults, ShmReadsPeersDirectlyOnlyWhenEveryRankMay) {
               const size_t at = rank * count + i;
               wrong += y[i] != mark(at, 0) + mark(at, 1) + mark(at, 2);
             }
+            // A ring of sends, each handed over by address where the
+            // receiver may read it: the send returns once it has.
+            for (size_t i = 0; i < count; ++i) x[i] = mark(i, rank);
+            Work sent = c->send(view_of(x.data(), count), (rank + 1) % n, round);
+            Work got = c->recv(view_of(y.data(), count), (rank + n - 1) % n, round);
+            sent.wait();
+            std::fill(x.begin(), x.end(), -1);
+            got.wait();
+            for (size_t i = 0; i < count; ++i) wrong += y[i] != mark(i, (rank + n - 1) % n);
           }
           c.reset();  // writes the trace
           std::ifstream f(std::string(dir) + "/t" + std::to_string(one_off) + "." +

@@ -273,6 +273,7 @@ Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, Spi
         process_vm_readv(pids_[q], &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof seen) &&
         seen == pids_[q];
   }
+  info(me_).reads_peers.store(read_peers_ ? 1 : 2, std::memory_order_release);
 }
 
 bool Segment::pinnable(const void* a, size_t a_len, const void* b, size_t b_len) {

@@ -126,6 +126,10 @@ struct alignas(kLine) RankInfo {
   // reads `pid` there with process_vm_readv to learn whether it may read
   // this rank's memory directly (see Segment::can_read_peers).
   uint64_t base_addr;
+  // Whether this rank may read every peer's memory (its probe, and
+  // COLLIE_SHM_CMA): 0 not known yet, 1 yes, 2 no. A sender hands a large
+  // message to a receiver that may by its address instead of through slots.
+  std::atomic<uint32_t> reads_peers;
 };
 
 // One direction of a point-to-point channel: a ring of slots.
@@ -135,7 +139,10 @@ struct SlotHeader {
   uint64_t total;   // bytes of the whole message
   uint64_t offset;  // where this piece goes
   uint32_t len;
-  uint32_t pad;
+  // 1: no piece follows; the slot holds the sender's buffer address, and
+  // the receiver reads the whole message from it (process_vm_readv) before
+  // it frees the slot, which tells the sender its buffer is free again.
+  uint32_t direct;
 };
 
 struct Layout {
@@ -183,6 +190,9 @@ class Segment {
   // Yama or a container's seccomp profile may forbid it), and
   // COLLIE_SHM_CMA allows it.
   bool can_read_peers() const { return read_peers_; }
+  // Whether rank r may read this rank's memory (its own probe's answer; no
+  // while it has not answered yet).
+  bool reads_peers(int r) { return info(r).reads_peers.load(std::memory_order_acquire) == 1; }
   // Whether peers could read these buffers of this rank directly: a buffer
   // in memory the kernel cannot pin (a device mapping, VM_IO or VM_PFNMAP)
   // is readable here but not through process_vm_readv. Checks the first
