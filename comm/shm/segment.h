@@ -190,6 +190,8 @@ class Segment {
   // Yama or a container's seccomp profile may forbid it), and
   // COLLIE_SHM_CMA allows it.
   bool can_read_peers() const { return read_peers_; }
+  // More ranks than CPUs (the same answer on every rank).
+  bool crowded() const { return crowded_; }
   // Whether rank r may read this rank's memory (its own probe's answer; no
   // while it has not answered yet).
   bool reads_peers(int r) { return info(r).reads_peers.load(std::memory_order_acquire) == 1; }

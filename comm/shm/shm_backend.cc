@@ -254,7 +254,7 @@ class ShmRunner final : public HostRunner {
   // every rank may read every peer's memory, the op is large enough, and
   // the kernel can pin this rank's buffers for the peers' reads.
   bool offer_direct(const Op& op, size_t bytes) {
-    return seg_.can_read_peers() && bytes >= kDirectMin &&
+    return seg_.can_read_peers() && bytes >= (seg_.crowded() ? kDirectMinCrowded : kDirectMin) &&
            seg_.pinnable(op.in.data, op.in.nbytes(), op.out.data, op.out.nbytes());
   }
 
@@ -662,6 +662,10 @@ class ShmRunner final : public HostRunner {
   // MiB 1.8-2 x; the other collectives 1.6-2.1 x up to 16 MiB;
   // bench/RESULTS.md).
   static constexpr size_t kDirectMin = 32 * 1024;
+  // With more ranks than CPUs, from 256 KiB: 4 ranks on 2 cores, a 64 KiB
+  // all-reduce read directly (six system calls per rank) was 0.69-0.82 x
+  // the rounds; from 256 KiB about level or faster (bench/RESULTS.md).
+  static constexpr size_t kDirectMinCrowded = 256 * 1024;
   static constexpr size_t kSharedSlice = 1 << 20;  // allreduce_shared's, per rank
   static constexpr size_t kDirectPieces = 4;
   static constexpr size_t kMaxMapped = 64;
