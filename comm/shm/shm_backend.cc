@@ -264,6 +264,31 @@ class ShmRunner final : public HostRunner {
     return true;
   }
 
+  // dst[0, len) = the elements [at, at + len) of every rank's input reduced,
+  // this rank's term first and then the peers' in rank order after it: a
+  // piece at a time, each peer's piece read into the scratch buffer (which
+  // stays in this rank's cache) and reduced from there.
+  void reduce_from_peers(const Op& op, uint8_t* dst, size_t at, size_t len, const What& what) {
+    const OpDesc& d = op.desc;
+    const DType t = op.in.dtype;
+    const size_t es = dtype_size(t);
+    const size_t piece = std::max<size_t>(seg_.layout().chunk / kDirectPieces / es, 1);
+    if (scratch_.size() < piece * es) scratch_.resize(piece * es);
+    const auto* own = static_cast<const uint8_t*>(op.in.data) + at * es;
+    for (size_t off = 0; off < len; off += piece) {
+      seg_.check();  // a peer's abort, before the next piece, not the next wait
+      const size_t m = std::min(piece, len - off);
+      for (int i = 1; i < n_; ++i) {
+        const int q = (me_ + i) % n_;
+        seg_.read_peer(q, scratch_.data(), seg_.desc(q, d.seq).in_addr + (at + off) * es, m * es,
+                       what);
+        const int divisor = (d.redop == ReduceOp::avg && i == n_ - 1) ? n_ : 0;
+        kernels::reduce(t, d.redop, dst + off * es, i == 1 ? own + off * es : dst + off * es,
+                        scratch_.data(), m, divisor);
+      }
+    }
+  }
+
   // Every rank may read every peer's memory (process_vm_readv, as Open
   // MPI's single copy does): no copy through the segment. Each rank reduces
   // its own 1/n slice of the whole buffer, a piece at a time: it reads each
@@ -281,22 +306,9 @@ class ShmRunner final : public HostRunner {
     const DType t = op.in.dtype;
     const size_t es = dtype_size(t), count = op.in.numel;
     const Slices sl = slices(count, es);
-    const size_t lo = sl.lo(me_), len = sl.lo(me_ + 1) - lo;
-    const size_t piece = std::max<size_t>(seg_.layout().chunk / kDirectPieces / es, 1);
-    if (scratch_.size() < piece * es) scratch_.resize(piece * es);
-    const auto* in = static_cast<const uint8_t*>(op.in.data);
+    const size_t lo = sl.lo(me_);
     auto* out = static_cast<uint8_t*>(op.out.data);
-    for (size_t off = lo; off < lo + len; off += piece) {
-      seg_.check();  // a peer's abort, before the next piece, not the next wait
-      const size_t m = std::min(piece, lo + len - off);
-      for (int i = 1; i < n_; ++i) {
-        const int q = (me_ + i) % n_;
-        seg_.read_peer(q, scratch_.data(), seg_.desc(q, d.seq).in_addr + off * es, m * es, what);
-        const int divisor = (d.redop == ReduceOp::avg && i == n_ - 1) ? n_ : 0;
-        kernels::reduce(t, d.redop, out + off * es, i == 1 ? in + off * es : out + off * es,
-                        scratch_.data(), m, divisor);
-      }
-    }
+    reduce_from_peers(op, out + lo * es, lo, sl.lo(me_ + 1) - lo, what);
     seg_.advance();
     seg_.wait_all(what, dl);
     for (int k = 0; k < n_; ++k) {
@@ -454,22 +466,7 @@ class ShmRunner final : public HostRunner {
     arrive_large(d, what, dl, nullptr, direct ? &op : nullptr);
     if (direct && everyone_direct(d.seq)) {
       trace::algorithm(op, "direct");
-      const size_t piece = std::max<size_t>(seg_.layout().chunk / kDirectPieces / es, 1);
-      if (scratch_.size() < piece * es) scratch_.resize(piece * es);
-      const size_t mine = static_cast<size_t>(me_) * cnt;
-      for (size_t off = 0; off < cnt; off += piece) {
-        seg_.check();
-        const size_t m = std::min(piece, cnt - off);
-        for (int i = 1; i < n_; ++i) {
-          const int q = (me_ + i) % n_;
-          seg_.read_peer(q, scratch_.data(), seg_.desc(q, d.seq).in_addr + (mine + off) * es,
-                         m * es, what);
-          const int divisor = (d.redop == ReduceOp::avg && i == n_ - 1) ? n_ : 0;
-          kernels::reduce(t, d.redop, out + off * es,
-                          i == 1 ? in + (mine + off) * es : out + off * es, scratch_.data(), m,
-                          divisor);
-        }
-      }
+      reduce_from_peers(op, out, static_cast<size_t>(me_) * cnt, cnt, what);
       seg_.advance();
       seg_.wait_all(what, dl);
       return;
