@@ -15,10 +15,10 @@
 // operations queued behind it fail with it when their turn comes.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -60,6 +60,35 @@ class HostRunner {
   virtual std::shared_ptr<void> allocate(size_t) { return nullptr; }
 };
 
+// A first-in first-out queue over storage it keeps: std::deque allocated
+// and freed a node every few ops.
+template <class T>
+class Fifo {
+ public:
+  bool empty() const { return n_ == 0; }
+  T& front() { return buf_[head_]; }
+  void push_back(T v) {
+    if (n_ == buf_.size()) grow();
+    buf_[(head_ + n_) & (buf_.size() - 1)] = std::move(v);
+    ++n_;
+  }
+  void pop_front() {
+    buf_[head_] = T{};  // what it held goes now, not when the slot is reused
+    head_ = (head_ + 1) & (buf_.size() - 1);
+    --n_;
+  }
+
+ private:
+  void grow() {
+    std::vector<T> b(std::max<size_t>(16, 2 * buf_.size()));  // a power of 2
+    for (size_t i = 0; i < n_; ++i) b[i] = std::move(buf_[(head_ + i) & (buf_.size() - 1)]);
+    buf_.swap(b);
+    head_ = 0;
+  }
+  std::vector<T> buf_;
+  size_t head_ = 0, n_ = 0;
+};
+
 class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
  public:
   static std::shared_ptr<HostExecutor> start(HostRunner& runner,
@@ -85,7 +114,6 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
     Op op;
     std::shared_ptr<Queued> done;
     uint64_t ticket = 0;
-    std::chrono::steady_clock::time_point issued{};
   };
 
   void loop();
@@ -112,7 +140,7 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;
+  Fifo<Task> queue_;
   uint64_t next_ticket_ = 1;
   bool busy_ = false;
   bool running_p2p_ = false;
@@ -121,9 +149,12 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   // How long the progress thread waits before it looks at the queue again
   // (host_executor.cc: kGrace doubling to kMaxPoll).
   std::chrono::microseconds poll_;
-  std::chrono::steady_clock::time_point last_issued_{};
   std::thread thread_;
 };
+
+// `timeout` from now, for an op's deadline: never before steady_clock's
+// now() + timeout, at most one kernel tick after it.
+Deadline deadline_after(std::chrono::milliseconds timeout);
 
 // Makes a host-progress backend's runner for the communicator `ctx`
 // describes (collective over its ranks).

@@ -106,11 +106,12 @@ void StallInspector::issued(uint32_t seq) {
 }
 
 void StallInspector::completed(uint32_t seq) {
-  // Collectives complete in issue order; max keeps a late store harmless.
+  // Collectives complete in issue order, one at a time (the executor runs
+  // one op at a time), so this thread is the only writer: a load and a
+  // store, not a compare-exchange loop (a locked instruction per op); the
+  // check keeps a late store harmless.
   auto& c = progress_->completed;
-  uint32_t now = c.load(std::memory_order_relaxed);
-  while (now < seq && !c.compare_exchange_weak(now, seq, std::memory_order_relaxed)) {
-  }
+  if (c.load(std::memory_order_relaxed) < seq) c.store(seq, std::memory_order_relaxed);
 }
 
 uint32_t StallInspector::last_completed() const {

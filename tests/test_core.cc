@@ -713,6 +713,44 @@ TEST(WorkHandle, AWaiterIsWokenByAFinishThatRacesItsSleep) {
   for (auto& w : works) EXPECT_TRUE(w.done());
 }
 
+// finish() claims the end without a lock: a callback registered while
+// finish() runs on another thread must run once, neither lost nor twice,
+// and of two finish() calls the first wins, with both returning only once
+// the end is visible.
+TEST(WorkHandle, ACallbackRegisteredWhileTheEndRacesRunsExactlyOnce) {
+  constexpr int kRounds = 20000;
+  int lost = 0, twice = 0, early = 0, mixed = 0;
+  for (int i = 0; i < kRounds; ++i) {
+    Work w = Work::pending("op #" + std::to_string(i), 60s);
+    std::atomic<int> runs{0};
+    std::atomic<bool> go{false};
+    std::atomic<int> seen_ended{0};
+    auto finisher = [&](std::optional<Error> e) {
+      while (!go.load()) {
+      }
+      w.completion()->finish(std::move(e));
+      if (w.done()) ++seen_ended;
+    };
+    std::thread a(finisher, std::nullopt);
+    std::thread b(finisher, Error(ErrorCode::aborted, "the second finish"));
+    go.store(true);
+    for (int k = 0; k < i % 13; ++k) std::atomic_signal_fence(std::memory_order_seq_cst);
+    w.completion()->on_complete([&] { ++runs; });
+    a.join();
+    b.join();
+    if (runs.load() == 0) ++lost;
+    if (runs.load() > 1) ++twice;
+    if (seen_ended.load() != 2) ++early;
+    // The error is the winner's, whole: none, or the second finish's.
+    auto e = w.error();
+    if (e && std::string(e->what()).find("the second finish") == std::string::npos) ++mixed;
+  }
+  EXPECT_EQ(lost, 0) << "callbacks never run";
+  EXPECT_EQ(twice, 0) << "callbacks run twice";
+  EXPECT_EQ(early, 0) << "finish() returned before the end was visible";
+  EXPECT_EQ(mixed, 0);
+}
+
 // What the NCCL backend will return: a completion that is ended when its
 // CUDA event fires (query polls it), makes a stream wait without blocking
 // the host, and aborts its communicator when told to. A fake event stands in

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <ctime>
 #include <future>
 #include <mutex>
 #include <set>
@@ -114,6 +115,24 @@ struct Fixture {
     return ex->submit(op);
   }
 };
+
+// An op's deadline comes from the kernel's tick clock: it must be on
+// steady_clock's time line, `timeout` from now, to within a tick or two (a
+// clock of another base would be off by seconds or days).
+TEST(Executor, AnOpsDeadlineIsTheTimeoutFromNowOnSteadyClock) {
+  timespec res{};
+  ASSERT_EQ(clock_getres(CLOCK_MONOTONIC_COARSE, &res), 0);
+  const auto tick = std::chrono::seconds(res.tv_sec) + std::chrono::nanoseconds(res.tv_nsec);
+  for (auto timeout : {0ms, 7ms, 30000ms}) {
+    for (int i = 0; i < 1000; ++i) {
+      const auto before = std::chrono::steady_clock::now();
+      const Deadline d = deadline_after(timeout);
+      const auto after = std::chrono::steady_clock::now();
+      ASSERT_GE(d, before + timeout - tick) << "timeout " << timeout.count() << " ms";
+      ASSERT_LE(d, after + timeout + 2 * tick) << "timeout " << timeout.count() << " ms";
+    }
+  }
+}
 
 TEST(Executor, OpsRunOneAtATimeInIssueOrder) {
   Fixture f;

@@ -7,6 +7,7 @@
 #include <climits>
 #include <ctime>
 #include <optional>
+#include <thread>
 #include <utility>
 
 namespace collie {
@@ -41,18 +42,26 @@ void Completion::abort(const Error& e) {
 }
 
 void Completion::finish(std::optional<Error> e, const Dispatch& dispatch) {
+  if (claimed_.exchange(1, std::memory_order_acq_rel) != 0) {
+    // A later call returns once the end it lost to is visible, as it did
+    // when both took a lock (a few instructions away).
+    for (int i = 0; !done_.load(std::memory_order_acquire); ++i)
+      if (i >= 1000) std::this_thread::yield();  // the winner was preempted
+    return;
+  }
+  error_ = std::move(e);
+  // seq_cst, then the waiter count and the callback flag: a waiter counts
+  // itself (block_until), and on_complete() raises the flag, before looking
+  // at done_, so one of the two sees the other.
+  done_.store(1, std::memory_order_seq_cst);
+  if (waiters_.load(std::memory_order_seq_cst) != 0)
+    syscall(SYS_futex, &done_, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+  if (!has_callbacks_.load(std::memory_order_seq_cst)) return;
   std::vector<std::function<void()>> cbs;
   {
     std::lock_guard lk(mu_);
-    if (done_.load(std::memory_order_relaxed)) return;
-    error_ = std::move(e);
-    // seq_cst, then the waiter count: a waiter counts itself, then looks
-    // at done_ (block_until), so one of the two sees the other.
-    done_.store(1, std::memory_order_seq_cst);
     cbs.swap(callbacks_);
   }
-  if (waiters_.load(std::memory_order_seq_cst) != 0)
-    syscall(SYS_futex, &done_, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
   if (cbs.empty()) return;
   if (dispatch) {
     dispatch(std::move(cbs));
@@ -72,13 +81,20 @@ std::optional<Error> Completion::error() const {
 }
 
 void Completion::on_complete(std::function<void()> fn) {
-  std::unique_lock lk(mu_);
-  if (!done_.load(std::memory_order_relaxed)) {
-    callbacks_.push_back(std::move(fn));
+  if (done_.load(std::memory_order_acquire)) {
+    fn();
     return;
   }
+  std::unique_lock lk(mu_);
+  callbacks_.push_back(std::move(fn));
+  has_callbacks_.store(1, std::memory_order_seq_cst);
+  if (!done_.load(std::memory_order_seq_cst)) return;
+  // The end came meanwhile, and its finish() may have looked at the flag
+  // before it was raised: whichever takes the callbacks runs them, once.
+  std::vector<std::function<void()>> cbs;
+  cbs.swap(callbacks_);
   lk.unlock();
-  fn();
+  for (auto& cb : cbs) cb();
 }
 
 bool Completion::block_until(Clock::time_point deadline) {

@@ -86,14 +86,18 @@ class Completion {
   bool block_until(Clock::time_point deadline);
 
  private:
-  // Guards callbacks_ and the end. Waiters sleep on done_ (a futex word),
-  // not on a condition variable: one was built, notified and destroyed for
-  // every operation, waited for or not.
+  // Guards callbacks_. Waiters sleep on done_ (a futex word), not on a
+  // condition variable: one was built, notified and destroyed for every
+  // operation, waited for or not.
   mutable std::mutex mu_;
-  // 1 once ended: set under mu_, once, after error_; read without it, so
-  // that ended(), error() and a wait after the end take no lock.
+  // 1 once finish() has claimed the end: the first call wins (one
+  // exchange; a lock and an unlock cost every small op twice that).
+  std::atomic<uint32_t> claimed_{0};
+  // 1 once ended: set once, after error_, by the finish() that claimed the
+  // end; ended(), error() and a wait after the end take no lock.
   std::atomic<uint32_t> done_{0};
-  std::atomic<uint32_t> waiters_{0};  // threads in block_until
+  std::atomic<uint32_t> waiters_{0};        // threads in block_until
+  std::atomic<uint32_t> has_callbacks_{0};  // on_complete() queued one
   std::optional<Error> error_;
   std::vector<std::function<void()>> callbacks_;
   const std::string description_;
