@@ -31,9 +31,10 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kMagic = 0x434c5348;  // "CLSH"
 // 6: DescSlot's first line holds the call, the ready word and the input.
 // 7: RankInfo::base_addr, DescSlot's direct-read fields.
-constexpr uint32_t kVersion = 7;
+// 8: DescSlot is four lines; the inline input up to 224 bytes.
+constexpr uint32_t kVersion = 8;
 // The first word of rank 0's description of the segment in the store.
-constexpr const char* kDescribe = "collie-shm/7";
+constexpr const char* kDescribe = "collie-shm/8";
 // How long rank 0 waits for the others to read a refusal.
 constexpr std::chrono::milliseconds kAckWait{5000};
 // How often a sleeping waiter looks at the peer's process and its deadline.

@@ -69,10 +69,12 @@ struct alignas(kLine) Counter {
 
 // What a rank says about the collective it is in (checked by every rank
 // before any data moves, so that different calls are a mismatch error).
+// Two 128-byte pairs of lines (a core's prefetcher fetches a line's pair
+// with it).
 struct alignas(kLine) DescSlot {
   // The first 64-byte line: the call, its check, and (small all-reduces)
-  // the input and its flag, so that a peer finds all of them in one miss
-  // and the writer takes one line from the reader, not two.
+  // the input's first bytes and its flag, so that a peer finds them in one
+  // miss and the writer takes one line from the reader, not two.
   uint32_t seq;
   uint8_t op, dtype, redop;
   // 1 if this rank reads its peers' buffers directly (process_vm_readv) in
@@ -80,24 +82,33 @@ struct alignas(kLine) DescSlot {
   uint8_t direct;
   int32_t tag;
   // An all-reduce of at most sizeof inline_data bytes carries its input
-  // here, and says `ready` = its seq once the line is written.
+  // from inline_data on, and says `ready` = its seq once it is written
+  // (after the data: x86 makes stores visible in order, and the release
+  // store orders them elsewhere).
   std::atomic<uint32_t> ready;
   uint64_t count;
   // An all-reduce in place over memory from allocate_region: where peers
   // find it (its id 0 otherwise). Not compared by the check: ranks may
   // differ here, and then every rank copies.
   uint64_t reg_id;
-  uint8_t inline_data[32];
-  // The second line: the rest of the region's address.
-  alignas(64) uint64_t reg_bytes;
-  uint64_t reg_offset;
-  int32_t reg_fd;
-  // With `direct`: where this rank's input and output are, in its own
-  // address space (written only then: a small op touches the first line).
-  uint64_t in_addr, out_addr;
+  union {
+    // The input of a small all-reduce: the first line's last 32 bytes and
+    // the three lines after it.
+    uint8_t inline_data[224];
+    // A large op's: the rest of the region's address, and, with `direct`,
+    // where this rank's input and output are, in its own address space
+    // (written only then: a small op touches the lines of its input only).
+    struct {
+      uint8_t first_line_rest[32];
+      uint64_t reg_bytes;
+      uint64_t reg_offset;
+      int32_t reg_fd;
+      uint64_t in_addr, out_addr;
+    } large;
+  };
 };
-static_assert(sizeof(DescSlot) == kLine);
-static_assert(offsetof(DescSlot, inline_data) + sizeof(DescSlot::inline_data) == 64);
+static_assert(sizeof(DescSlot) == 2 * kLine);
+static_assert(offsetof(DescSlot, inline_data) == 32);
 
 // What the ranks waiting on one CPU share (crowded segments only).
 struct alignas(kLine) CpuLine {

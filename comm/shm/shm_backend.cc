@@ -77,9 +77,9 @@ class ShmRunner final : public HostRunner {
     DescSlot& s = seg_.desc(me_, d.seq);
     s.reg_id = reg ? reg->id : 0;
     if (reg) {
-      s.reg_bytes = reg->bytes;
-      s.reg_offset = reg->offset;
-      s.reg_fd = reg->fd;
+      s.large.reg_bytes = reg->bytes;
+      s.large.reg_offset = reg->offset;
+      s.large.reg_fd = reg->fd;
     }
     s.seq = d.seq;
     s.op = static_cast<uint8_t>(d.op);
@@ -117,8 +117,8 @@ class ShmRunner final : public HostRunner {
     DescSlot& s = seg_.desc(me_, d.seq);
     s.direct = direct != nullptr;
     if (direct) {  // the second line only then
-      s.in_addr = reinterpret_cast<uint64_t>(direct->in.data);
-      s.out_addr = reinterpret_cast<uint64_t>(direct->out.data);
+      s.large.in_addr = reinterpret_cast<uint64_t>(direct->in.data);
+      s.large.out_addr = reinterpret_cast<uint64_t>(direct->out.data);
     }
     arrive(d, what, dl, reg);
   }
@@ -280,8 +280,8 @@ class ShmRunner final : public HostRunner {
       const size_t m = std::min(piece, len - off);
       for (int i = 1; i < n_; ++i) {
         const int q = (me_ + i) % n_;
-        seg_.read_peer(q, scratch_.data(), seg_.desc(q, d.seq).in_addr + (at + off) * es, m * es,
-                       what);
+        seg_.read_peer(q, scratch_.data(), seg_.desc(q, d.seq).large.in_addr + (at + off) * es,
+                       m * es, what);
         const int divisor = (d.redop == ReduceOp::avg && i == n_ - 1) ? n_ : 0;
         kernels::reduce(t, d.redop, dst + off * es, i == 1 ? own + off * es : dst + off * es,
                         scratch_.data(), m, divisor);
@@ -314,7 +314,8 @@ class ShmRunner final : public HostRunner {
     for (int k = 0; k < n_; ++k) {
       const size_t klo = sl.lo(k), klen = sl.lo(k + 1) - klo;
       if (k != me_ && klen)
-        seg_.read_peer(k, out + klo * es, seg_.desc(k, d.seq).out_addr + klo * es, klen * es, what);
+        seg_.read_peer(k, out + klo * es, seg_.desc(k, d.seq).large.out_addr + klo * es, klen * es,
+                       what);
     }
     seg_.advance();
     seg_.wait_all(what, dl);
@@ -342,11 +343,11 @@ class ShmRunner final : public HostRunner {
         mapped_.erase(old);
       }
       m.base = static_cast<uint8_t*>(
-          shared_file::open(seg_.info(r).pid, s.reg_fd, s.reg_bytes, names_(me_),
+          shared_file::open(seg_.info(r).pid, s.large.reg_fd, s.large.reg_bytes, names_(me_),
                             names_(r) + "'s shared buffer of " + what.str()));
-      m.bytes = s.reg_bytes;
+      m.bytes = s.large.reg_bytes;
     }
-    return m.base + s.reg_offset;
+    return m.base + s.large.reg_offset;
   }
 
   // Every rank's buffer is mapped by every other: in rounds of n slices,
@@ -399,7 +400,7 @@ class ShmRunner final : public HostRunner {
     arrive_large(d, what, dl, nullptr, direct ? &op : nullptr);
     if (direct && everyone_direct(d.seq)) {
       trace::algorithm(op, "direct");
-      if (me_ != root) seg_.read_peer(root, buf, seg_.desc(root, d.seq).in_addr, bytes, what);
+      if (me_ != root) seg_.read_peer(root, buf, seg_.desc(root, d.seq).large.in_addr, bytes, what);
       seg_.advance();
       seg_.wait_all(what, dl);
       return;
@@ -435,7 +436,7 @@ class ShmRunner final : public HostRunner {
       if (in != out + me_ * block) std::memcpy(out + me_ * block, in, block);
       for (int i = 1; i < n_; ++i) {
         const int k = (me_ + i) % n_;
-        seg_.read_peer(k, out + k * block, seg_.desc(k, op.desc.seq).in_addr, block, what);
+        seg_.read_peer(k, out + k * block, seg_.desc(k, op.desc.seq).large.in_addr, block, what);
       }
       seg_.advance();
       seg_.wait_all(what, dl);
