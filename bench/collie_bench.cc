@@ -87,6 +87,7 @@ struct Args {
   int check = 1;
   int in_place = 0;
   int comm_memory = 0;  // buffers from Communicator::allocate
+  int work = 0;         // time issue + Work::wait instead of the blocking calls
   bool cuda = false;    // --device cuda: buffers in device memory
   collie::DType dtype = collie::DType::f32;
   collie::ReduceOp op = collie::ReduceOp::sum;
@@ -113,6 +114,9 @@ constexpr const char* kUsage =
     "  -d, --datatype T         f32 f64 f16 bf16 i32 i64 u8 (default f32)\n"
     "  -o, --op OP              sum avg min max prod (default sum)\n"
     "  -i, --inplace 0|1        in place (default 0: out of place)\n"
+    "  -W, --work 0|1           1: time each op as issued and then waited for through its\n"
+    "                           Work handle; 0 (default): the blocking calls, as MPI's\n"
+    "                           benchmarks time MPI_Allreduce\n"
     "  -M, --comm-memory 0|1    buffers from the communicator's own memory\n"
     "                           (Communicator::allocate; on shm an in-place all-reduce\n"
     "                           then reads the peers' buffers directly; default 0)\n"
@@ -219,6 +223,8 @@ Args parse(int argc, char** argv) {
           parse_int(f, value(), 0, 1 << 30, "a whole number of warm-up operations, 0 or more");
     } else if (f == "-c" || f == "--check") {
       a.check = parse_int(f, value(), 0, 1, "0 (do not check) or 1 (check every result)");
+    } else if (f == "-W" || f == "--work") {
+      a.work = parse_int(f, value(), 0, 1, "0 (blocking calls) or 1 (issue, then wait)");
     } else if (f == "-M" || f == "--comm-memory") {
       a.comm_memory = parse_int(f, value(), 0, 1, "0 (ordinary memory) or 1 (the communicator's)");
     } else if (f == "-D" || f == "--device") {
@@ -493,10 +499,11 @@ int main(int argc, char** argv) {
                   collie::topology::describe_host().c_str(),
                   collie::config::bind(collie::config::process_env()).c_str(), bindings.c_str());
       std::printf(
-          "# collie-bench: %s, %d ranks, backend %s%s, %s, %s, %s\n", name(a.coll), n,
+          "# collie-bench: %s, %d ranks, backend %s%s, %s, %s, %s, %s\n", name(a.coll), n,
           comm->backend().c_str(), a.cuda ? ", CUDA buffers" : "", dtype.c_str(), redop.c_str(),
           a.in_place ? (a.comm_memory ? "in place, communicator memory" : "in place")
-                     : (a.comm_memory ? "out of place, communicator memory" : "out of place"));
+                     : (a.comm_memory ? "out of place, communicator memory" : "out of place"),
+          a.work || a.coll == Coll::sendrecv ? "issued, then waited for" : "blocking calls");
       std::printf(
           "# %d warm-up ops, then %d samples per size (a barrier and 10 back-to-back ops up to "
           "64 KiB, else 1); time = median sample of the slowest rank, best = fastest sample; "
@@ -626,12 +633,28 @@ int main(int argc, char** argv) {
         }
         return collie::Work();
       };
+      // The blocking forms (sends and receives have none).
+      auto run_blocking = [&] {
+        switch (a.coll) {
+          case Coll::allreduce:
+            return comm->allreduce(source, result, a.op, collie::blocking);
+          case Coll::allgather:
+            return comm->allgather(source, result, collie::blocking);
+          case Coll::reduce_scatter:
+            return comm->reduce_scatter(source, result, a.op, collie::blocking);
+          case Coll::broadcast:
+            return comm->broadcast(source, 0, collie::blocking);
+          case Coll::sendrecv:
+            return run_once().wait();
+        }
+      };
+      auto timed_op = [&] { a.work ? run_once().wait() : run_blocking(); };
       fill();
-      for (int w = 0; w < a.warmup; ++w) run_once().wait();
+      for (int w = 0; w < a.warmup; ++w) timed_op();
       const int batch = bench::batch_for(nbytes);
       const double cpu0 = cpu_us_now();
       bench::Timing tm = bench::time_size(
-          a.iters, batch, [&] { comm->barrier().wait(); }, [&] { run_once().wait(); },
+          a.iters, batch, [&] { comm->barrier().wait(); }, timed_op,
           [&](std::vector<double>& t) {
             comm->allreduce(collie::view_of(t.data(), t.size()), collie::ReduceOp::max).wait();
           });
@@ -644,7 +667,7 @@ int main(int argc, char** argv) {
       int64_t wrong = 0;
       if (a.check) {
         fill();
-        run_once().wait();
+        timed_op();
         to_host(result);
         // What this rank must hold at element i of its result.
         auto want_at = [&](size_t i) -> double {

@@ -123,6 +123,13 @@ class Backend {
   // Starts `op`, checked and numbered by the front; ops arrive in issue
   // order. The completion is failed, never thrown, when the op fails.
   virtual Work start(Op op) = 0;
+  // The front's blocking calls. claim(op), under the front's lock (op
+  // numbered): whether this backend runs `op` on the calling thread now
+  // (nothing queued or running), holding itself for it; the front then
+  // calls run_claimed(op) outside its lock, which runs it to its end and
+  // throws its error. false: the front start()s it and waits.
+  virtual bool claim(const Op&) { return false; }
+  virtual void run_claimed(Op&) {}
   // The backend of the communicator `plan` describes, or nullptr for a rank
   // that joins none (color < 0). Collective over this communicator.
   virtual std::unique_ptr<Backend> split(const SplitPlan& plan) = 0;

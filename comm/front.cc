@@ -59,6 +59,29 @@ class Core {
 
   Work submit(Op op) {
     std::lock_guard lk(mu);
+    return *issue(op, nullptr);
+  }
+
+  // A blocking call: issued as submit() does, then run on this thread if
+  // the backend can take it now (Backend::claim), else waited for. Throws
+  // the op's error.
+  void run(Op op) {
+    Backend* claimed = nullptr;
+    std::optional<Work> queued;
+    {
+      std::lock_guard lk(mu);
+      queued = issue(op, &claimed);
+    }
+    if (claimed)
+      claimed->run_claimed(op);
+    else
+      queued->wait();
+  }
+
+  // With mu held: refuses, numbers and traces `op`, then starts it; with
+  // `claimed`, a host op the backend can run on the calling thread now is
+  // held for that instead (*claimed: by whom; nothing returned).
+  std::optional<Work> issue(Op& op, Backend** claimed) {
     // Formatted only for an error: it cost every small op a malloc.
     auto what = [&] { return op.desc.describe() + " on " + rank_str(rank()); };
     if (destroyed)
@@ -76,8 +99,14 @@ class Core {
       op.desc.seq = ++coll_seq;
     if (ctx.inspector && !op.p2p()) ctx.inspector->issued(op.desc.seq);
     if (trace) op.trace = trace::issue(trace, op);
-    if (op.in.device.is_cpu() && op.out.device.is_cpu()) return host_path->start(std::move(op));
-    Work w = backend->start(std::move(op));
+    if (op.in.device.is_cpu() && op.out.device.is_cpu()) {
+      if (claimed && host_path->claim(op)) {
+        *claimed = host_path;
+        return std::nullopt;
+      }
+      return host_path->start(op);
+    }
+    Work w = backend->start(op);
     host_path = backend->host_path();
     return w;
   }
@@ -137,7 +166,7 @@ class Front final : public Communicator {
   std::string backend() const override { return core_->backend->name(); }
   std::chrono::milliseconds timeout() const override { return core_->ctx.launch.timeout; }
 
-  Work allreduce(TensorView in, TensorView out, ReduceOp op) override {
+  Op allreduce_op(TensorView in, TensorView out, ReduceOp op) const {
     const validate::Where what = where("allreduce");
     check_in_out(in, out, what);
     validate::op_on(op, in.dtype, what);
@@ -146,17 +175,29 @@ class Front final : public Communicator {
       throw Error(ErrorCode::invalid_argument,
                   what.str() + ": input has " + std::to_string(in.numel) +
                       " elements but output has " + std::to_string(out.numel));
-    return submit(OpKind::allreduce, in, out, op, 0, in.numel);
+    return make(OpKind::allreduce, in, out, op, 0, in.numel);
+  }
+  Work allreduce(TensorView in, TensorView out, ReduceOp op) override {
+    return core_->submit(allreduce_op(in, out, op));
+  }
+  void allreduce(TensorView in, TensorView out, ReduceOp op, Blocking) override {
+    core_->run(allreduce_op(in, out, op));
   }
 
-  Work broadcast(TensorView buf, int root) override {
+  Op broadcast_op(TensorView buf, int root) const {
     const validate::Where what = where("broadcast");
     check(buf, what, "buffer");
     validate::rank_in(root, size(), what, "root");
-    return submit(OpKind::broadcast, buf, buf, ReduceOp::sum, root, buf.numel);
+    return make(OpKind::broadcast, buf, buf, ReduceOp::sum, root, buf.numel);
+  }
+  Work broadcast(TensorView buf, int root) override {
+    return core_->submit(broadcast_op(buf, root));
+  }
+  void broadcast(TensorView buf, int root, Blocking) override {
+    core_->run(broadcast_op(buf, root));
   }
 
-  Work allgather(TensorView in, TensorView out) override {
+  Op allgather_op(TensorView in, TensorView out) const {
     const validate::Where what = where("allgather");
     check_in_out(in, out, what);
     if (out.numel != in.numel * static_cast<size_t>(size()))
@@ -167,10 +208,16 @@ class Front final : public Communicator {
     TensorView mine = out.slice(in.numel * static_cast<size_t>(rank()), in.numel);
     validate::same_or_disjoint(in, mine, what);
     if (in.data != mine.data) validate::same_or_disjoint(in, out, what);
-    return submit(OpKind::allgather, in, out, ReduceOp::sum, 0, in.numel);
+    return make(OpKind::allgather, in, out, ReduceOp::sum, 0, in.numel);
+  }
+  Work allgather(TensorView in, TensorView out) override {
+    return core_->submit(allgather_op(in, out));
+  }
+  void allgather(TensorView in, TensorView out, Blocking) override {
+    core_->run(allgather_op(in, out));
   }
 
-  Work reduce_scatter(TensorView in, TensorView out, ReduceOp op) override {
+  Op reduce_scatter_op(TensorView in, TensorView out, ReduceOp op) const {
     const validate::Where what = where("reduce_scatter");
     check_in_out(in, out, what);
     validate::op_on(op, in.dtype, what);
@@ -181,13 +228,21 @@ class Front final : public Communicator {
                       std::to_string(out.numel * static_cast<size_t>(size())));
     validate::same_or_disjoint(in.slice(out.numel * static_cast<size_t>(rank()), out.numel), out,
                                what);
-    return submit(OpKind::reduce_scatter, in, out, op, 0, out.numel);
+    return make(OpKind::reduce_scatter, in, out, op, 0, out.numel);
+  }
+  Work reduce_scatter(TensorView in, TensorView out, ReduceOp op) override {
+    return core_->submit(reduce_scatter_op(in, out, op));
+  }
+  void reduce_scatter(TensorView in, TensorView out, ReduceOp op, Blocking) override {
+    core_->run(reduce_scatter_op(in, out, op));
   }
 
-  Work barrier() override {
-    return submit(OpKind::barrier, TensorView{nullptr, DType::u8, 1, Device::cpu()}, {},
-                  ReduceOp::sum, 0, 1);
+  static Op barrier_op() {
+    return make(OpKind::barrier, TensorView{nullptr, DType::u8, 1, Device::cpu()}, {},
+                ReduceOp::sum, 0, 1);
   }
+  Work barrier() override { return core_->submit(barrier_op()); }
+  void barrier(Blocking) override { core_->run(barrier_op()); }
 
   Work send(TensorView buf, int peer, int tag) override { return p2p(buf, peer, tag, true); }
   Work recv(TensorView buf, int peer, int tag) override { return p2p(buf, peer, tag, false); }
@@ -398,12 +453,13 @@ class Front final : public Communicator {
     validate::same_dtype(in, out, what);
   }
 
-  Work submit(OpKind kind, TensorView in, TensorView out, ReduceOp redop, int tag, size_t count) {
+  static Op make(OpKind kind, TensorView in, TensorView out, ReduceOp redop, int tag,
+                 size_t count) {
     Op op;
     op.desc = {kind, in.dtype, redop, 0, tag, count};
     op.in = in;
     op.out = out;
-    return core_->submit(std::move(op));
+    return op;
   }
 
   Work p2p(TensorView buf, int peer, int tag, bool is_send) {

@@ -224,12 +224,7 @@ void HostExecutor::loop() {
   }
 }
 
-void HostExecutor::execute_and_release(std::vector<Task>& batch) {
-  const bool traced = batch[0].op.trace;  // (execute may end some spans)
-  std::optional<Error> err = execute(batch);
-  // Before the executor is released: the next op's run starts after this.
-  if (traced)
-    for (auto& t : batch) trace::finished(t.op, err);
+void HostExecutor::release() {
   bool more;
   {
     std::lock_guard lk(mu_);
@@ -241,10 +236,63 @@ void HostExecutor::execute_and_release(std::vector<Task>& batch) {
   // completion), and it has nothing to do unless ops are queued: waking it
   // for nothing cost every op a futex call and a context switch.
   if (more) cv_.notify_all();
+}
+
+void HostExecutor::execute_and_release(std::vector<Task>& batch) {
+  const bool traced = batch[0].op.trace;  // (execute may end some spans)
+  std::optional<Error> err = execute(batch);
+  // Before the executor is released: the next op's run starts after this.
+  if (traced)
+    for (auto& t : batch) trace::finished(t.op, err);
+  release();
   // Ended only now, with the executor free: a woken waiter can run its next
   // op at once, and continuations go to their own thread. Point-to-point ops
   // that finished inside the batch have ended already (first finish wins).
   for (auto& t : batch) t.done->finish(err, dispatch_);
+}
+
+bool HostExecutor::claim(const Op& op) {
+  if (op.p2p()) return false;  // sends and receives progress in batches
+  std::lock_guard lk(mu_);
+  if (stop_ || busy_ || !queue_.empty()) return false;
+  busy_ = true;
+  ++next_ticket_;  // the progress thread sees activity: no idle sleep yet
+  return true;
+}
+
+void HostExecutor::run_claimed(Op& op) {
+  std::optional<Error> err;
+  if (auto first = failure_->get())
+    err =
+        Error(first->code(), op.desc.describe() + " on " + rank_str() +
+                                 " cannot run: the communicator failed earlier: " + first->what());
+  else
+    err = execute_collective(op);
+  if (op.trace) trace::finished(op, err);
+  release();
+  if (err) throw *err;
+}
+
+std::optional<Error> HostExecutor::execute_collective(Op& op) {
+  try {
+    if (op.trace) trace::started(op);
+    runner_.run_collective(op, deadline_after(timeout_));
+    if (inspector_) inspector_->completed(op.desc.seq);
+    return std::nullopt;
+  } catch (const std::exception& ex) {
+    return failure_of(op, ex);
+  }
+}
+
+Error HostExecutor::failure_of(const Op& op, const std::exception& ex) {
+  if (auto* e = dynamic_cast<const Error*>(&ex)) {
+    // A collective of its own that passed its deadline (not a peer's
+    // failure, not an abort): ask every rank where it is, for the message.
+    if (e->code() == ErrorCode::timeout && inspector_ && !op.p2p() && !failure_->failed())
+      return fail(inspector_->explain(op.desc, *e));
+    return fail(*e);
+  }
+  return fail(Error(ErrorCode::internal, op.desc.describe() + ": " + ex.what()));
 }
 
 std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
@@ -258,15 +306,10 @@ std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
     }
     return std::nullopt;
   }
+  if (!batch[0].op.p2p()) return execute_collective(batch[0].op);
   try {
     if (batch[0].op.trace)  // COLLIE_TRACE: a communicator's ops all have a span, or none
       for (auto& t : batch) trace::started(t.op);
-    const Deadline deadline = deadline_after(timeout_);
-    if (!batch[0].op.p2p()) {
-      runner_.run_collective(batch[0].op, deadline);
-      if (inspector_) inspector_->completed(batch[0].op.desc.seq);
-      return std::nullopt;
-    }
     P2pBatch p;
     for (auto& t : batch) p.ops.push_back(t.op);
     p.finished = [&](size_t i) {
@@ -285,16 +328,10 @@ std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
       }
       return added;
     };
-    runner_.run_p2p(p, deadline);
+    runner_.run_p2p(p, deadline_after(timeout_));
     return std::nullopt;
-  } catch (const Error& ex) {
-    // A collective of its own that passed its deadline (not a peer's
-    // failure, not an abort): ask every rank where it is, for the message.
-    if (ex.code() == ErrorCode::timeout && inspector_ && !batch[0].op.p2p() && !failure_->failed())
-      return fail(inspector_->explain(batch[0].op.desc, ex));
-    return fail(ex);
   } catch (const std::exception& ex) {
-    return fail(Error(ErrorCode::internal, batch[0].op.desc.describe() + ": " + ex.what()));
+    return failure_of(batch[0].op, ex);
   }
 }
 
@@ -370,6 +407,8 @@ class HostBackend final : public Backend {
   std::string name() const override { return name_; }
   bool accepts(const Device& d) const override { return d.is_cpu(); }
   Work start(Op op) override { return exec_->submit(std::move(op)); }
+  bool claim(const Op& op) override { return exec_->claim(op); }
+  void run_claimed(Op& op) override { exec_->run_claimed(op); }
   std::unique_ptr<Backend> split(const SplitPlan& plan) override {
     std::unique_ptr<HostRunner> r;
     if (split_)

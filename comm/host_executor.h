@@ -98,6 +98,13 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   ~HostExecutor();
 
   Work submit(Op op);
+  // A blocking call's first half, under the front's lock: whether `op` (a
+  // collective) may run on the calling thread now, nothing being queued or
+  // running. If so, the executor is held for it until run_claimed(op).
+  bool claim(const Op& op);
+  // Runs a claimed op to its end, with the same checks, deadline and error
+  // handling as a queued one, and releases the executor; throws its error.
+  void run_claimed(Op& op);
   // The latch holds `e` already: stop the running op, or tell the peers now
   // if nothing runs.
   void abort(const Error& e);
@@ -122,6 +129,12 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   void pop_batch(std::vector<Task>& batch);  // with mu_ held; into an empty batch
   void execute_and_release(std::vector<Task>& batch);
   std::optional<Error> execute(std::vector<Task>& batch);
+  // A collective, after the latch was looked at: runs it; returns its error.
+  std::optional<Error> execute_collective(Op& op);
+  // An op that threw `ex`: the error to report (the latch records it).
+  Error failure_of(const Op& op, const std::exception& ex);
+  // Frees the executor after a run: wakes the progress thread if ops wait.
+  void release();
   // Records the first failure, tells the peers; returns the error to report.
   Error fail(Error e);
   std::string rank_str() const;

@@ -129,6 +129,18 @@ collie_status run(collie_work** work, Start&& start) {
       w.wait();
   });
 }
+// A collective with a blocking form: without `work`, that form (which may
+// run the op on this thread without a Work at all).
+template <typename Start, typename Block>
+collie_status run(collie_work** work, Start&& start, Block&& block) {
+  if (work) *work = nullptr;
+  return guarded([&] {
+    if (work)
+      *work = new collie_work{start()};
+    else
+      block();
+  });
+}
 
 collie_status status_of(const Work& w) {
   if (!w.done()) return COLLIE_IN_PROGRESS;
@@ -199,33 +211,45 @@ collie_status collie_comm_backend(const collie_comm* c, const char** name) {
 collie_status collie_comm_allreduce(collie_comm* c, collie_tensor in, collie_tensor out,
                                     collie_op op, collie_work** work) {
   COLLIE_REQUIRE(c, "comm");
-  return run(work,
-             [&] { return c->comm->allreduce(to_view(in, "in"), to_view(out, "out"), to_op(op)); });
+  return run(
+      work, [&] { return c->comm->allreduce(to_view(in, "in"), to_view(out, "out"), to_op(op)); },
+      [&] {
+        c->comm->allreduce(to_view(in, "in"), to_view(out, "out"), to_op(op), collie::blocking);
+      });
 }
 
 collie_status collie_comm_broadcast(collie_comm* c, collie_tensor buf, int root,
                                     collie_work** work) {
   COLLIE_REQUIRE(c, "comm");
-  return run(work, [&] { return c->comm->broadcast(to_view(buf, "buf"), root); });
+  return run(
+      work, [&] { return c->comm->broadcast(to_view(buf, "buf"), root); },
+      [&] { c->comm->broadcast(to_view(buf, "buf"), root, collie::blocking); });
 }
 
 collie_status collie_comm_allgather(collie_comm* c, collie_tensor in, collie_tensor out,
                                     collie_work** work) {
   COLLIE_REQUIRE(c, "comm");
-  return run(work, [&] { return c->comm->allgather(to_view(in, "in"), to_view(out, "out")); });
+  return run(
+      work, [&] { return c->comm->allgather(to_view(in, "in"), to_view(out, "out")); },
+      [&] { c->comm->allgather(to_view(in, "in"), to_view(out, "out"), collie::blocking); });
 }
 
 collie_status collie_comm_reduce_scatter(collie_comm* c, collie_tensor in, collie_tensor out,
                                          collie_op op, collie_work** work) {
   COLLIE_REQUIRE(c, "comm");
-  return run(work, [&] {
-    return c->comm->reduce_scatter(to_view(in, "in"), to_view(out, "out"), to_op(op));
-  });
+  return run(
+      work,
+      [&] { return c->comm->reduce_scatter(to_view(in, "in"), to_view(out, "out"), to_op(op)); },
+      [&] {
+        c->comm->reduce_scatter(to_view(in, "in"), to_view(out, "out"), to_op(op),
+                                collie::blocking);
+      });
 }
 
 collie_status collie_comm_barrier(collie_comm* c, collie_work** work) {
   COLLIE_REQUIRE(c, "comm");
-  return run(work, [&] { return c->comm->barrier(); });
+  return run(
+      work, [&] { return c->comm->barrier(); }, [&] { c->comm->barrier(collie::blocking); });
 }
 
 collie_status collie_comm_send(collie_comm* c, collie_tensor buf, int peer, int tag,

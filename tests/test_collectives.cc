@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -232,6 +233,86 @@ TEST(Allreduce, ABurstOfTinyOpsEachReducesItsOwnInputs) {
     for (int i = 0; i < 3; ++i)
       wrong += bufs[k][i] != n * (int64_t{1000003} * k + 1009 * i) + n * (n - 1) / 2;
   EXPECT_EQ(wrong, 0);
+}
+
+// The blocking forms: the same results as through a Work, whether the op
+// runs at once on the calling thread (nothing queued) or queues behind ops
+// issued before it; ranks may mix the two forms for one op.
+TEST(Blocking, EveryCollectiveMatchesTheReferenceAlsoBehindQueuedOps) {
+  const int n = comm().size(), r = comm().rank();
+  uint64_t salt = 5000;
+  // 1 to 224 B travel inline on shm, 4099 x 4 B in one step, 1 MiB read
+  // directly or in rounds.
+  for (size_t count : {size_t{1}, size_t{7}, size_t{56}, size_t{4099}, size_t{1} << 18})
+    for (DType t : {DType::f32, DType::i64})
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
+        if (!supports(op, t)) continue;
+        const size_t es = dtype_size(t);
+        // An op issued first and waited for after the blocking one: the
+        // blocking op queues behind it on every rank.
+        std::vector<uint8_t> first(count * es), in(count * es), out(count * es);
+        const uint64_t s0 = ++salt, s1 = ++salt;
+        for (size_t i = 0; i < count; ++i) {
+          put(t, first.data(), i, exact_value(op, r, i, s0));
+          put(t, in.data(), i, exact_value(op, r, i, s1));
+        }
+        const TensorView vfirst{first.data(), t, count, Device::cpu()};
+        const TensorView vin{in.data(), t, count, Device::cpu()};
+        const TensorView vout{out.data(), t, count, Device::cpu()};
+        const bool queued = salt % 4 == 2;
+        std::optional<Work> w;
+        if (queued) w = comm().allreduce(vfirst, op);
+        // Odd ranks use the Work form for this op now and then.
+        if (r % 2 == 1 && salt % 3 == 0)
+          comm().allreduce(vin, vout, op).wait();
+        else
+          comm().allreduce(vin, vout, op, blocking);
+        if (w) {
+          w->wait();
+          EXPECT_EQ(wrong_sums(t, op, first.data(), count, s0), "")
+              << "the op before: " << label(t, op, count, true);
+        }
+        EXPECT_EQ(wrong_sums(t, op, out.data(), count, s1), "")
+            << label(t, op, count, false) << (queued ? " behind a queued op" : "");
+      }
+  for (size_t count : {size_t{1}, size_t{61}, size_t{65537}}) {
+    for (int root = 0; root < n; ++root) {
+      std::vector<int32_t> buf(count);
+      for (size_t i = 0; i < count; ++i)
+        buf[i] = r == root ? static_cast<int32_t>(i * 7 + root) : -1;
+      comm().broadcast(view_of(buf.data(), count), root, blocking);
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i) wrong += buf[i] != static_cast<int32_t>(i * 7 + root);
+      EXPECT_EQ(wrong, 0u) << "broadcast from " << root << ", count " << count;
+    }
+    std::vector<double> mine(count), all(count * n, -1);
+    for (size_t i = 0; i < count; ++i) mine[i] = r * 1e6 + static_cast<double>(i);
+    comm().allgather(view_of(mine.data(), count), view_of(all.data(), all.size()), blocking);
+    size_t wrong = 0;
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < count; ++i)
+        wrong += all[q * count + i] != q * 1e6 + static_cast<double>(i);
+    EXPECT_EQ(wrong, 0u) << "allgather, count " << count;
+    std::vector<int64_t> whole(count * n), block(count);
+    for (size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<int64_t>(i) * (r + 1);
+    comm().reduce_scatter(view_of(whole.data(), whole.size()), view_of(block.data(), count),
+                          ReduceOp::sum, blocking);
+    wrong = 0;
+    for (size_t i = 0; i < count; ++i)
+      wrong += block[i] != static_cast<int64_t>(r * count + i) * n * (n + 1) / 2;
+    EXPECT_EQ(wrong, 0u) << "reduce_scatter, count " << count;
+    comm().barrier(blocking);
+  }
+  // Bad arguments are refused at the call, as for the Work form.
+  std::vector<float> a(4), b(3);
+  try {
+    comm().allreduce(view_of(a.data(), 4), view_of(b.data(), 3), ReduceOp::sum, blocking);
+    ADD_FAILURE() << "a size mismatch was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(r)), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Broadcast, EveryRootAndCount) {
