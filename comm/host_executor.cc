@@ -121,9 +121,8 @@ Work HostExecutor::submit(Op op) {
     uint64_t ticket = next_ticket_++;
     done = std::make_shared<Queued>(op.desc, rank_, timeout_, shared_from_this(), ticket);
     const bool p2p = op.p2p();
-    // No clock read here: the progress thread times ops from when it first
-    // sees them (a clock read was a twentieth of an 8 B shm all-reduce).
-    queue_.push_back({std::move(op), done, ticket});
+    last_issued_ = std::chrono::steady_clock::now();
+    queue_.push_back({std::move(op), done, ticket, last_issued_});
     // A running point-to-point batch takes in later sends and receives.
     if (busy_ && running_p2p_ && p2p) runner_.wake();
     // Only a progress thread in its long sleep needs the futex call: one
@@ -171,23 +170,15 @@ void HostExecutor::run_until(uint64_t ticket) {
 
 void HostExecutor::loop() {
   std::vector<Task> batch;
-  // When this thread last saw an op issued since its look before (submit
-  // reads no clock), and when it first saw the op now first in the queue.
-  uint64_t seen_ticket = 0, front_ticket = 0;
-  auto last_issued = std::chrono::steady_clock::now(), front_seen = last_issued;
   for (;;) {
     {
       std::unique_lock lk(mu_);
       if (stop_) return;
-      auto now = std::chrono::steady_clock::now();
-      if (next_ticket_ != seen_ticket) {
-        seen_ticket = next_ticket_;
-        last_issued = now;
-      }
       if (busy_ || queue_.empty()) {
         // Whoever runs an op notifies when it leaves ops queued; a submit
         // notifies only while sleeping_ is set.
-        if (now - last_issued >= kIdle) {
+        auto now = std::chrono::steady_clock::now();
+        if (now - last_issued_ >= kIdle) {
           sleeping_ = true;
           cv_.wait(lk, [&] { return stop_ || !sleeping_ || (!busy_ && !queue_.empty()); });
           sleeping_ = false;
@@ -204,13 +195,13 @@ void HostExecutor::loop() {
       // to be woken (tens of microseconds on this kind of VM, twice the
       // op itself): the bimodal small-message time. An op nobody waits for
       // starts kGrace after this thread sees it, which is at once after an
-      // idle spell, and within kMaxPoll in a burst of ops.
-      if (queue_.front().ticket != front_ticket) {
-        front_ticket = queue_.front().ticket;
-        front_seen = now;
-      }
-      auto grace_end = front_seen + kGrace;
-      if (now < grace_end) {
+      // idle spell, and within kGrace to kMaxPoll in a burst of ops. (This
+      // needs each op's issue time: dating ops by this thread's own looks
+      // instead, to save submit a clock read, made an op queued while this
+      // thread ran the one before wait kGrace more, between every two
+      // buckets of a reducer's overlapped all-reduces.)
+      auto grace_end = queue_.front().issued + kGrace;
+      if (std::chrono::steady_clock::now() < grace_end) {
         cv_.wait_until(lk, grace_end, [&] { return stop_ || busy_ || queue_.empty(); });
         if (stop_) return;
         if (busy_ || queue_.empty()) continue;
@@ -256,7 +247,6 @@ bool HostExecutor::claim(const Op& op) {
   std::lock_guard lk(mu_);
   if (stop_ || busy_ || !queue_.empty()) return false;
   busy_ = true;
-  ++next_ticket_;  // the progress thread sees activity: no idle sleep yet
   return true;
 }
 

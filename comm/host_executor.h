@@ -121,6 +121,7 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
     Op op;
     std::shared_ptr<Queued> done;
     uint64_t ticket = 0;
+    std::chrono::steady_clock::time_point issued{};
   };
 
   void loop();
@@ -162,6 +163,7 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   // How long the progress thread waits before it looks at the queue again
   // (host_executor.cc: kGrace doubling to kMaxPoll).
   std::chrono::microseconds poll_;
+  std::chrono::steady_clock::time_point last_issued_{};
   std::thread thread_;
 };
 
