@@ -48,6 +48,12 @@ class Sink;  // comm/core/trace.h
 // aborts).
 class FailureLatch {
  public:
+  // The error of an operation (`what`, "allreduce #3 (f32 x 8, sum) on
+  // rank 1") that comes after the communicator's first failure `first`.
+  static Error earlier(const Error& first, const std::string& what) {
+    return Error(first.code(),
+                 what + " cannot run: the communicator failed earlier: " + first.what());
+  }
   // Records `e` unless a failure is recorded already; returns whether it did.
   bool set(const Error& e);
   bool failed() const { return failed_.load(std::memory_order_acquire); }

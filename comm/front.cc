@@ -88,10 +88,7 @@ class Core {
       return refuse(op, Error(ErrorCode::unavailable,
                               what() + ": its communicator was destroyed (this call came through "
                                        "a reference the communicator's owner outlived)"));
-    if (auto first = ctx.failure->get())
-      return refuse(
-          op, Error(first->code(),
-                    what() + " cannot run: the communicator failed earlier: " + first->what()));
+    if (auto first = ctx.failure->get()) return refuse(op, FailureLatch::earlier(*first, what()));
     // Numbered here, in issue order; the backend receives them in it too.
     if (op.p2p())
       op.desc.seq = ++(op.is_send ? send_seq : recv_seq)[op.peer];

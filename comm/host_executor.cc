@@ -253,9 +253,7 @@ bool HostExecutor::claim(const Op& op) {
 void HostExecutor::run_claimed(Op& op) {
   std::optional<Error> err;
   if (auto first = failure_->get())
-    err =
-        Error(first->code(), op.desc.describe() + " on " + rank_str() +
-                                 " cannot run: the communicator failed earlier: " + first->what());
+    err = FailureLatch::earlier(*first, op.desc.describe() + " on " + rank_str());
   else
     err = execute_collective(op);
   if (op.trace) trace::finished(op, err);
@@ -289,8 +287,7 @@ std::optional<Error> HostExecutor::execute(std::vector<Task>& batch) {
   if (auto first = failure_->get()) {
     // One error per op: each names itself and the cause.
     for (auto& t : batch) {
-      Error e(first->code(), t.op.desc.describe() + " on " + rank_str() +
-                                 " cannot run: the communicator failed earlier: " + first->what());
+      Error e = FailureLatch::earlier(*first, t.op.desc.describe() + " on " + rank_str());
       trace::finished(t.op, e);
       t.done->finish(e, dispatch_);
     }

@@ -120,9 +120,7 @@ class State : public std::enable_shared_from_this<State> {
     auto w = std::make_shared<NcclWork>(weak_from_this(), op.desc, rank_, timeout_);
     w->trace = op.trace;
     if (auto first = ctx_.failure->get()) {
-      w->end(Error(
-          first->code(),
-          w->description() + " cannot run: the communicator failed earlier: " + first->what()));
+      w->end(FailureLatch::earlier(*first, w->description()));
       return Work(w);
     }
     Pending p{std::move(op), w, cuda_stream()};
@@ -558,9 +556,7 @@ std::unique_ptr<Backend> make_over(const BackendContext& ctx, Apis apis, Comm co
 std::unique_ptr<Backend> State::split(const SplitPlan& plan) {
   launch_pending();
   if (auto first = ctx_.failure->get())
-    throw Error(first->code(),
-                "split on rank " + std::to_string(rank_) +
-                    " cannot run: the communicator failed earlier: " + first->what());
+    throw FailureLatch::earlier(*first, "split on rank " + std::to_string(rank_));
   Comm made = nullptr;
   Result r;
   {
