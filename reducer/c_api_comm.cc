@@ -116,21 +116,10 @@ collie_comm* wrap(std::unique_ptr<Communicator> c) {
   return h.release();
 }
 
-// A collective through the C ABI: with `work`, hands back the handle at
-// once; without, waits and reports the operation's own status.
-template <typename Start>
-collie_status run(collie_work** work, Start&& start) {
-  if (work) *work = nullptr;
-  return guarded([&] {
-    Work w = start();
-    if (work)
-      *work = new collie_work{std::move(w)};
-    else
-      w.wait();
-  });
-}
-// A collective with a blocking form: without `work`, that form (which may
-// run the op on this thread without a Work at all).
+// An op through the C ABI: with `work`, hands back the handle `start`
+// returns at once; without, blocks through `block` (a collective's
+// blocking form, which may run it on this thread without a Work at all)
+// and reports the operation's own status.
 template <typename Start, typename Block>
 collie_status run(collie_work** work, Start&& start, Block&& block) {
   if (work) *work = nullptr;
@@ -140,6 +129,12 @@ collie_status run(collie_work** work, Start&& start, Block&& block) {
     else
       block();
   });
+}
+// An op without a blocking form (send, recv): without `work`, its Work is
+// waited for.
+template <typename Start>
+collie_status run(collie_work** work, Start&& start) {
+  return run(work, start, [&] { start().wait(); });
 }
 
 collie_status status_of(const Work& w) {
