@@ -462,13 +462,22 @@ int main(int argc, char** argv) {
     collie::Options opt;
     opt.backend = a.backend;
     auto comm = collie::connect(opt);
+    // The bookkeeping (header, timings, checks) moves host memory: a backend
+    // that moves device memory only (nccl) gets a host communicator beside it.
+    std::unique_ptr<collie::Communicator> host_comm;
+    if (a.backend == "nccl") {
+      collie::Options host;
+      host.backend = "auto";
+      host_comm = collie::connect(host);
+    }
+    collie::Communicator* ctl = host_comm ? host_comm.get() : comm.get();
     const int n = comm->size(), rank = comm->rank();
     const size_t es = collie::dtype_size(a.dtype);
     // Rank 0 draws the plot: it checks for gnuplot now, not after the sweep,
     // and every rank learns the answer, so that all stop together.
     if (!a.plot.empty()) {
       int32_t ok = rank == 0 ? have_gnuplot() : 1;
-      comm->broadcast(collie::view_of(&ok, 1), 0).wait();
+      ctl->broadcast(collie::view_of(&ok, 1), 0).wait();
       if (!ok) {
         if (rank == 0)
           std::fprintf(stderr,
@@ -488,8 +497,8 @@ int main(int argc, char** argv) {
     char mine[64] = {0};
     std::snprintf(mine, sizeof mine, "%s", collie::topology::binding().c_str());
     std::vector<char> cpus(sizeof mine * n);
-    comm->allgather(collie::view_of(reinterpret_cast<uint8_t*>(mine), sizeof mine),
-                    collie::view_of(reinterpret_cast<uint8_t*>(cpus.data()), cpus.size()))
+    ctl->allgather(collie::view_of(reinterpret_cast<uint8_t*>(mine), sizeof mine),
+                   collie::view_of(reinterpret_cast<uint8_t*>(cpus.data()), cpus.size()))
         .wait();
     std::string bindings;
     for (int r = 0; r < n; ++r)
@@ -656,12 +665,12 @@ int main(int argc, char** argv) {
       bench::Timing tm = bench::time_size(
           a.iters, batch, [&] { comm->barrier().wait(); }, timed_op,
           [&](std::vector<double>& t) {
-            comm->allreduce(collie::view_of(t.data(), t.size()), collie::ReduceOp::max).wait();
+            ctl->allreduce(collie::view_of(t.data(), t.size()), collie::ReduceOp::max).wait();
           });
       const double cpu_total = cpu_us_now() - cpu0;
       double stats[2] = {cpu_total / (static_cast<double>(a.iters) * batch),
                          100.0 * cpu_total / std::max(tm.wall_us, 1e-9)};
-      comm->allreduce(collie::view_of(stats, 2), collie::ReduceOp::max).wait();
+      ctl->allreduce(collie::view_of(stats, 2), collie::ReduceOp::max).wait();
       const double us = tm.median_us, cpu = stats[0], cpu_pct = stats[1];
 
       int64_t wrong = 0;
@@ -693,7 +702,7 @@ int main(int argc, char** argv) {
                   : 0;
           if (std::abs(collie::get_element(a.dtype, host_of(result), i) - want) > tol) ++wrong;
         }
-        comm->allreduce(collie::view_of(&wrong, 1), collie::ReduceOp::sum).wait();
+        ctl->allreduce(collie::view_of(&wrong, 1), collie::ReduceOp::sum).wait();
       }
       double algbw = nbytes / us / 1e3;
       double busbw = algbw * bus_factor(a.coll, n);

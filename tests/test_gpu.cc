@@ -190,21 +190,42 @@ TEST(NcclOnGpu, EveryCollectiveMatchesASerialReference) {
   std::vector<float> g = floats();
   for (size_t i = 0; i < count; ++i)
     ASSERT_EQ(g[i], static_cast<float>(n * (i % 13) + n * (n - 1) / 2)) << i;
+  // The average of every rank's own values (h again, not the sum above,
+  // which is the same on every rank and so its own average).
+  d.put(h.data());
   comm->allreduce(v, ReduceOp::avg).wait();
   g = floats();
   for (size_t i = 0; i < count; ++i)
     ASSERT_FLOAT_EQ(g[i], static_cast<float>(n * (i % 13) + n * (n - 1) / 2) / n) << i;
-  // all-gather and broadcast
+  // all-gather: rank q's block holds q's values.
+  d.put(h.data());
   DeviceBuf all(*api, count * sizeof(float) * n);
   comm->allgather(v, {all.p, DType::f32, count * n, Device::cuda(0)}).wait();
+  {
+    auto b = all.get();
+    std::vector<float> f(count * n);
+    std::memcpy(f.data(), b.data(), b.size());
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < count; i += 997)
+        ASSERT_EQ(f[q * count + i], static_cast<float>((i % 13) + q)) << "block " << q << ", " << i;
+  }
+  // broadcast from the last rank
   comm->broadcast(v, n - 1).wait();
+  g = floats();
+  for (size_t i = 0; i < count; i += 997) ASSERT_EQ(g[i], static_cast<float>((i % 13) + n - 1));
   comm->barrier().wait();
   if (n > 1) {
+    d.put(h.data());
     DeviceBuf peer(*api, 64 * sizeof(float));
     TensorView pv{peer.p, DType::f32, 64, Device::cuda(0)};
     Work s = comm->send(v.slice(0, 64), (r + 1) % n);
     Work q = comm->recv(pv, (r + n - 1) % n);
     wait_all({s, q});
+    auto b = peer.get();
+    std::vector<float> f(64);
+    std::memcpy(f.data(), b.data(), b.size());
+    const int from = (r + n - 1) % n;
+    for (size_t i = 0; i < 64; ++i) ASSERT_EQ(f[i], static_cast<float>((i % 13) + from)) << i;
   }
 }
 
