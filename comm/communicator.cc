@@ -30,12 +30,22 @@ namespace {
 std::shared_ptr<TcpStoreServer> store_server(int port, const config::Launch& launch) {
   static std::mutex mu;
   static std::shared_ptr<TcpStoreServer> serving;
-  static bool inherited_fd_taken = false;
+  // The COLLIE_STORE_FD socket a server adopted (and closes when it goes):
+  // the variable may outlive the connect that gave it, and a later connect
+  // must not adopt the same socket twice. Another number, or the same number
+  // once that server has gone, is a socket of its own (Python's bootstrap
+  // through PyTorch's store binds a new one for each communicator).
+  static int adopted_fd = -1;
+  static std::weak_ptr<TcpStoreServer> adopted_by;
   std::lock_guard<std::mutex> lock(mu);
-  if (serving && (port <= 0 || serving->port() == port)) return serving;
   int fd = launch.store_fd;
-  if (fd >= 0 && std::exchange(inherited_fd_taken, true)) fd = -1;
+  if (fd >= 0 && fd == adopted_fd && !adopted_by.expired()) fd = -1;
+  if (serving && fd < 0 && (port <= 0 || serving->port() == port)) return serving;
   serving = TcpStoreServer::start(port < 0 ? 0 : port, {launch.secret, launch.job}, fd);
+  if (fd >= 0) {
+    adopted_fd = fd;
+    adopted_by = serving;
+  }
   return serving;
 }
 
@@ -186,6 +196,19 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   BackendContext ctx;
   ctx.env = config::process_env();
   ctx.launch = config::resolve_launch(options, ctx.env);
+  // Nothing said how many ranks there are: a world of one, which may be
+  // meant (a test, a notebook) or may be ranks started by hand that will
+  // each train alone. Said once per process, never an error.
+  if (ctx.launch.source == "none" && ctx.launch.world_size == 1 && options.world_size < 0) {
+    static std::once_flag said;
+    std::call_once(said, [] {
+      log::warn(
+          "no launcher variables are set (RANK and WORLD_SIZE, COLLIE_RANK, "
+          "OMPI_COMM_WORLD_RANK, SLURM_PROCID): this process is a world of one rank. Start "
+          "the ranks with collie-run, torchrun, mpirun or srun (from Python: collie.spawn, or "
+          "torch.distributed.init_process_group before collie's first communicator)");
+    });
+  }
   // Before any of this communicator's threads start, so that they inherit it.
   if (std::string how = config::bind(ctx.env); how != "none")
     log::info("rank " + std::to_string(ctx.launch.rank) + ": COLLIE_BIND=" + how +

@@ -211,12 +211,34 @@ _default_lock = threading.Lock()
 
 
 def default_communicator():
-    """The process's job-wide communicator, connected on first use from the
-    launcher's variables and kept until the process ends (PyTorch's default
-    process group). DistributedDataParallel and the averagers use it when
-    given no communicator; split it for subgroups."""
+    """The process's job-wide communicator, connected on first use and kept
+    until the process ends (PyTorch's default process group).
+    DistributedDataParallel and the averagers use it when given no
+    communicator; split it for subgroups.
+
+    Its job: torch.distributed's, when the program has initialised it (the
+    same ranks and world size, rendezvoused through PyTorch's store, however
+    the ranks were started); else the launcher's variables (collie-run,
+    torchrun, mpirun, srun, collie.spawn); with neither, a world of one,
+    which collie says once on stderr."""
     global _default
+    from ._torch_world import connect_through_torch, torch_world
     with _default_lock:
-        if _default is None or _default.handle is None:
-            _default = connect()
+        world = torch_world()
+        if _default is not None and _default.handle is not None:
+            if world is not None and (world[0], world[1]) != (_default.rank, _default.size):
+                raise Error("invalid_argument", world_mismatch(_default, world))
+            return _default
+        _default = connect_through_torch() if world is not None else connect()
         return _default
+
+
+def world_mismatch(comm, world):
+    """The message for a collie communicator whose world is not
+    torch.distributed's."""
+    return (f"collie's communicator is rank {comm.rank} of {comm.size} but torch.distributed "
+            f"says this process is rank {world[0]} of {world[1]}: the two would reduce over "
+            "different ranks. collie's default communicator follows torch.distributed when "
+            "it is initialised before collie's first use; connect collie after "
+            "torch.distributed.init_process_group, or launch both from the same variables "
+            "(collie-run, torchrun, mpirun)")

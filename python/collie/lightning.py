@@ -27,8 +27,6 @@ import importlib.util
 import inspect
 import logging
 import os
-import secrets
-import socket
 import sys
 
 
@@ -57,9 +55,9 @@ if not _PACKAGES:
 
 import torch  # noqa: E402 - after the check, so that its message comes first
 
-from . import connect  # noqa: E402
-from .torch import (DistributedDataParallel, PeriodicModelAverager,  # noqa: E402
-                    _builtin_spec, _Sink)
+from ._torch_world import connect_through_torch  # noqa: E402
+from .torch import (REFUSED_OPTIONS, DistributedDataParallel,  # noqa: E402
+                    PeriodicModelAverager, _builtin_spec, _Sink)
 
 __all__ = ["CollieDDPStrategy", "STRATEGIES"]
 
@@ -74,23 +72,7 @@ _NAMES = (("collie_ddp", "popen"), ("collie_ddp_spawn", "spawn"), ("collie_ddp_f
 # DDPStrategy; the communicator is the strategy's (process_group: see
 # _CollieDDP.__init__).
 _DDP_OPTIONS = frozenset(inspect.signature(DistributedDataParallel.__init__).parameters) - {
-    "self", "module", "device_ids", "process_group", "comm", "comm_hook"}
-
-# Variables that mean collie's own launcher (collie-run, collie.spawn) gave
-# collie a rendezvous of its own, apart from torch.distributed's.
-_COLLIE_RENDEZVOUS = ("COLLIE_MASTER_PORT", "COLLIE_STORE_FD", "COLLIE_STORE_FILE")
-
-
-def _collie_launched():
-    return (any(os.environ.get(v) for v in _COLLIE_RENDEZVOUS)
-            or os.environ.get("COLLIE_LAUNCHER_STORE") == "1")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
+    "self", "module", "device_ids", "process_group", "comm", "comm_hook"} - set(REFUSED_OPTIONS)
 
 def _spec_int(spec, key, default):
     """An integer parameter of a hook spec ("post_local_sgd:start_iter=8")."""
@@ -181,25 +163,17 @@ class _CollieDDP:
         (every rank calls this, in _setup_model) and closed in teardown."""
         if self._collie_comm is not None and self._collie_comm.handle:
             return self._collie_comm
-        opts = {"rank": self.global_rank, "world_size": self.world_size,
-                "local_rank": self.local_rank, "local_world_size": self.num_processes}
-        if self._collie_timeout is not None:
-            opts["timeout"] = self._collie_timeout.total_seconds()
-        if not _collie_launched():
-            # Lightning's launchers set MASTER_ADDR and MASTER_PORT, as
-            # torchrun does, and torch.distributed's rank 0 already serves its
-            # store on MASTER_PORT: collie's rank 0, reading the same
-            # variables, would try to serve its own on that port too (collie
-            # moves to MASTER_PORT+1 only under torchrun's agent store, which
-            # Lightning's launchers do not use). So rank 0 picks a free port,
-            # and a secret for collie's store, and sends both over
-            # torch.distributed, which every rank has joined by now; the port
-            # is free when picked and bound by collie a moment later.
-            port, secret = self.broadcast(
-                (_free_port(), secrets.token_hex(16)) if self.global_rank == 0 else None, src=0)
-            opts.update(master_addr=self.cluster_environment.main_address, master_port=port,
-                        secret=secret)
-        self._collie_comm = connect(**opts)
+        # torch.distributed's job, which every rank has joined by now
+        # (Lightning's launchers, torchrun, collie-run alike): collie's rank 0
+        # serves its store on a port it holds from the moment it picks it,
+        # and sends the address through PyTorch's store (collie._torch_world).
+        timeout = (self._collie_timeout.total_seconds()
+                   if self._collie_timeout is not None else None)
+        self._collie_comm = connect_through_torch(timeout=timeout)
+        if (self._collie_comm.rank, self._collie_comm.size) != (self.global_rank, self.world_size):
+            raise RuntimeError(
+                f"collie_ddp: collie's communicator is rank {self._collie_comm.rank} of "
+                f"{self._collie_comm.size}; Lightning's is {self.global_rank} of {self.world_size}")
         return self._collie_comm
 
     # ---- the wrapper ----------------------------------------------------------
@@ -305,9 +279,8 @@ _DOC = """Lightning's DDPStrategy with collie.torch.DistributedDataParallel
     "post_local_sgd:start_iter=100" with model_averaging_period, ...).
 
     Lightning's torch.distributed process group is kept for Lightning's
-    own collectives; collie's communicator carries the gradients, with a
-    rendezvous port of its own (picked by rank 0, sent over
-    torch.distributed) unless collie-run or collie.spawn gave it one."""
+    own collectives; collie's communicator carries the gradients, over
+    the same ranks, rendezvoused through torch.distributed's store."""
 
 
 def _define(pkg, suffix=""):

@@ -178,6 +178,35 @@ def _builtin_spec(state, hook):
     return None
 
 
+def _as_uint8(raw):
+    """Bytes as a uint8 tensor: what torch.load(weights_only=True) accepts
+    in a checkpoint (it refuses bytes)."""
+    t = torch.empty(len(raw), dtype=torch.uint8)
+    if raw:
+        t.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    return t
+
+
+def _as_bytes(state):
+    """A saved reducer state as bytes: a uint8 tensor, or the bytes that
+    earlier versions saved."""
+    if isinstance(state, torch.Tensor):
+        return state.contiguous().numpy().tobytes() if state.numel() else b""
+    return bytes(state)
+
+
+def _check_torch_world(comm):
+    """A communicator given by the user must be torch.distributed's world
+    when that is initialised: a world of one beside a job of two (ranks
+    started by hand, a communicator connected before init_process_group)
+    would train every rank alone without an error."""
+    from ._torch_world import torch_world
+    from . import world_mismatch
+    world = torch_world()
+    if world is not None and comm.size == 1 and world[1] > 1:
+        raise Error("invalid_argument", world_mismatch(comm, world))
+
+
 def _check_process_group(group, comm):
     """A torch.distributed group passed as process_group: collie reduces over
     its own communicator, so the group must be the same ranks, the whole
@@ -200,6 +229,23 @@ def _check_process_group(group, comm):
                     "or a collie.Communicator as process_group")
 
 
+# PyTorch's DDP options that collie's does not have, and why: refused when
+# set (to anything but their defaults), never ignored.
+REFUSED_OPTIONS = {
+    "delay_all_reduce_named_params": "collie reduces every parameter in its bucket as backward "
+                                     "produces it",
+    "param_to_hook_all_reduce": "collie reduces every parameter in its bucket as backward "
+                                "produces it",
+    "mixed_precision": "cast the model yourself, or reduce in fp16/bf16 with comm_hook='fp16' "
+                       "or 'bf16'",
+    "device_mesh": "pass comm= (a collie.Communicator, or one split from "
+                   "collie.default_communicator())",
+    "skip_all_reduce_unused_params": "unused parameters travel as zeros, as by default in "
+                                     "PyTorch",
+    "bucket_cap_mb_list": "give bucket_cap_mb and first_bucket_cap_mb",
+}
+
+
 class DistributedDataParallel(torch.nn.Module):
     """torch.nn.parallel.DistributedDataParallel's constructor and methods
     over collie. The communicator: `comm` (or a collie.Communicator passed as
@@ -208,12 +254,36 @@ class DistributedDataParallel(torch.nn.Module):
 
     _hook_count = 0
 
-    def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=True,
-                 process_group=None, bucket_cap_mb=25, find_unused_parameters=False,
-                 check_reduction=False, gradient_as_bucket_view=False, static_graph=False,
-                 init_sync=True, *, comm=None, comm_hook=None, first_bucket_cap_mb=1):
+    def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=None,
+                 init_sync=True, process_group=None, bucket_cap_mb=None,
+                 find_unused_parameters=False, check_reduction=False,
+                 gradient_as_bucket_view=False, static_graph=False,
+                 delay_all_reduce_named_params=None, param_to_hook_all_reduce=None,
+                 mixed_precision=None, device_mesh=None, skip_all_reduce_unused_params=False,
+                 bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None,
+                 lazy_bucket_allocation=False, *, comm=None, comm_hook=None,
+                 first_bucket_cap_mb=1):
+        # PyTorch 2.x's DDP signature, in its order (1.13's put process_group
+        # before init_sync: pass it by name there). device_ids, output_device,
+        # dim, check_reduction, batched_grad_copy and lazy_bucket_allocation
+        # change nothing here; the options collie does not have are refused
+        # when set, naming why, rather than ignored.
         super().__init__()
-        del device_ids, output_device, dim, check_reduction  # accepted for PyTorch's signature
+        del device_ids, output_device, dim, check_reduction, batched_grad_copy
+        del lazy_bucket_allocation
+        given = {"delay_all_reduce_named_params": delay_all_reduce_named_params,
+                 "param_to_hook_all_reduce": param_to_hook_all_reduce,
+                 "mixed_precision": mixed_precision, "device_mesh": device_mesh,
+                 "skip_all_reduce_unused_params": skip_all_reduce_unused_params or None,
+                 "bucket_cap_mb_list": bucket_cap_mb_list}
+        for name, value in given.items():
+            if value is not None:
+                raise Error("invalid_argument", f"collie.torch.DistributedDataParallel does not "
+                                                f"take {name} ({REFUSED_OPTIONS[name]})")
+        if broadcast_buffers is None:
+            broadcast_buffers = True if forward_sync_buffers is None else forward_sync_buffers
+        if bucket_cap_mb is None:
+            bucket_cap_mb = 25
         self.module = module
         if comm is None and isinstance(process_group, Communicator):
             comm = process_group
@@ -221,6 +291,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._comm = comm if comm is not None else default_communicator()
         if process_group is not None and not isinstance(process_group, Communicator):
             _check_process_group(process_group, self._comm)
+        elif comm is not None:
+            _check_torch_world(self._comm)
         self._find_unused = bool(find_unused_parameters)
         self._static_graph = bool(static_graph)
         self._bucket_view = bool(gradient_as_bucket_view)
@@ -261,9 +333,14 @@ class DistributedDataParallel(torch.nn.Module):
             self._bind_views()
         if init_sync:
             self._sync_buffers()
-        # Hooks on each parameter's gradient accumulator, kept alive here.
+        # A hook per parameter, after its gradient has been accumulated:
+        # PyTorch's own (2.1 and later), else one on the parameter's gradient
+        # accumulator node, kept alive here.
         self._accumulators, self._handles = [], []
         for i, p in enumerate(self._params):
+            if hasattr(p, "register_post_accumulate_grad_hook"):
+                self._handles.append(p.register_post_accumulate_grad_hook(self._make_hook(i)))
+                continue
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             self._handles.append(acc.register_hook(self._make_hook(i)))
             self._accumulators.append(acc)
@@ -279,6 +356,7 @@ class DistributedDataParallel(torch.nn.Module):
         # forward was a synchronising one (or there was none).
         self.require_forward_param_sync = True
         self._joining = False
+        self._every_rank_state = False
         self._steps = 0
         self._python_hooks = []
         if comm_hook is not None and not isinstance(comm_hook, str):
@@ -642,33 +720,63 @@ class DistributedDataParallel(torch.nn.Module):
     # ---- checkpoints ----------------------------------------------------------
 
     def get_extra_state(self):
-        """Every rank's reducer state (bucket layout, iteration, the hook's
-        state): gathered, so that rank 0's checkpoint restores every rank.
-        Collective (state_dict() calls it)."""
+        """This rank's reducer state (bucket layout, iteration, the comm
+        hook's state), with the rank that saved it. Local, as PyTorch's DDP's
+        state_dict is: the DDP tutorial's `if rank == 0:
+        torch.save(ddp.state_dict(), ...)` needs nothing from the others.
+        Inside `with ddp.state_of_every_rank():` it is every rank's
+        (collective: call state_dict() on every rank, save on one)."""
+        mine = self._save_reducer_state()
+        if not self._every_rank_state:
+            return {"collie_reducer_rank": self._comm.rank,
+                    "collie_world_size": self._comm.size, "collie_reducer": [_as_uint8(mine)]}
+        n = self._comm.size
+        sizes = torch.zeros(n, dtype=torch.int64)
+        sizes[self._comm.rank] = len(mine)
+        self._comm.allreduce(sizes, op="sum")
+        width = max(int(sizes.max()), 1)
+        blob = torch.zeros(width, dtype=torch.uint8)
+        blob[:len(mine)] = torch.tensor(bytearray(mine), dtype=torch.uint8)
+        everyone = torch.zeros(n * width, dtype=torch.uint8)
+        self._comm.allgather(blob, everyone)
+        raw = everyone.numpy().tobytes() if hasattr(everyone, "numpy") else bytes(everyone.tolist())
+        return {"collie_reducer_rank": None, "collie_world_size": n,
+                "collie_reducer": [_as_uint8(raw[r * width:r * width + int(sizes[r])])
+                                   for r in range(n)]}
+
+    def _save_reducer_state(self):
         size = ctypes.c_size_t()
         check(lib.collie_reducer_save_state(self._h, None, 0, ctypes.byref(size)))
         mine = (ctypes.c_uint8 * max(size.value, 1))()
         check(lib.collie_reducer_save_state(self._h, mine, size.value, ctypes.byref(size)))
-        n = self._comm.size
-        sizes = torch.zeros(n, dtype=torch.int64)
-        sizes[self._comm.rank] = size.value
-        self._comm.allreduce(sizes, op="sum")
-        width = max(int(sizes.max()), 1)
-        blob = torch.zeros(width, dtype=torch.uint8)
-        blob[:size.value] = torch.tensor(bytearray(bytes(mine)[:size.value]), dtype=torch.uint8)
-        everyone = torch.zeros(n * width, dtype=torch.uint8)
-        self._comm.allgather(blob, everyone)
-        raw = everyone.numpy().tobytes() if hasattr(everyone, "numpy") else bytes(everyone.tolist())
-        return {"collie_reducer": [raw[r * width:r * width + int(sizes[r])] for r in range(n)]}
+        return bytes(mine)[:size.value]
+
+    @contextlib.contextmanager
+    def state_of_every_rank(self):
+        """state_dict() inside holds every rank's reducer state (gathered:
+        call it on every rank), so that a checkpoint saved on rank 0 resumes
+        every rank exactly, PowerSGD's per-rank error feedback included."""
+        self._every_rank_state = True
+        try:
+            yield
+        finally:
+            self._every_rank_state = False
 
     def set_extra_state(self, state):
-        """Loads this rank's part of a state from get_extra_state (every
-        rank must load one saved at the same step). Collective."""
+        """Loads the reducer state of a checkpoint (every rank loads one saved
+        at the same step: the load checks that, collectively). A checkpoint
+        of every rank's state gives each rank its own; one rank's state (the
+        tutorial's save on rank 0) is loaded by every rank: the layout, the
+        iteration and the hook's shared state are every rank's anyway, and a
+        per-rank part (PowerSGD's error feedback) is that rank's, as
+        PyTorch's PowerSGDState saved on rank 0 gives every rank rank 0's."""
         states = state["collie_reducer"]
-        if len(states) != self._comm.size:
+        # Checkpoints of earlier versions hold every rank's state, untagged.
+        saved_by = state.get("collie_reducer_rank", None)
+        if saved_by is None and len(states) != self._comm.size:
             raise Error("mismatch", f"the checkpoint holds {len(states)} ranks' reducer states; "
                                     f"this job has {self._comm.size} ranks")
-        mine = bytes(states[self._comm.rank])
+        mine = _as_bytes(states[self._comm.rank] if saved_by is None else states[0])
         buf = (ctypes.c_uint8 * max(len(mine), 1)).from_buffer_copy(mine or b"\0")
         check(lib.collie_reducer_load_state(self._h, buf, len(mine)))
         if self._bucket_view:

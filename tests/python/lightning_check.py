@@ -1,7 +1,7 @@
 """collie.lightning against Lightning's own DDP, on two CPU ranks.
 
     /usr/bin/python3 lightning_check.py          # Lightning's script launcher (collie_ddp vs ddp)
-    /usr/bin/python3 lightning_check.py spawn    # collie_ddp_spawn and _notebook vs ddp_spawn
+    /usr/bin/python3 lightning_check.py spawn    # collie_ddp_spawn, _fork and _notebook vs ddp_spawn
 
 Each case trains the same LightningModule (an MLP with BatchNorm), from the
 same seed, on the same data, with Trainer(strategy="ddp"...) and with
@@ -11,7 +11,9 @@ that the DDP options reach collie's wrapper (static_graph, bucket views,
 gradient accumulation through no_sync, manual optimization); that comm
 hooks named ("fp16", "powersgd:...") or given as PyTorch's functions run
 (fp16 within fp16 rounding of the exact average); and that post-local SGD
-averages with collie's averager. Exits non-zero when any check failed on
+averages with collie's averager; that self.log(sync_dist=True) logs the
+mean over ranks; and that a checkpoint saved at step 3 and resumed to the
+end gives Lightning's ddp's model doing the same. Exits non-zero when any check failed on
 any rank.
 
 Without Lightning it checks that importing collie.lightning says Lightning
@@ -88,6 +90,10 @@ class Net(pl.LightningModule):
         # Which wrapper trained (rank 0's word reaches a spawn's main process).
         self.log("collie_wrapper", float(isinstance(self.trainer.strategy.model,
                                                     ct.DistributedDataParallel)))
+        # Lightning's mean over the ranks (its torch.distributed group),
+        # and this rank's own, which Record gathers for the check.
+        self.log("loss_synced", loss.detach(), sync_dist=True)
+        self.log("loss_local", loss.detach())
         if self.automatic_optimization:
             return loss
         opt = self.optimizers()
@@ -132,14 +138,17 @@ class Record(pl.Callback):
             self.stats.append(ddp.reducer_stats())
 
 
-def fit(strategy, manual=False, accumulate=1, steps=STEPS, devices=2):
+def fit(strategy, manual=False, accumulate=1, steps=STEPS, devices=2, ckpt_path=None,
+        save_to=None):
     rec = Record()
     model = Net(manual)
     trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=devices, max_steps=steps,
                          accumulate_grad_batches=accumulate, callbacks=[rec], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
-    trainer.fit(model, data())
+    trainer.fit(model, data(), ckpt_path=ckpt_path)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
     children.extend(getattr(trainer.strategy.launcher, "procs", None) or [])
     check(trainer.state.finished, f"the fit with {strategy!r} did not finish: {trainer.state}")
     # The parameters, then the BatchNorm statistics (which differ between
@@ -234,6 +243,47 @@ def case_plain():
     assert_close(got, want, "collie_ddp against ddp, the trained model")
     _reference["collie"] = (got, rec)
     return f"{STEPS} steps: every gradient and the model within 1e-5 of Lightning's ddp"
+
+
+def case_sync_dist():
+    """self.log(..., sync_dist=True) under collie_ddp: the mean of the ranks'
+    losses (Lightning reduces it over its process group), equal to
+    Lightning's own ddp's and to the mean of every rank's own loss."""
+    _, _, ref = fit("ddp")
+    _, _, trainer = fit("collie_ddp")
+    got = trainer.callback_metrics["loss_synced"].double()
+    want = ref.callback_metrics["loss_synced"].double()
+    local = trainer.callback_metrics["loss_local"].double().reshape(1).float()
+    everyone = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, local)
+    mean = torch.cat(everyone).double().mean()
+    check(abs(got - want) <= 1e-6 * abs(want), f"synced loss {got.item()} against ddp's "
+                                                f"{want.item()}")
+    check(abs(got - mean) <= 1e-6 * abs(mean), f"synced loss {got.item()} against the mean of "
+                                                f"the ranks' own, {mean.item()}")
+    return f"sync_dist=True logs the mean over ranks ({got.item():.6f}), as ddp does"
+
+
+def case_checkpoint_resume():
+    """A checkpoint saved after 3 steps (trainer.save_checkpoint, which
+    Lightning writes from rank 0) and a new Trainer resumed from it to step
+    6, with collie_ddp and with Lightning's ddp doing the same: the same
+    model within 1e-5, on every rank."""
+    root = os.environ["COLLIE_LIGHTNING_CHECK_DIR"]
+    out = {}
+    for name in ("ddp", "collie_ddp"):
+        path = os.path.join(root, f"{name}.ckpt")
+        fit(name, steps=3, save_to=path)
+        dist.barrier()
+        check(os.path.exists(path), f"{name}: no checkpoint at {path}")
+        out[name], rec, trainer = fit(name, steps=STEPS, ckpt_path=path)
+        check(len(rec.grads) == STEPS - 3,
+              f"{name}: the resumed fit took {len(rec.grads)} steps, not {STEPS - 3}")
+        if name == "collie_ddp":
+            is_collie(rec, "checkpoint_resume")
+    assert_same_on_every_rank(out["collie_ddp"], "collie_ddp resumed")
+    assert_close(out["collie_ddp"], out["ddp"], "collie_ddp resumed against ddp resumed")
+    return "saved at step 3, resumed to 6: within 1e-5 of Lightning's ddp doing the same"
 
 
 def case_static_graph_bucket_view():
@@ -368,6 +418,8 @@ CASES = {
     "accumulate": case_accumulate,
     "manual": case_manual,
     "post_local_sgd": case_post_local_sgd,
+    "sync_dist": case_sync_dist,
+    "checkpoint_resume": case_checkpoint_resume,
 }
 
 
@@ -412,7 +464,7 @@ def spawned():
     if ref.callback_metrics.get("collie_wrapper") != 0.0:
         sys.exit(f"FAIL: ddp_spawn's ranks said {ref.callback_metrics}: the check cannot tell "
                  "the wrappers apart")
-    for name in ("collie_ddp_spawn", "collie_ddp_notebook"):
+    for name in ("collie_ddp_spawn", "collie_ddp_fork", "collie_ddp_notebook"):
         def one(name=name):
             got, _, trainer = fit(name)
             check(isinstance(trainer.strategy, Collie),
@@ -423,7 +475,7 @@ def spawned():
             return f"within 1e-5 of ddp_spawn ({trainer.strategy._start_method})"
         run(name, one, lambda: "main")
     print(f"collie.lightning spawned ({pl.__name__} {pl.__version__}): "
-          f"{2 - len(failures)} passed, {len(failures)} failed", flush=True)
+          f"{3 - len(failures)} passed, {len(failures)} failed", flush=True)
     sys.exit(1 if failures else 0)
 
 
@@ -440,4 +492,9 @@ def main():
 
 if __name__ == "__main__":
     os.environ.setdefault("COLLIE_TIMEOUT", "120")
+    # One folder for every rank (Lightning's script launcher starts the
+    # others from rank 0, with its environment).
+    if "COLLIE_LIGHTNING_CHECK_DIR" not in os.environ:
+        import tempfile
+        os.environ["COLLIE_LIGHTNING_CHECK_DIR"] = tempfile.mkdtemp(prefix="collie-lightning-")
     main()
