@@ -31,39 +31,67 @@ def as_tensor(x):
     if hasattr(x, "data_ptr") and hasattr(x, "dtype"):  # torch.Tensor
         name = str(x.dtype).replace("torch.", "")
         if name not in _TORCH_DTYPES:
-            raise Error("invalid_argument", f"collie does not move {x.dtype} tensors")
+            raise _lib.error("invalid_argument", f"collie does not move {x.dtype} tensors")
         if not x.is_contiguous():
-            raise Error("invalid_argument", "collie needs contiguous tensors: call .contiguous()")
+            raise _lib.error("invalid_argument", "collie needs contiguous tensors: call .contiguous()")
         dev = x.device
         return _lib.Tensor(x.data_ptr(), x.numel(), _TORCH_DTYPES[name],
                            _lib.CPU if dev.type == "cpu" else _lib.CUDA, dev.index or 0)
     view = memoryview(x)
     if not view.c_contiguous or view.readonly:
-        raise Error("invalid_argument", "collie needs a writable, C-contiguous buffer")
+        raise _lib.error("invalid_argument", "collie needs a writable, C-contiguous buffer")
     fmt = view.format.lstrip("@=<")
     if fmt not in _BUFFER_DTYPES:
-        raise Error("invalid_argument", f"collie does not move buffers of format '{view.format}'")
+        raise _lib.error("invalid_argument", f"collie does not move buffers of format '{view.format}'")
     addr = ctypes.addressof(ctypes.c_char.from_buffer(view)) if view.nbytes else None
     return _lib.Tensor(addr, view.nbytes // view.itemsize, _BUFFER_DTYPES[fmt], _lib.CPU, 0)
 
 
 class Work:
     """An operation in flight: wait() for it (raises collie.Error if it
-    failed), is_completed() without waiting. Keeps its buffers alive."""
+    failed), is_completed() without waiting, get_future() for a
+    torch.futures.Future (PyTorch's Work.get_future()). Keeps its buffers
+    alive."""
 
-    def __init__(self, handle, keep):
+    def __init__(self, handle, keep, result=()):
         self._h = handle
         self._keep = keep
+        self._result = list(result)
 
     def wait(self, timeout=None):
         if timeout is None:
             check(lib.collie_work_wait(self._h))
         else:
+            if hasattr(timeout, "total_seconds"):  # a datetime.timedelta, as PyTorch's
+                timeout = timeout.total_seconds()
             check(lib.collie_work_wait_for(self._h, float(timeout)))
         return True
 
     def is_completed(self):
         return check(lib.collie_work_query(self._h)) != _lib.IN_PROGRESS
+
+    def result(self):
+        """The op's output tensors (PyTorch's Work.result())."""
+        return list(self._result)
+
+    def get_future(self):
+        """A torch.futures.Future that completes when the op does, with its
+        output tensors as the value (as PyTorch's Work.get_future()), or
+        with its error: PyTorch's DDP comm hooks return it and chain on it
+        with then(). A thread waits for the op on the future's behalf."""
+        import torch
+        fut = torch.futures.Future()
+
+        def waiter():
+            try:
+                self.wait()
+            except Exception as e:  # noqa: BLE001 - delivered through the future
+                fut.set_exception(e)
+                return
+            fut.set_result(self.result())
+
+        threading.Thread(target=waiter, name="collie-work-future", daemon=True).start()
+        return fut
 
     def __del__(self):
         if getattr(self, "_h", None):
@@ -73,7 +101,7 @@ class Work:
 
 def _op(op):
     if op not in _lib.OPS:
-        raise Error("invalid_argument", f"unknown op '{op}': sum avg min max prod")
+        raise _lib.error("invalid_argument", f"unknown op '{op}': sum avg min max prod")
     return _lib.OPS[op]
 
 
@@ -107,33 +135,34 @@ class Communicator:
         check(lib.collie_comm_backend(self._h, ctypes.byref(name)))
         return name.value.decode()
 
-    def _run(self, start, async_op, keep):
+    def _run(self, start, async_op, keep, result=()):
         if not async_op:
             check(start(None))
             return None
         w = ctypes.c_void_p()
         check(start(ctypes.byref(w)))
-        return Work(w, keep)
+        return Work(w, keep, result)
 
     def allreduce(self, x, op="sum", async_op=False, out=None):
         tin = as_tensor(x)
         tout = as_tensor(out) if out is not None else tin
         return self._run(lambda w: lib.collie_comm_allreduce(self._h, tin, tout, _op(op), w),
-                         async_op, (x, out))
+                         async_op, (x, out), [x if out is None else out])
 
     def broadcast(self, x, root=0, async_op=False):
         t = as_tensor(x)
-        return self._run(lambda w: lib.collie_comm_broadcast(self._h, t, root, w), async_op, x)
+        return self._run(lambda w: lib.collie_comm_broadcast(self._h, t, root, w), async_op, x,
+                         [x])
 
     def allgather(self, x, out, async_op=False):
         tin, tout = as_tensor(x), as_tensor(out)
         return self._run(lambda w: lib.collie_comm_allgather(self._h, tin, tout, w), async_op,
-                         (x, out))
+                         (x, out), [out])
 
     def reduce_scatter(self, x, out, op="sum", async_op=False):
         tin, tout = as_tensor(x), as_tensor(out)
         return self._run(lambda w: lib.collie_comm_reduce_scatter(self._h, tin, tout, _op(op), w),
-                         async_op, (x, out))
+                         async_op, (x, out), [out])
 
     def barrier(self, async_op=False):
         return self._run(lambda w: lib.collie_comm_barrier(self._h, w), async_op, None)
@@ -144,7 +173,8 @@ class Communicator:
 
     def recv(self, x, peer, tag=0, async_op=False):
         t = as_tensor(x)
-        return self._run(lambda w: lib.collie_comm_recv(self._h, t, peer, tag, w), async_op, x)
+        return self._run(lambda w: lib.collie_comm_recv(self._h, t, peer, tag, w), async_op, x,
+                         [x])
 
     def split(self, color, key=0):
         out = ctypes.c_void_p()
@@ -227,7 +257,7 @@ def default_communicator():
         world = torch_world()
         if _default is not None and _default.handle is not None:
             if world is not None and (world[0], world[1]) != (_default.rank, _default.size):
-                raise Error("invalid_argument", world_mismatch(_default, world))
+                raise _lib.error("invalid_argument", world_mismatch(_default, world))
             return _default
         _default = connect_through_torch() if world is not None else connect()
         return _default

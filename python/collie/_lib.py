@@ -7,7 +7,9 @@ No PyTorch or C headers are needed, so one package serves every PyTorch.
 """
 import ctypes
 import ctypes.util
+import importlib.util
 import os
+import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_int, c_int32,
                     c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
@@ -104,7 +106,27 @@ def _find_library():
     return ctypes.util.find_library("collie") or "libcollie.so.0"
 
 
+def _torch_first():
+    """Imports PyTorch, when it is installed, before libcollie is loaded.
+    A libcollie built with CUDA links libcudart.so.13 and libnccl.so.2 from
+    the toolkit it was built against; PyPI's torch brings its own, newer
+    copies under the same names, and a process holds one library per name:
+    loaded first, collie's older NCCL left torch without the symbols it
+    needs (`import collie; import torch` failed with "undefined symbol:
+    ncclCommResume"). Loaded second, libcollie binds to torch's copies,
+    which are newer and keep the ABI collie was built against."""
+    if "torch" in sys.modules:
+        return
+    try:
+        if importlib.util.find_spec("torch") is None:
+            return
+        import torch  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken torch is the user's to see when they use it
+        pass
+
+
 def _load():
+    _torch_first()
     path = _find_library()
     try:
         lib = ctypes.CDLL(path)
@@ -176,9 +198,21 @@ def _load():
 lib = _load()
 
 
+# The class each error code raises: collie.Error, or (once collie.torch is
+# imported) its subclasses that are torch.distributed's DistError and
+# DistBackendError too, so that code catching PyTorch's errors catches
+# collie's.
+ERROR_CLASSES = {}
+
+
+def error(code, message):
+    """collie's error for `code` ("timeout", "peer_lost", ...)."""
+    return ERROR_CLASSES.get(code, Error)(code, message)
+
+
 def check(status):
     """Raises collie's error for a failed call (read at once: the message is
     the calling thread's)."""
     if status == OK or status == IN_PROGRESS:
         return status
-    raise Error(CODES.get(status, "internal"), lib.collie_last_error().decode(errors="replace"))
+    raise error(CODES.get(status, "internal"), lib.collie_last_error().decode(errors="replace"))

@@ -106,8 +106,9 @@ def connect_through_torch(backend=None, timeout=None):
                     secret=info["secret"], local_rank=local.index(rank),
                     local_world_size=len(local), backend=backend, timeout=timeout)
         if listener is None:
-            return connect(**opts)
-        with _store_fd(listener.fileno()):
+            with _rendezvous_env(None):
+                return connect(**opts)
+        with _rendezvous_env(listener.fileno()):
             try:
                 return connect(**opts)
             finally:
@@ -120,19 +121,23 @@ def connect_through_torch(backend=None, timeout=None):
             listener.close()
 
 
-class _store_fd:
-    """COLLIE_STORE_FD set for one connect: rank 0's store serves on the
-    socket bound above instead of binding the port itself."""
+class _rendezvous_env:
+    """The environment of one connect through PyTorch's store: rank 0's
+    store serves on the socket bound above (COLLIE_STORE_FD), and the
+    variables of collie's own launcher, which point elsewhere (collie-run's
+    store, a store file), are set aside."""
+
+    NAMES = ("COLLIE_STORE_FD", "COLLIE_LAUNCHER_STORE", "COLLIE_STORE_FILE", "COLLIE_STORE_PREFIX")
 
     def __init__(self, fd):
         self.fd = fd
 
     def __enter__(self):
-        self.old = os.environ.get("COLLIE_STORE_FD")
-        os.environ["COLLIE_STORE_FD"] = str(self.fd)
+        self.old = {n: os.environ.pop(n) for n in self.NAMES if n in os.environ}
+        if self.fd is not None:
+            os.environ["COLLIE_STORE_FD"] = str(self.fd)
 
     def __exit__(self, *exc):
-        if self.old is None:
-            os.environ.pop("COLLIE_STORE_FD", None)
-        else:
-            os.environ["COLLIE_STORE_FD"] = self.old
+        for n in self.NAMES:
+            os.environ.pop(n, None)
+        os.environ.update(self.old)

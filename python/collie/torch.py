@@ -29,15 +29,39 @@ return a torch Future, a collie Work, a tensor, or None (left in place).
 import contextlib
 import ctypes
 import inspect
+import warnings
 import weakref
 
 import torch
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from . import Communicator, Error, Work, as_tensor, default_communicator
 from . import _lib
 from ._lib import check, lib
 
 __all__ = ["DistributedDataParallel", "GradBucket", "PeriodicModelAverager", "PostLocalSGDOptimizer"]
+
+def _torch_errors():
+    """collie.Error's subclasses that are PyTorch's errors too: a failure
+    of the communication (a peer lost, a deadline, an abort, the backend)
+    is a torch.distributed.DistBackendError, a misuse (bad arguments,
+    ranks that disagree) a DistError; on PyTorch without them (1.13),
+    RuntimeError, which collie.Error already is."""
+    import torch.distributed as dist
+    dist_error = getattr(dist, "DistError", None)
+    backend_error = getattr(dist, "DistBackendError", dist_error)
+    if dist_error is None:
+        return
+    usage = type("DistError", (Error, dist_error), {"__module__": __name__, "__doc__": (
+        "A collie.Error that is torch.distributed.DistError: a misuse or a mismatch.")})
+    backend = type("DistBackendError", (Error, backend_error), {"__module__": __name__, "__doc__": (
+        "A collie.Error that is torch.distributed.DistBackendError: the communication failed.")})
+    globals().update(DistError=usage, DistBackendError=backend)
+    for code in _lib.CODES.values():
+        _lib.ERROR_CLASSES[code] = usage if code in ("invalid_argument", "mismatch") else backend
+
+
+_torch_errors()
 
 _DTYPES = {torch.float32: _lib.F32, torch.float64: _lib.F64, torch.float16: _lib.F16,
            torch.bfloat16: _lib.BF16, torch.int32: _lib.I32, torch.int64: _lib.I64,
@@ -91,7 +115,7 @@ class _Arenas:
                 start = addr - base + off
                 flat = t[start:start + nbytes].view(dtype)
                 return flat.view(shape) if shape is not None else flat
-        raise Error("internal", "collie.torch: bucket memory outside every arena")
+        raise _lib.error("internal", "collie.torch: bucket memory outside every arena")
 
 
 class GradBucket:
@@ -204,7 +228,7 @@ def _check_torch_world(comm):
     from . import world_mismatch
     world = torch_world()
     if world is not None and comm.size == 1 and world[1] > 1:
-        raise Error("invalid_argument", world_mismatch(comm, world))
+        raise _lib.error("invalid_argument", world_mismatch(comm, world))
 
 
 def _check_process_group(group, comm):
@@ -221,7 +245,7 @@ def _check_process_group(group, comm):
         why = (f"its size is {size} and this process is its rank {rank}; collie's "
                f"communicator's size is {comm.size} and this process is its rank {comm.rank}")
     if why is not None:
-        raise Error("invalid_argument",
+        raise _lib.error("invalid_argument",
                     "collie.torch.DistributedDataParallel: process_group is a torch.distributed "
                     f"group that is not the whole job ({why}). collie reduces over its own "
                     "communicator: for a subgroup pass "
@@ -246,7 +270,21 @@ REFUSED_OPTIONS = {
 }
 
 
-class DistributedDataParallel(torch.nn.Module):
+class _JoinHook(JoinHook):
+    """collie's wrapper in PyTorch's Join: shadow steps, then the final
+    model."""
+
+    def __init__(self, ddp):
+        self.ddp = ddp
+
+    def main_hook(self):
+        self.ddp._shadow_step()
+
+    def post_hook(self, is_last_joiner):
+        self.ddp._sync_final_model()
+
+
+class DistributedDataParallel(torch.nn.Module, Joinable):
     """torch.nn.parallel.DistributedDataParallel's constructor and methods
     over collie. The communicator: `comm` (or a collie.Communicator passed as
     process_group); by default one connected from the launcher's variables.
@@ -269,6 +307,7 @@ class DistributedDataParallel(torch.nn.Module):
         # change nothing here; the options collie does not have are refused
         # when set, naming why, rather than ignored.
         super().__init__()
+        Joinable.__init__(self)
         del device_ids, output_device, dim, check_reduction, batched_grad_copy
         del lazy_bucket_allocation
         given = {"delay_all_reduce_named_params": delay_all_reduce_named_params,
@@ -278,7 +317,7 @@ class DistributedDataParallel(torch.nn.Module):
                  "bucket_cap_mb_list": bucket_cap_mb_list}
         for name, value in given.items():
             if value is not None:
-                raise Error("invalid_argument", f"collie.torch.DistributedDataParallel does not "
+                raise _lib.error("invalid_argument", f"collie.torch.DistributedDataParallel does not "
                                                 f"take {name} ({REFUSED_OPTIONS[name]})")
         if broadcast_buffers is None:
             broadcast_buffers = True if forward_sync_buffers is None else forward_sync_buffers
@@ -299,19 +338,19 @@ class DistributedDataParallel(torch.nn.Module):
         self._broadcast_buffers = bool(broadcast_buffers)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
-            raise Error("invalid_argument",
+            raise _lib.error("invalid_argument",
                         "collie.torch.DistributedDataParallel: the module has no parameter that "
                         "requires a gradient")
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         for n, p in named:
             if p.dtype not in _DTYPES:
-                raise Error("invalid_argument",
+                raise _lib.error("invalid_argument",
                             f"parameter {n} is {p.dtype}, which collie does not reduce")
             if not p.is_contiguous():
-                raise Error("invalid_argument", f"parameter {n} is not contiguous")
+                raise _lib.error("invalid_argument", f"parameter {n} is not contiguous")
             if p.is_sparse:
-                raise Error("invalid_argument", f"parameter {n} is sparse; collie reduces dense "
+                raise _lib.error("invalid_argument", f"parameter {n} is sparse; collie reduces dense "
                                                 "gradients only")
         n = len(self._params)
         self._index_of = {p.data_ptr(): i for i, p in enumerate(self._params)}
@@ -351,11 +390,17 @@ class DistributedDataParallel(torch.nn.Module):
         self._late = []
         self._global_used = None  # static_graph: the used set, learnt once
         self._in_backward = False
+        self._armed = False
+        self._warned_unarmed = False
+        self._synced_steps = 0  # synchronised backward passes finished
         self.require_backward_grad_sync = True
         # As PyTorch's DDP: buffers go out before a forward when the last
         # forward was a synchronising one (or there was none).
         self.require_forward_param_sync = True
         self._joining = False
+        self._active = None  # ranks still training in this step of a join
+        self._divide_by_initial = True
+        self._throw_on_early_termination = False
         self._every_rank_state = False
         self._steps = 0
         self._python_hooks = []
@@ -372,6 +417,13 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if self._joining:
             self._join_round(1)
+        elif self._join_config.enable:
+            # In PyTorch's Join: it counts the ranks still training (and
+            # raises for throw_on_early_termination).
+            work = Join.notify_join_context(self)
+            if work is not None:
+                work.wait()
+                self._active = int(work.result()[0].item())
         # Rank 0's buffers when PyTorch's DDP sends them: not after a no_sync
         # micro-batch or a no-grad forward (evaluation), whose ranks keep
         # their own until the next synchronising step.
@@ -383,6 +435,11 @@ class DistributedDataParallel(torch.nn.Module):
         if not torch.is_grad_enabled():
             return out
         self._steps += 1
+        # As PyTorch's DDP: a grad-enabled forward through the wrapper arms
+        # the gradient hooks, so that the next backward reduces even when its
+        # loss was not computed from this output (a loss from .module, an
+        # output dropped and recomputed).
+        self._armed = True
         flat = []
         _map_tensors(out, lambda t: flat.append(t) if t.requires_grad else None)
         if not flat:
@@ -395,14 +452,24 @@ class DistributedDataParallel(torch.nn.Module):
             return  # several outputs, one backward
         check(lib.collie_reducer_prepare(self._h, None, 0))
         self._in_backward = True
+        self._armed = False
         n = len(self._params)
         self._fires, self._marked, self._late = [0] * n, [False] * n, []
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _make_hook(self, i):
         def hook(*_):
+            if not self._in_backward and self._armed:
+                self._start_backward()  # the loss did not come from the wrapper's output
             if self._in_backward:
                 self._on_gradient(i)
+            elif not self._warned_unarmed and self.require_backward_grad_sync:
+                self._warned_unarmed = True
+                warnings.warn(
+                    f"collie.torch.DistributedDataParallel on rank {self._comm.rank}: parameter "
+                    f"{self._names[i]} received a gradient from a backward with no forward "
+                    "through the wrapper before it; it stays this rank's own, not averaged over "
+                    "the ranks. Call the wrapper (not .module) in training steps.", stacklevel=2)
         return hook
 
     def _on_gradient(self, i):
@@ -462,7 +529,7 @@ class DistributedDataParallel(torch.nn.Module):
             if missing and not self._find_unused:
                 names = ", ".join(self._names[i] for i in missing[:10])
                 more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-                raise Error("invalid_argument",
+                raise _lib.error("invalid_argument",
                             f"rank {self._comm.rank}: parameters {names}{more} received no "
                             "gradient in this backward pass; if the model does not use every "
                             "parameter in every step, pass find_unused_parameters=True")
@@ -478,15 +545,24 @@ class DistributedDataParallel(torch.nn.Module):
             check(lib.collie_reducer_finalize(self._h))
             if self._bucket_view:
                 self._bind_views()
+            if (not self._divide_by_initial and self._active is not None
+                    and 0 < self._active < self._comm.size):
+                # join(divide_by_initial_world_size=False): the average over
+                # the ranks still training, not over the whole world.
+                with torch.no_grad():
+                    for p in self._params:
+                        if p.grad is not None:
+                            p.grad.mul_(self._comm.size / self._active)
             if self._find_unused:
                 self._give_unused(zeros, self._exchange_used(
                     [bool(f) or a for f, a in zip(self._fires, self._accumulated)]))
             if self._late:
                 names = ", ".join(self._names[i] for i in sorted(set(self._late)))
-                raise Error("invalid_argument",
+                raise _lib.error("invalid_argument",
                             f"rank {self._comm.rank}: parameters {names} received a gradient after "
                             "theirs had been reduced: this backward used them more often than the "
                             "first one did")
+            self._synced_steps += 1
             if self._expected is None:
                 self._expected = list(self._fires)
             else:
@@ -575,13 +651,20 @@ class DistributedDataParallel(torch.nn.Module):
         """`hook`: a collie spec ("fp16", "powersgd:rank=2,start_iter=10", ...);
         one of PyTorch's built-in hooks (mapped to collie's own); or any
         callable hook(state, bucket) as PyTorch calls it (see GradBucket)."""
+        if self._synced_steps:
+            raise _lib.error(
+                "invalid_argument",
+                f"rank {self._comm.rank}: register_comm_hook after {self._synced_steps} "
+                "synchronised step(s): as with PyTorch's DDP, register the hook before the first "
+                "backward, on every rank (ranks that switch hooks at different steps would "
+                "reduce their buckets differently)")
         if isinstance(hook, str):
             spec = hook
         else:
             spec = _builtin_spec(state, hook)
             if spec is None:
                 if not callable(hook):
-                    raise Error("invalid_argument", f"{hook!r} is not a comm hook")
+                    raise _lib.error("invalid_argument", f"{hook!r} is not a comm hook")
                 spec = self._register_python_hook(state, hook)
         check(lib.collie_reducer_set_comm_hook(self._h, spec.encode()))
 
@@ -591,7 +674,7 @@ class DistributedDataParallel(torch.nn.Module):
         except (TypeError, ValueError):
             nargs = 2
         if nargs != 2:
-            raise Error("invalid_argument",
+            raise _lib.error("invalid_argument",
                         f"a comm hook is called as hook(state, bucket); {fn!r} takes {nargs} "
                         "arguments")
         DistributedDataParallel._hook_count += 1
@@ -660,27 +743,84 @@ class DistributedDataParallel(torch.nn.Module):
     # ---- uneven inputs --------------------------------------------------------
 
     @contextlib.contextmanager
-    def join(self, enable=True):
-        """Uneven inputs: run the training loop inside. A rank that runs out
-        of data shadows the others' collectives (zero gradients, divided by
-        the whole world, as PyTorch's Join does) until every rank is done;
-        then every rank takes the model of the rank that trained longest."""
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        """Uneven inputs, with PyTorch's signature: run the training loop
+        inside. A rank that runs out of data shadows the others' collectives
+        (zero gradients) until every rank is done; then every rank takes the
+        model of the rank that trained longest. Gradients are divided by the
+        whole world (divide_by_initial_world_size=True, PyTorch's default) or
+        by the ranks still training. throw_on_early_termination: every rank
+        raises once one has run out. Works without torch.distributed; with
+        it, torch.distributed.algorithms.join.Join([ddp, ...]) drives the
+        wrapper too (it is a Joinable)."""
         if not enable:
             yield
             return
         self._joining = True
+        self._divide_by_initial = bool(divide_by_initial_world_size)
+        self._throw_on_early_termination = bool(throw_on_early_termination)
         try:
             yield
-        finally:
-            while self._join_round(0):
-                self._shadow_step()
+        except BaseException:
+            # The loop raised (throw_on_early_termination included): no
+            # shadowing, which the other ranks would not match.
             self._joining = False
-            self._sync_final_model()
+            self._active = None
+            raise
+        else:
+            try:
+                if self._throw_on_early_termination:
+                    self._join_round(0)  # the others learn of it in their next forward
+                    raise _lib.error("invalid_argument",
+                                     f"rank {self._comm.rank} exhausted all inputs "
+                                     "(join(throw_on_early_termination=True))")
+                while self._join_round(0):
+                    self._shadow_step()
+                self._sync_final_model()
+            finally:
+                self._joining = False
+                self._active = None
 
     def _join_round(self, active):
         count = torch.tensor([active], dtype=torch.int64)
         self._comm.allreduce(count, op="sum")
-        return int(count[0]) > 0
+        self._active = int(count[0])
+        if active and self._throw_on_early_termination and self._active < self._comm.size:
+            raise _lib.error("invalid_argument",
+                             f"rank {self._comm.rank}: {self._comm.size - self._active} rank(s) "
+                             "exhausted all inputs (join(throw_on_early_termination=True))")
+        return self._active > 0
+
+    # ---- torch.distributed.algorithms.join.Joinable ------------------------------
+
+    def join_hook(self, **kwargs):
+        """What a rank that has joined does each round of PyTorch's Join:
+        the collectives of one step with zero gradients; at the end, the
+        model of the rank that trained longest."""
+        self._divide_by_initial = bool(kwargs.get("divide_by_initial_world_size", True))
+        return _JoinHook(self)
+
+    @property
+    def join_device(self):
+        return self._params[0].device
+
+    @property
+    def join_process_group(self):
+        """torch.distributed's default group, which PyTorch's Join counts
+        the ranks still training over: it must be collie's world."""
+        import torch.distributed as dist
+        from ._torch_world import torch_world
+        from . import world_mismatch
+        world = torch_world()
+        if world is None or world[1] != self._comm.size or world[0] != self._comm.rank:
+            raise _lib.error("invalid_argument", "torch.distributed.algorithms.join.Join counts "
+                             "ranks over torch.distributed's default group, which is not "
+                             "initialised or not collie's world: " + (
+                                 world_mismatch(self._comm, world) if world else
+                                 "call torch.distributed.init_process_group, or use "
+                                 "ddp.join(), which needs no torch.distributed"))
+        return dist.group.WORLD
 
     def _shadow_step(self):
         """The collectives of one training step, with zero gradients."""
@@ -774,7 +914,7 @@ class DistributedDataParallel(torch.nn.Module):
         # Checkpoints of earlier versions hold every rank's state, untagged.
         saved_by = state.get("collie_reducer_rank", None)
         if saved_by is None and len(states) != self._comm.size:
-            raise Error("mismatch", f"the checkpoint holds {len(states)} ranks' reducer states; "
+            raise _lib.error("mismatch", f"the checkpoint holds {len(states)} ranks' reducer states; "
                                     f"this job has {self._comm.size} ranks")
         mine = _as_bytes(states[self._comm.rank] if saved_by is None else states[0])
         buf = (ctypes.c_uint8 * max(len(mine), 1)).from_buffer_copy(mine or b"\0")
@@ -818,7 +958,7 @@ class PeriodicModelAverager:
                                                       int(warmup_steps), ctypes.byref(h)))
         else:
             if group_sizes is None or len(group_sizes) != len(periods):
-                raise Error("invalid_argument", "periods and group_sizes need one entry per level")
+                raise _lib.error("invalid_argument", "periods and group_sizes need one entry per level")
             ps = (ctypes.c_uint64 * len(periods))(*periods)
             gs = (ctypes.c_int32 * len(periods))(*group_sizes)
             check(lib.collie_averager_create_hierarchical(self._comm.handle, ps, gs, len(periods),

@@ -1,0 +1,277 @@
+"""collie.torch's DistributedDataParallel with PyTorch's API, against
+PyTorch's own DDP over Gloo (and serial references), on 2 or 3 ranks:
+
+    collie-run -n 2 python3 torch_api_check.py [case ...]
+
+  * join with PyTorch's signature (divide_by_initial_world_size either way,
+    throw_on_early_termination), and PyTorch's Join driving the wrapper as
+    a Joinable, against PyTorch's DDP in PyTorch's Join;
+  * Work.get_future(): its value, then() chains, and a comm hook written
+    the way PyTorch's docs write them (an async all-reduce's future);
+  * errors: torch.distributed.DistError / DistBackendError where PyTorch
+    has them, with collie's message naming the rank;
+  * the constructor in PyTorch 2.x's positional order, and the options
+    collie refuses;
+  * bad input, each a clear error on the rank that made it, never a hang:
+    a model that differs across ranks, a loss not computed through the
+    wrapper's output, register_comm_hook after the first step, a hook that
+    returns the wrong number of elements.
+Prints one ok/FAIL line per case and rank, then "N passed, N failed".
+"""
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+import collie
+import collie.torch as ct
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+RANK, WORLD = dist.get_rank(), dist.get_world_size()
+TORCH2 = hasattr(dist, "DistError")
+
+
+class Failed(AssertionError):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failed(what)
+
+
+def mlp(seed=3, hidden=16):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, hidden), torch.nn.Tanh(),
+                               torch.nn.Linear(hidden, 2))
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(4, 6, generator=g), torch.randn(4, 2, generator=g)
+
+
+def train(model, steps, ctx=None):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with (ctx() if ctx else _null()):
+        for step in range(steps):
+            opt.zero_grad()
+            x, y = batch(step, RANK)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def close(got, want, what, rtol=1e-5):
+    for i, (a, b) in enumerate(zip(got, want)):
+        err = ((a.double() - b.double()).norm() / (b.double().norm() + 1e-30)).item()
+        check(err <= rtol, f"{what}: parameter {i} is {err:.2e} (relative) from PyTorch's")
+
+
+def same_everywhere(params, what):
+    flat = torch.cat([p.reshape(-1) for p in params])
+    everyone = [torch.zeros_like(flat) for _ in range(WORLD)]
+    dist.all_gather(everyone, flat)
+    check(all(torch.equal(e, flat) for e in everyone), f"{what}: the ranks' models differ")
+
+
+def expect_error(fn, words, what, kinds=(collie.Error,)):
+    try:
+        fn()
+    except kinds as e:
+        msg = str(e)
+        check(all(w in msg for w in words), f"{what}: the error does not say {words}: {msg}")
+        return msg
+    raise Failed(f"{what}: no error")
+
+
+# ---- the cases -------------------------------------------------------------------
+
+def case_join():
+    """Rank r has 2 + 2r batches. collie's join() and PyTorch's Join driving
+    collie's wrapper, against PyTorch's DDP in PyTorch's Join, dividing by
+    the initial world and by the ranks still training."""
+    steps = 2 + 2 * RANK
+    for divide in (True, False):
+        a = TorchDDP(mlp())
+        want = train(a, steps, lambda: Join([a], divide_by_initial_world_size=divide))
+        b = ct.DistributedDataParallel(mlp())
+        got = train(b, steps, lambda: b.join(divide_by_initial_world_size=divide))
+        close(got, want, f"ddp.join(divide_by_initial_world_size={divide})")
+        same_everywhere(got, "ddp.join")
+        b.close()
+        c = ct.DistributedDataParallel(mlp())
+        got = train(c, steps, lambda: Join([c], divide_by_initial_world_size=divide))
+        close(got, want, f"Join([collie's DDP], divide_by_initial_world_size={divide})")
+        c.close()
+    # Positional, as PyTorch's: join(False) is divide_by_initial_world_size=False.
+    d = ct.DistributedDataParallel(mlp())
+    got = train(d, steps, lambda: d.join(False))
+    close(got, want, "ddp.join(False)")
+    d.close()
+    return "join() and PyTorch's Join over collie's wrapper match PyTorch's, both divisors"
+
+
+def case_join_throw():
+    """throw_on_early_termination: every rank raises once rank 0 (the one
+    with fewest batches) runs out, none hangs."""
+    b = ct.DistributedDataParallel(mlp())
+    steps = 2 + 2 * RANK
+    msg = expect_error(lambda: train(b, steps, lambda: b.join(throw_on_early_termination=True)),
+                       ["exhausted all inputs"], "join(throw_on_early_termination=True)")
+    b.close()
+    return f"every rank raised: {msg[:70]}..."
+
+
+def case_future():
+    comm = collie.default_communicator()
+    t = torch.full((5,), float(RANK + 1))
+    fut = comm.allreduce(t, async_op=True).get_future()
+    doubled = fut.then(lambda f: f.value()[0] * 2)
+    want = float(WORLD * (WORLD + 1) / 2)
+    check(torch.equal(fut.wait()[0], torch.full((5,), want)), f"future value {fut.wait()}")
+    check(torch.equal(doubled.wait(), torch.full((5,), 2 * want)), "then() did not chain")
+
+    # A hook as PyTorch's docs write one: an async all-reduce's future,
+    # divided in then().
+    def hook(state, bucket):
+        buf = bucket.buffer()
+        return comm.allreduce(buf, async_op=True).get_future().then(
+            lambda f: f.value()[0].div_(WORLD))
+    a = ct.DistributedDataParallel(mlp())
+    want_params = train(a, 3)
+    b = ct.DistributedDataParallel(mlp())
+    b.register_comm_hook(None, hook)
+    close(train(b, 3), want_params, "a comm hook returning Work.get_future().then(...)", 1e-6)
+    a.close()
+    b.close()
+    return "get_future(): value, then(), and a PyTorch-style hook on it"
+
+
+def case_errors():
+    comm = collie.default_communicator()
+    kinds = (dist.DistError,) if TORCH2 else (RuntimeError,)
+    msg = expect_error(lambda: comm.allreduce(torch.zeros(3, dtype=torch.complex64)),
+                       ["complex64"], "a complex tensor", kinds)
+    err = None
+    try:
+        comm.allreduce(torch.zeros(3, dtype=torch.complex64))
+    except collie.Error as e:
+        err = e
+    check(err is not None and err.code == "invalid_argument", f"code {getattr(err, 'code', None)}")
+    if TORCH2:
+        check(issubclass(ct.DistBackendError, dist.DistBackendError)
+              and issubclass(ct.DistBackendError, collie.Error),
+              "collie.torch.DistBackendError is not both errors")
+    return f"{'DistError' if TORCH2 else 'RuntimeError'} carrying collie's message: {msg[:60]}"
+
+
+def case_constructor():
+    # PyTorch 2.x's order: module, device_ids, output_device, dim,
+    # broadcast_buffers, init_sync, process_group, bucket_cap_mb, ...
+    m = ct.DistributedDataParallel(mlp(), None, None, 0, True, True, None, 1, False, False, True)
+    check(m._bucket_view is True, "gradient_as_bucket_view (11th positional) did not arrive")
+    close(train(m, 2), train(TorchDDP(mlp(), bucket_cap_mb=1, gradient_as_bucket_view=True), 2),
+          "positional construction")
+    m.close()
+    for name, value in (("mixed_precision", object()), ("device_mesh", object()),
+                        ("skip_all_reduce_unused_params", True)):
+        expect_error(lambda: ct.DistributedDataParallel(mlp(), **{name: value}),
+                     [name, "does not take"], f"{name}=...")
+    return "PyTorch 2.x's positional order; mixed_precision, device_mesh, ... refused by name"
+
+
+def case_model_differs():
+    """Rank 1 (the last rank) builds a wider hidden layer: the constructor
+    fails on every rank, naming the mismatch, instead of reducing
+    gradients of different layouts."""
+    hidden = 17 if RANK == WORLD - 1 else 16
+    msg = expect_error(lambda: ct.DistributedDataParallel(mlp(hidden=hidden)),
+                       ["rank"], "a model that differs across ranks")
+    return f"refused on every rank: {msg[:90]}"
+
+
+def case_loss_not_through_wrapper():
+    """A forward through the wrapper whose output is dropped, then the loss
+    computed from .module: PyTorch's DDP still reduces (the forward armed its
+    hooks), and so must collie's, rather than step on a local gradient."""
+    def steps(model, module):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            opt.zero_grad()
+            x, y = batch(step, RANK)
+            model(x)
+            torch.nn.functional.mse_loss(module(x), y).backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+    a = TorchDDP(mlp())
+    want = steps(a, a.module)
+    b = ct.DistributedDataParallel(mlp())
+    got = steps(b, b.module)
+    close(got, want, "a loss computed from .module after a forward through the wrapper")
+    same_everywhere(got, "loss from .module")
+    b.close()
+    return "reduced as PyTorch's DDP reduces it"
+
+
+def case_hook_after_first_step():
+    b = ct.DistributedDataParallel(mlp())
+    train(b, 1)
+    msg = expect_error(lambda: b.register_comm_hook(None, "fp16"),
+                       ["register_comm_hook", "rank"], "register_comm_hook after the first step")
+    b.close()
+    return f"refused: {msg[:90]}"
+
+
+def case_hook_wrong_shape():
+    b = ct.DistributedDataParallel(mlp())
+    b.register_comm_hook(None, lambda state, bucket: torch.zeros(bucket.buffer().numel() + 1))
+    msg = expect_error(lambda: train(b, 1), ["elements", "rank"],
+                       "a hook returning the wrong number of elements")
+    b.close()
+    return f"an error naming the rank: {msg[:90]}"
+
+
+CASES = {"join": case_join, "join_throw": case_join_throw, "future": case_future,
+         "errors": case_errors, "constructor": case_constructor,
+         "model_differs": case_model_differs,
+         "loss_not_through_wrapper": case_loss_not_through_wrapper,
+         "hook_after_first_step": case_hook_after_first_step,
+         "hook_wrong_shape": case_hook_wrong_shape}
+
+
+def main():
+    names = sys.argv[1:] or list(CASES)
+    failed = 0
+    for name in names:
+        try:
+            verdict = f"ok   {name}: {CASES[name]()}"
+        except Failed as e:
+            verdict, failed = f"FAIL {name}: {e}", failed + 1
+        except Exception:  # noqa: BLE001 - a crashed case fails with its traceback
+            verdict, failed = f"FAIL {name}: {traceback.format_exc()}", failed + 1
+        print(f"[rank {RANK} of {WORLD}] {verdict}", flush=True)
+    flag = torch.tensor([failed])
+    dist.all_reduce(flag)
+    if RANK == 0:
+        print(f"{len(names) - failed} passed, {failed} failed (torch {torch.__version__}; "
+              f"{int(flag)} failures on all ranks)", flush=True)
+    sys.exit(1 if int(flag) else 0)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("COLLIE_TIMEOUT", "60")
+    main()
