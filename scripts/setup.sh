@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs what collie builds and tests with, from Debian's packages. When
+# Installs what collie builds and tests with, from Debian's packages, then
+# (scripts/setup_python.sh; COLLIE_SETUP_PYPI=0 skips it) the PyTorches and
+# Lightnings from PyPI that the python suite runs against. When
 # another apt holds the package locks (an unattended upgrade, say), it waits
 # for them, up to 10 minutes, instead of failing.
 set -euo pipefail
@@ -9,6 +11,7 @@ export DEBIAN_FRONTEND=noninteractive
 wait_s=${SETUP_LOCK_WAIT:-600}
 packages=(
   g++ meson ninja-build pkg-config python3 clang-format              # the build, the format check
+  python3-venv                                                       # the PyPI PyTorches' environments
   libgtest-dev libbenchmark-dev                                      # tests, kernel benchmarks
   libhwloc-dev libopenblas-dev libopenmpi-dev openmpi-bin            # topology, PowerSGD, MPI
   gnuplot-nox                                                        # collie-bench --plot
@@ -44,4 +47,9 @@ echo "setup: installing ${#packages[@]} packages and what they need (a few hundr
      "on a bare machine, mostly PyTorch), waiting for any other apt to finish"
 $SUDO apt-get -o DPkg::Lock::Timeout="$wait_s" install -y -qq --no-install-recommends \
   "${packages[@]}" >/dev/null
+# PyPI's newest PyTorch and Lightning, and the oldest Lightning supported,
+# for the python suite (scripts/setup_python.sh).
+if [ "${COLLIE_SETUP_PYPI:-1}" != 0 ]; then
+  "$(dirname "$0")/setup_python.sh"
+fi
 echo "setup: done"

@@ -19,8 +19,9 @@ CPU, nccl on GPU), which Lightning's own collectives need (barrier,
 broadcast, reduce, all_gather, self.log(sync_dist=True)). collie's
 communicator sits beside it and carries the gradients.
 
-Written against Lightning 2.6's source (src/lightning/pytorch/strategies/
-ddp.py); see docs/engines/lightning.md for what has been run.
+Runs on Lightning 2.1 to 2.6: CI runs tests/python/lightning_check.py
+against Lightning 2.6.6 on PyTorch 2.15 and 2.1.4 on PyTorch 2.1.2 (see
+docs/engines/lightning.md).
 """
 import importlib
 import importlib.util
@@ -48,7 +49,7 @@ def _lightning_packages():
 _PACKAGES = _lightning_packages()
 if not _PACKAGES:
     raise ImportError(
-        "collie.lightning needs PyTorch Lightning 2.x (written against 2.6): neither "
+        "collie.lightning needs PyTorch Lightning 2.1 or later (2.1.4 to 2.6.6 tested): neither "
         "lightning.pytorch nor pytorch_lightning is installed for this Python "
         f"({sys.executable}). Install it (pip install lightning), or use "
         "collie.torch.DistributedDataParallel without Lightning.")
@@ -283,10 +284,24 @@ _DOC = """Lightning's DDPStrategy with collie.torch.DistributedDataParallel
     the same ranks, rendezvoused through torch.distributed's store."""
 
 
+# The Lightning versions this module has run against (tests/python/
+# lightning_check.py, in CI): the oldest and the newest.
+OLDEST, NEWEST = "2.1.4", "2.6.6"
+
+
+def _version(text):
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
+
+
 def _define(pkg, suffix=""):
     """The strategy (and its forward redirection) for one Lightning package,
     registered in its StrategyRegistry. Both classes get module-level names
     (spawn pickles the strategy with the Trainer)."""
+    if _version(pkg.__version__) < _version(OLDEST)[:2]:
+        raise ImportError(
+            f"collie.lightning needs Lightning {OLDEST[:3]} or later ({OLDEST} to {NEWEST} are "
+            f"tested); {pkg.__name__} is {pkg.__version__}. Upgrade it (pip install -U "
+            "lightning), or use collie.torch.DistributedDataParallel without Lightning")
     ddp = importlib.import_module(pkg.__name__ + ".strategies.ddp")
     base = getattr(ddp, "_DDPForwardRedirection", None) or ddp._ForwardRedirection
     redirection = type("_Redirection" + suffix, (_Redirection, base), {"__module__": __name__})

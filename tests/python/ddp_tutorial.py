@@ -1,4 +1,4 @@
-"""PyTorch's DDP tutorial (../shared/seeds/, "Getting Started with Distributed
+"""PyTorch's DDP tutorial (the project's seeds: "Getting Started with Distributed
 Data Parallel"), its demo_basic and demo_checkpoint ported as a user would:
 the code below between the "tutorial" markers is the tutorial's, with
 PyTorch's DistributedDataParallel swapped for collie's and the devices

@@ -245,7 +245,33 @@ def case_hook_wrong_shape():
     return f"an error naming the rank: {msg[:90]}"
 
 
-CASES = {"join": case_join, "join_throw": case_join_throw, "future": case_future,
+def case_compile():
+    """torch.compile of the wrapper (PyTorch 2.x): the same parameters as
+    the eager wrapper after 3 steps, with several buckets."""
+    if not hasattr(torch, "compile"):
+        return "skipped: this PyTorch has no torch.compile"
+    small = dict(bucket_cap_mb=0.0005, first_bucket_cap_mb=0.0005)
+    eager = ct.DistributedDataParallel(mlp(hidden=32), **small)
+    want = train(eager, 3)
+    b = ct.DistributedDataParallel(mlp(hidden=32), **small)
+    compiled = torch.compile(b)
+    opt = torch.optim.SGD(b.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(step, RANK)
+        torch.nn.functional.mse_loss(compiled(x), y).backward()
+        opt.step()
+    got = [p.detach().clone() for p in b.parameters()]
+    close(got, want, "torch.compile(collie's DDP) against the eager wrapper")
+    same_everywhere(got, "torch.compile")
+    buckets = b.reducer_stats()["num_buckets"]
+    check(buckets > 1, f"one bucket only ({buckets}): the case checks nothing about buckets")
+    eager.close()
+    b.close()
+    return f"torch.compile(ddp): the eager wrapper's parameters, {buckets} buckets"
+
+
+CASES = {"join": case_join, "compile": case_compile, "join_throw": case_join_throw, "future": case_future,
          "errors": case_errors, "constructor": case_constructor,
          "model_differs": case_model_differs,
          "loss_not_through_wrapper": case_loss_not_through_wrapper,
