@@ -35,12 +35,29 @@ namespace {
 static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId), "ncclUniqueId is 128 bytes");
 
 // Every NCCL entry point collie calls.
-#define COLLIE_NCCL_FUNCTIONS(X)                                                             \
-  X(GetVersion)                                                                              \
-  X(GetUniqueId) X(CommInitRankConfig) X(CommSplit) X(CommGetAsyncError) X(CommAbort)        \
-      X(CommFinalize) X(CommDestroy) X(AllReduce) X(Broadcast) X(AllGather) X(ReduceScatter) \
-          X(Send) X(Recv) X(GroupStart) X(GroupEnd) X(CommRegister) X(CommDeregister)        \
-              X(GetErrorString) X(GetLastError)
+// clang-format off
+#define COLLIE_NCCL_FUNCTIONS(X) \
+  X(GetVersion)                  \
+  X(GetUniqueId)                 \
+  X(CommInitRankConfig)          \
+  X(CommSplit)                   \
+  X(CommGetAsyncError)           \
+  X(CommAbort)                   \
+  X(CommFinalize)                \
+  X(CommDestroy)                 \
+  X(AllReduce)                   \
+  X(Broadcast)                   \
+  X(AllGather)                   \
+  X(ReduceScatter)               \
+  X(Send)                        \
+  X(Recv)                        \
+  X(GroupStart)                  \
+  X(GroupEnd)                    \
+  X(CommRegister)                \
+  X(CommDeregister)              \
+  X(GetErrorString)              \
+  X(GetLastError)
+// clang-format on
 
 struct NcclSymbols {
 #define COLLIE_NCCL_DECLARE(name) decltype(&::nccl##name) name = nullptr;

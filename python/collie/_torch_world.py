@@ -47,6 +47,19 @@ def torch_world(group=None):
         return None
 
 
+def _host_key():
+    """What tells this host apart from the job's others: the launcher's node
+    number where it gives one (torchrun's GROUP_RANK, collie-run's, SLURM's),
+    which also separates hosts that share a name (containers, network
+    namespaces), with the host name."""
+    node = ""
+    for var in ("GROUP_RANK", "COLLIE_NODE_RANK", "SLURM_NODEID"):
+        if os.environ.get(var):
+            node = f"{var}={os.environ[var]}"
+            break
+    return f"{socket.gethostname()}/{node}"
+
+
 def _address_for_peers(store):
     """How ranks on other hosts reach this one (rank 0): the address the
     job already reaches rank 0's PyTorch store on, where there is one."""
@@ -83,7 +96,7 @@ def connect_through_torch(backend=None, timeout=None):
         return connect(rank=0, world_size=1, backend=backend, timeout=timeout)
     store = dist.distributed_c10d._get_default_store()
     key = f"collie/{gen}/"
-    host = socket.gethostname()
+    host = _host_key()
     store.set(f"{key}host/{rank}", host)
     hosts = [store.get(f"{key}host/{r}").decode() for r in range(size)]
     local = [r for r in range(size) if hosts[r] == host]
@@ -96,8 +109,7 @@ def connect_through_torch(backend=None, timeout=None):
             listener.listen(128)
             addr = _address_for_peers(store)
             store.set(f"{key}rendezvous", json.dumps(
-                {"addr": addr, "port": listener.getsockname()[1], "secret": secrets.token_hex(16),
-                 "host": host}))
+                {"addr": addr, "port": listener.getsockname()[1], "secret": secrets.token_hex(16)}))
         info = json.loads(store.get(f"{key}rendezvous").decode())
         # Every rank on one host: loopback, which every rank's mesh then
         # listens on too; else the address rank 0 gave.

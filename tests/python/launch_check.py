@@ -4,6 +4,7 @@
     torchrun --nproc_per_node 2 launch_check.py
     mpirun -n 2 python3 launch_check.py
     python3 launch_check.py spawn|fork       # collie.spawn from inside Python
+    LAUNCH_CHECK_INIT_TORCH=1 ...            # torch.distributed initialised first
 
 Every rank trains a small MLP with collie.torch.DistributedDataParallel for a
 few steps on its own data, and compares the result with a serial float64
@@ -59,6 +60,12 @@ def launcher_rank():
 
 def train(expect_rank=None, view=True):
     torch.set_num_threads(1)
+    # LAUNCH_CHECK_INIT_TORCH=1: torch.distributed first, as code written for
+    # PyTorch's DDP does; collie's communicator is then torch's job,
+    # rendezvoused through PyTorch's store.
+    if os.environ.get("LAUNCH_CHECK_INIT_TORCH") == "1":
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
     ddp = ct.DistributedDataParallel(model(), gradient_as_bucket_view=view)
     comm = ddp.comm
     var, value = launcher_rank()
