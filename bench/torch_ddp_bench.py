@@ -2,7 +2,7 @@
 by side in one run: step time, the all-reduce alone, exposed communication.
 
     collie-run -n 2 /usr/bin/python3 bench/torch_ddp_bench.py [--batch 2 16]
-        [--layers 3] [--width 4096] [--iters 5] [--rounds 3] [--no-fp16]
+        [--layers 3] [--width 4096] [--iters 5] [--rounds 3] [--no-fp16] [--compile]
 
 The model is `layers` x Linear(width, width) with ReLU between (3 x 4096:
 50 M parameters, 201 MB of f32 gradients). A step is forward, backward and
@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-fp16", action="store_true", help="leave out the fp16 hook runs")
+    ap.add_argument("--compile", action="store_true",
+                    help="also both wrappers under torch.compile (PyTorch 2.x)")
     ap.add_argument("--noop", action="store_true",
                     help="also collie with the noop hook: the reducer's own cost, no communication")
     args = ap.parse_args()
@@ -55,6 +57,9 @@ def main():
 
     def build(kind, fp16):
         m = make_model(args.layers, args.width)
+        if kind.endswith("+compile"):
+            ddp, opt = build(kind[:-len("+compile")], fp16)
+            return torch.compile(ddp), opt
         if kind == "torch":
             m = TorchDDP(m, gradient_as_bucket_view=True)
             if fp16:
@@ -67,6 +72,8 @@ def main():
         return m, torch.optim.SGD(m.parameters(), lr=1e-6)
 
     configs = [("local", False)] + [(k, h) for h in hooks for k in ("torch", "collie")]
+    if args.compile:
+        configs += [("torch+compile", False), ("collie+compile", False)]
     if args.noop:
         configs.append(("noop", False))
     models = {c: build(*c) for c in configs}
@@ -118,6 +125,10 @@ def main():
                 t, c = ms[(batch, ("torch", h))], ms[(batch, ("collie", h))]
                 print(f"{batch:>5}  {'fp16' if h else '-':<5} {local:>9.1f} {t:>9.1f} {c:>10.1f} "
                       f"{t / c:>7.2f}x  {t - local:>11.1f}ms {c - local:>12.1f}ms")
+            if args.compile:
+                t, c = ms[(batch, ("torch+compile", False))], ms[(batch, ("collie+compile", False))]
+                print(f"{batch:>5}  {'-':<5} {local:>9.1f} {t:>9.1f} {c:>10.1f} {t / c:>7.2f}x  "
+                      f"{t - local:>11.1f}ms {c - local:>12.1f}ms   torch.compile(ddp)")
             if args.noop:
                 n = ms[(batch, ("noop", False))]
                 print(f"{batch:>5}  noop: collie with no communication {n:.1f} ms "
@@ -125,6 +136,8 @@ def main():
     for c in configs:
         if c[0] in ("collie", "noop"):
             models[c][0].close()
+    if args.compile:
+        models[("collie+compile", False)][0]._orig_mod.close()
     dist.destroy_process_group()
 
 
