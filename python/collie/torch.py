@@ -63,6 +63,16 @@ def _torch_errors():
 
 _torch_errors()
 
+_TORCH_DDP = torch.nn.parallel.DistributedDataParallel
+
+
+def _eager_under_compile(fn):
+    """The wrapper's forward runs eagerly under torch.compile (its ctypes
+    calls and autograd Function are not for TorchDynamo), while the module
+    it calls is compiled, as PyTorch's DDP's forward is treated."""
+    disable = getattr(torch, "_disable_dynamo", None)
+    return disable(fn, recursive=False) if disable is not None else fn
+
 _DTYPES = {torch.float32: _lib.F32, torch.float64: _lib.F64, torch.float16: _lib.F16,
            torch.bfloat16: _lib.BF16, torch.int32: _lib.I32, torch.int64: _lib.I64,
            torch.uint8: _lib.U8}
@@ -357,6 +367,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         tensors = (_lib.Tensor * n)(*[as_tensor(p.data) for p in self._params])
         rows = (ctypes.c_uint64 * n)(*[p.shape[0] if p.dim() >= 2 else 0 for p in self._params])
         self._arenas = _Arenas(self._comm)
+        self._bucket_bytes = int(bucket_cap_mb * _MiB)
         opts = _lib.ReducerOptions(
             ctypes.sizeof(_lib.ReducerOptions), _lib.STRUCT_TAG, int(first_bucket_cap_mb * _MiB),
             int(bucket_cap_mb * _MiB), int(self._bucket_view), 0, 0, int(bool(init_sync)),
@@ -414,6 +425,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     # ---- the training step ------------------------------------------------
 
+    @_eager_under_compile
     def forward(self, *inputs, **kwargs):
         if self._joining:
             self._join_round(1)
@@ -429,7 +441,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         # their own until the next synchronising step.
         if self._broadcast_buffers and self.require_forward_param_sync:
             self._sync_buffers()
-        out = self.module(*inputs, **kwargs)
+        out = self._call_module(inputs, kwargs)
         self.require_forward_param_sync = (torch.is_grad_enabled()
                                            and self.require_backward_grad_sync)
         if not torch.is_grad_enabled():
@@ -446,6 +458,32 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             return out
         sunk = iter(_Sink.apply(self, *flat))
         return _map_tensors(out, lambda t: next(sunk) if t.requires_grad else t)
+
+    def _call_module(self, inputs, kwargs):
+        """The wrapped module's forward, as PyTorch's DDP calls it under
+        torch.compile: PyTorch's DDP class names this wrapper its active
+        module meanwhile, so that TorchDynamo compiles the module with
+        DDPOptimizer, which cuts the graph where the buckets end
+        (bucket_bytes_cap). Without the cuts the compiled backward runs
+        whole before any gradient is accumulated, and every bucket leaves
+        at its end (bench/RESULTS.md)."""
+        cls = _TORCH_DDP if hasattr(_TORCH_DDP, "_active_ddp_module") else None
+        if cls is None:
+            return self.module(*inputs, **kwargs)
+        old = cls._active_ddp_module
+        cls._active_ddp_module = self
+        try:
+            return self.module(*inputs, **kwargs)
+        finally:
+            cls._active_ddp_module = old
+
+    @property
+    def bucket_bytes_cap(self):
+        """The bucket size after the first (PyTorch's DDP's attribute, which
+        TorchDynamo's DDPOptimizer reads to cut graphs). At least 1 MiB:
+        DDPOptimizer's first piece is 1 MiB and it refuses a smaller cap
+        after it; smaller buckets then get coarser cuts."""
+        return max(self._bucket_bytes, 1 << 20)
 
     def _start_backward(self):
         if self._in_backward:
