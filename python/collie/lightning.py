@@ -27,7 +27,6 @@ import importlib
 import importlib.util
 import inspect
 import logging
-import os
 import sys
 
 
