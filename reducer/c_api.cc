@@ -81,7 +81,8 @@ class CAllocator final : public collie::BucketAllocator {
   collie_allocator a_;
 };
 
-collie::ReducerOptions to_reducer_options(const collie_reducer_options* o, const uint64_t** rows) {
+collie::ReducerOptions to_reducer_options(const collie_reducer_options* o, size_t n,
+                                          const uint64_t** rows) {
   collie::ReducerOptions opt;
   *rows = nullptr;
   if (!o) return opt;
@@ -103,6 +104,7 @@ collie::ReducerOptions to_reducer_options(const collie_reducer_options* o, const
   opt.rebuild_buckets = c.rebuild_buckets != 0;
   if (c.comm_hook) opt.comm_hook = c.comm_hook;
   *rows = c.param_rows;
+  if (c.param_names) opt.param_names.assign(c.param_names, c.param_names + n);
   if (const collie_allocator* a = c.bucket_allocator) {
     if (a->struct_size < offsetof(collie_allocator, user) + sizeof(void*) || !a->allocate)
       throw collie::Error(collie::ErrorCode::invalid_argument,
@@ -137,7 +139,7 @@ collie_status collie_reducer_create(collie_comm* c, const collie_tensor* params,
     return fail(COLLIE_ERR_INVALID_ARGUMENT, "collie_reducer_create: params is NULL");
   return guarded([&] {
     const uint64_t* rows = nullptr;
-    collie::ReducerOptions opt = to_reducer_options(o, &rows);
+    collie::ReducerOptions opt = to_reducer_options(o, n, &rows);
     std::vector<collie::Parameter> ps;
     for (size_t i = 0; i < n; ++i)
       ps.push_back({to_view(params[i], "params[i]"),
@@ -189,6 +191,35 @@ collie_status collie_reducer_layout_generation(const collie_reducer* r, uint64_t
 collie_status collie_reducer_finalize(collie_reducer* r) {
   COLLIE_REQUIRE(r, "reducer");
   return guarded([&] { r->reducer->finalize_backward(); });
+}
+
+collie_status collie_reducer_join_step(collie_reducer* r) {
+  COLLIE_REQUIRE(r, "reducer");
+  return guarded([&] { r->reducer->join_step(); });
+}
+
+collie_status collie_reducer_param_use(const collie_reducer* r, uint8_t* out, size_t n) {
+  COLLIE_REQUIRE(r, "reducer");
+  COLLIE_REQUIRE(out, "out");
+  return guarded([&] {
+    const size_t have = r->reducer->plan().num_params();
+    if (n != have)
+      throw collie::Error(collie::ErrorCode::invalid_argument,
+                          "collie_reducer_param_use: num_params is " + std::to_string(n) +
+                              "; the reducer has " + std::to_string(have));
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(r->reducer->param_use(i));
+  });
+}
+
+collie_status collie_reducer_bucket_grad(collie_reducer* r, size_t param, collie_tensor* out) {
+  COLLIE_REQUIRE(r, "reducer");
+  COLLIE_REQUIRE(out, "out");
+  return guarded([&] { *out = from_view(r->reducer->bucket_grad(param)); });
+}
+
+collie_status collie_reducer_set_static_graph(collie_reducer* r) {
+  COLLIE_REQUIRE(r, "reducer");
+  return guarded([&] { r->reducer->set_static_graph(); });
 }
 
 collie_status collie_reducer_grad_view(collie_reducer* r, size_t param, collie_tensor* out) {

@@ -57,18 +57,14 @@ Error misuse(const std::string& msg) {
   return Error(ErrorCode::invalid_argument, "reducer: " + msg);
 }
 
-std::string list(const std::vector<size_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size() && i < 10; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  if (v.size() > 10) s += ", ... (" + std::to_string(v.size()) + " in all)";
-  return s;
-}
-
 }  // namespace
 
 Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptions options)
     : comm_(comm), params_(std::move(params)), opt_(options) {
   const std::string who = "rank " + std::to_string(comm_.rank());
+  if (!opt_.param_names.empty() && opt_.param_names.size() != params_.size())
+    throw misuse("param_names has " + std::to_string(opt_.param_names.size()) + " names for " +
+                 std::to_string(params_.size()) + " parameters");
   uint64_t shape_hash = kFnvBasis;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = params_[i];
@@ -102,28 +98,44 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
     if (!arena.device.is_cpu())
       if (auto h = comm_.register_memory(arena)) registrations_.push_back(std::move(h));
   stale_view_.assign(params_.size(), nullptr);
+  accumulated_.assign(params_.size(), false);
+  use_.assign(params_.size(), ParamUse::here);
   build_buckets({});
   uint64_t plan_hash = kFnvBasis;
   for (char ch : plan_.fingerprint())
     plan_hash = fnv_mix(plan_hash, static_cast<unsigned char>(ch));
+  // The options that decide which collectives an iteration issues (the
+  // used-mask exchange) must agree too.
+  const int64_t flags = (opt_.find_unused_parameters ? 1 : 0) | (opt_.static_graph ? 2 : 0) |
+                        (opt_.gradient_as_bucket_view ? 4 : 0);
   int n = comm_.size();
   std::vector<int64_t> mine{static_cast<int64_t>(params_.size()), static_cast<int64_t>(shape_hash),
-                            static_cast<int64_t>(plan_hash)};
-  std::vector<int64_t> all(3 * static_cast<size_t>(n));
-  comm_.allgather(view_of(mine.data(), 3), view_of(all.data(), all.size())).wait();
+                            static_cast<int64_t>(plan_hash), flags};
+  std::vector<int64_t> all(4 * static_cast<size_t>(n));
+  comm_.allgather(view_of(mine.data(), 4), view_of(all.data(), all.size())).wait();
+  auto describe = [](int64_t f) {
+    return std::string("find_unused_parameters=") + (f & 1 ? "true" : "false") +
+           ", static_graph=" + (f & 2 ? "true" : "false") +
+           ", gradient_as_bucket_view=" + (f & 4 ? "true" : "false");
+  };
   for (int r = 1; r < n; ++r) {
-    if (all[3 * r] != all[0] || all[3 * r + 1] != all[1])
+    if (all[4 * r] != all[0] || all[4 * r + 1] != all[1])
       throw Error(ErrorCode::mismatch,
                   "reducer on " + who + ": rank " + std::to_string(r) + " has " +
-                      std::to_string(all[3 * r]) + " parameters and rank 0 has " +
+                      std::to_string(all[4 * r]) + " parameters and rank 0 has " +
                       std::to_string(all[0]) +
-                      (all[3 * r] == all[0] ? ", but their shapes or dtypes differ" : "") +
+                      (all[4 * r] == all[0] ? ", but their shapes or dtypes differ" : "") +
                       ": every rank must build the reducer over the same model");
-    if (all[3 * r + 2] != all[2])
+    if (all[4 * r + 2] != all[2])
       throw Error(ErrorCode::mismatch,
                   "reducer on " + who + ": rank " + std::to_string(r) +
                       " plans different buckets from rank 0 over the same parameters: give "
                       "every rank the same bucket sizes");
+    if (all[4 * r + 3] != all[3])
+      throw Error(ErrorCode::mismatch, "reducer on " + who + ": rank " + std::to_string(r) +
+                                           " builds its reducer with " + describe(all[4 * r + 3]) +
+                                           " and rank 0 with " + describe(all[3]) +
+                                           ": give every rank the same options");
   }
 
   if (opt_.broadcast_parameters)
@@ -228,12 +240,41 @@ void Reducer::set_no_sync(bool on) {
   no_sync_ = on;
 }
 
+void Reducer::set_static_graph() {
+  std::lock_guard lk(mu_);
+  if (opt_.static_graph) return;
+  if (in_backward_ || iteration_ > 0)
+    throw misuse("static_graph can be turned on only before the first synchronised iteration (" +
+                 std::to_string(iteration_) + " done)");
+  opt_.static_graph = true;
+}
+
+std::string Reducer::name(size_t i) const {
+  return opt_.param_names.empty() ? std::to_string(i) : opt_.param_names[i];
+}
+
+std::string Reducer::names(const std::vector<size_t>& ps) const {
+  std::string s;
+  for (size_t k = 0; k < ps.size() && k < 10; ++k) s += (k ? ", " : "") + name(ps[k]);
+  if (ps.size() > 10) s += " and " + std::to_string(ps.size() - 10) + " more";
+  return s;
+}
+
+void Reducer::zero_slot(size_t i) {
+  auto slot = bucket_slot(i);
+  cuda::zero(slot.data, slot.nbytes(), slot.device);
+}
+
 void Reducer::prepare_for_backward(const std::vector<bool>& used) {
   std::lock_guard lk(mu_);
   if (in_backward_)
     throw misuse(
         "prepare_for_backward called again before finalize_backward: the previous "
         "iteration's reduction is still pending");
+  const size_t n = params_.size();
+  if (!used.empty() && used.size() != n)
+    throw misuse("the used-parameter mask has " + std::to_string(used.size()) + " entries for " +
+                 std::to_string(n) + " parameters");
   in_backward_ = true;
   backward_start_ = last_mark_ = Clock::now();
   if (trace_)
@@ -241,32 +282,28 @@ void Reducer::prepare_for_backward(const std::vector<bool>& used) {
                     trace::Args().add("iteration", iteration_).add("no_sync", no_sync_),
                     trace::at(backward_start_));
   if (no_sync_) return;
-  const size_t n = params_.size();
-  if (!used.empty() && used.size() != n)
-    throw misuse("the used-parameter mask has " + std::to_string(used.size()) + " entries for " +
-                 std::to_string(n) + " parameters");
-  if (!opt_.find_unused_parameters) {
-    used_.assign(n, true);
-  } else if (opt_.static_graph && static_used_) {
+  if (opt_.static_graph && static_used_) {
     used_ = *static_used_;
+  } else if (opt_.find_unused_parameters && !used.empty()) {
+    used_ = used;
   } else {
-    used_ = used.empty() ? std::vector<bool>(n, true) : used;
+    used_.assign(n, true);
   }
   marked_.assign(n, false);
+  fires_.assign(n, 0);
+  late_.assign(n, false);
   ready_order_.clear();
   next_launch_ = 0;
   const auto& buckets = plan_.buckets();
   pending_.assign(buckets.size(), 0);
   for (size_t b = 0; b < buckets.size(); ++b)
-    for (size_t k = 0; k < buckets[b].params.size(); ++k) {
-      size_t p = buckets[b].params[k];
+    for (size_t p : buckets[b].params) {
       if (used_[p]) {
         ++pending_[b];
       } else {
-        // Unused this iteration: contribute zeros, so every rank still
-        // reduces every bucket.
-        auto slot = buffers_[b].slice(buckets[b].offsets[k], specs_[p].numel);
-        cuda::zero(slot.data, slot.nbytes(), slot.device);
+        // Declared unused: it contributes zeros, so every rank still
+        // reduces every bucket, and its bucket need not wait for finalize.
+        zero_slot(p);
       }
     }
   launch_ready_buckets();
@@ -290,6 +327,16 @@ void Reducer::mark_grad_ready(size_t i, TensorView grad) {
   mark_locked(i);
 }
 
+void Reducer::take(size_t i) {
+  if (!opt_.gradient_as_bucket_view && !params_[i].grad.data)
+    throw misuse("the gradient of parameter " + name(i) +
+                 " arrived, but the reducer has no buffer for it: pass it to "
+                 "mark_grad_ready(i, grad) or set_grad");
+  marked_[i] = true;
+  if (!opt_.gradient_as_bucket_view) copy_in(i);
+  --pending_[plan_.bucket_of(i)];
+}
+
 void Reducer::mark_locked(size_t i) {
   if (i >= params_.size())
     throw misuse("mark_grad_ready(" + std::to_string(i) + "): there are " +
@@ -297,30 +344,47 @@ void Reducer::mark_locked(size_t i) {
   if (!in_backward_)
     throw misuse("mark_grad_ready(" + std::to_string(i) +
                  ") outside a backward pass: call prepare_for_backward first");
-  if (no_sync_) return;
-  if (!used_[i])
-    throw misuse("gradient of parameter " + std::to_string(i) +
-                 " marked ready, but this iteration declared it unused");
-  if (marked_[i])
-    throw misuse("gradient of parameter " + std::to_string(i) +
-                 " marked ready twice in iteration " + std::to_string(iteration_));
-  if (!opt_.gradient_as_bucket_view && !params_[i].grad.data)
-    throw misuse("gradient of parameter " + std::to_string(i) +
-                 " marked ready, but the reducer has no buffer for it: pass it to "
-                 "mark_grad_ready(i, grad) or set_grad");
-  marked_[i] = true;
-  ready_order_.push_back(i);
   last_mark_ = Clock::now();
-  if (trace_)
-    trace_->instant("grad ready",
-                    trace::Args()
-                        .add("param", static_cast<uint64_t>(i))
-                        .add("bucket", static_cast<uint64_t>(plan_.bucket_of(i)))
-                        .add("iteration", iteration_),
-                    trace::at(last_mark_));
-  if (!opt_.gradient_as_bucket_view) copy_in(i);
-  size_t b = plan_.bucket_of(i);
-  if (--pending_[b] == 0) launch_ready_buckets();
+  if (no_sync_) {
+    accumulated_[i] = true;  // sent by the next synchronised iteration
+    return;
+  }
+  if (!used_[i])
+    throw misuse("the gradient of parameter " + name(i) + " arrived, but " +
+                 (opt_.static_graph && static_used_
+                      ? "the first iteration did not use it and static_graph says the graph never "
+                        "changes"
+                      : "this iteration declared it unused"));
+  if (!opt_.gradient_as_bucket_view && !params_[i].grad.data)
+    throw misuse("the gradient of parameter " + name(i) +
+                 " arrived, but the reducer has no buffer for it: pass it to "
+                 "mark_grad_ready(i, grad) or set_grad");
+  if (fires_[i]++ == 0) {
+    ready_order_.push_back(i);
+    if (trace_)
+      trace_->instant("grad ready",
+                      trace::Args()
+                          .add("param", static_cast<uint64_t>(i))
+                          .add("bucket", static_cast<uint64_t>(plan_.bucket_of(i)))
+                          .add("iteration", iteration_),
+                      trace::at(last_mark_));
+  }
+  const size_t b = plan_.bucket_of(i);
+  if (marked_[i]) {
+    // More arrivals than the first iteration had. Still in time when its
+    // bucket has not left: take the gradient again. Otherwise this part
+    // was not reduced: an error at finalize.
+    if (b < next_launch_)
+      late_[i] = true;
+    else if (!opt_.gradient_as_bucket_view)
+      copy_in(i);
+    return;
+  }
+  // The learning iteration sends its buckets at finalize; later ones as
+  // soon as a gradient has arrived as often as it did then.
+  if (expected_.empty() || fires_[i] < std::max<uint32_t>(expected_[i], 1)) return;
+  take(i);
+  if (pending_[b] == 0) launch_ready_buckets();
 }
 
 void Reducer::launch_ready_buckets() {
@@ -371,17 +435,61 @@ void Reducer::launch_ready_buckets() {
 }
 
 void Reducer::finalize_backward() {
+  finish_backward(false);
+}
+
+void Reducer::join_step() {
+  {
+    std::lock_guard lk(mu_);
+    if (no_sync_) throw misuse("join_step under no_sync: a joined rank shadows synchronised steps");
+  }
+  prepare_for_backward();
+  finish_backward(true);
+}
+
+std::vector<bool> Reducer::exchange_used(const std::vector<bool>& here) {
+  if (opt_.static_graph && static_global_used_) return *static_global_used_;
+  const size_t n = here.size();
+  std::vector<uint8_t> mask(n);
+  for (size_t i = 0; i < n; ++i) mask[i] = here[i] ? 1 : 0;
+  comm_.allreduce(view_of(mask.data(), n), ReduceOp::max).wait();
+  std::vector<bool> anywhere(n);
+  for (size_t i = 0; i < n; ++i) anywhere[i] = mask[i] != 0;
+  if (opt_.static_graph) static_global_used_ = anywhere;
+  return anywhere;
+}
+
+void Reducer::finish_backward(bool shadow) {
   std::unique_lock lk(mu_);
   if (!in_backward_) throw misuse("finalize_backward without prepare_for_backward");
   in_backward_ = false;
   if (no_sync_) return;
+  const size_t n = params_.size();
+  // Every gradient not yet counted: what arrived (fewer times than the
+  // first iteration, or in this learning iteration), what no_sync steps
+  // accumulated, or zeros for one that never came.
+  std::vector<bool> here(n, false);
   std::vector<size_t> missing;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (used_[i] && !marked_[i]) missing.push_back(i);
+  for (size_t i = 0; i < n; ++i) {
+    if (!used_[i]) continue;  // declared unused: zeroed at prepare
+    if (marked_[i]) {
+      here[i] = true;
+    } else if (!shadow && (fires_[i] > 0 || accumulated_[i])) {
+      here[i] = true;
+      take(i);
+    } else if (shadow || allow_unused()) {
+      zero_slot(i);
+      marked_[i] = true;
+      --pending_[plan_.bucket_of(i)];
+    } else {
+      missing.push_back(i);
+    }
+  }
   if (!missing.empty())
-    throw misuse("finalize_backward before the gradients of parameters " + list(missing) +
-                 " were marked ready; if the model does not use them every iteration, enable "
-                 "find_unused_parameters and pass the used set to prepare_for_backward");
+    throw misuse("rank " + std::to_string(comm_.rank()) + ": parameters " + names(missing) +
+                 " received no gradient in this backward pass; if the model does not use every "
+                 "parameter in every step, enable find_unused_parameters");
+  launch_ready_buckets();
   auto wait_start = Clock::now();
   // Every bucket's reduction is waited for before an error is reported, so
   // that none is still writing when the caller goes on (or retries).
@@ -400,6 +508,14 @@ void Reducer::finalize_backward() {
     trace_->span("finalize wait", trace::at(wait_start), trace::at(wait_end),
                  trace::Args().add("iteration", iteration_));
   }
+  // Which parameters some rank used: one small all-reduce.
+  if (allow_unused()) {
+    std::vector<bool> anywhere = exchange_used(here);
+    for (size_t i = 0; i < n; ++i)
+      use_[i] = here[i] ? ParamUse::here : anywhere[i] ? ParamUse::elsewhere : ParamUse::nowhere;
+  } else {
+    use_.assign(n, ParamUse::here);
+  }
   uint64_t hook_total = hook_->bytes_communicated();
   stats_.hook_bytes = hook_total - hook_bytes_before_;
   hook_bytes_before_ = hook_total;
@@ -407,10 +523,11 @@ void Reducer::finalize_backward() {
   for (const auto& buf : buffers_) stats_.gradient_bytes += buf.view().nbytes();
 
   // Copy mode: the averages go back to where the engine's gradients are now;
-  // a gradient the engine has no buffer for (set_grad with none) is left.
-  if (!opt_.gradient_as_bucket_view)
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (params_[i].grad.data) {
+  // a gradient the engine has no buffer for (set_grad with none), one that
+  // no rank used, and a joined rank's are left.
+  if (!opt_.gradient_as_bucket_view && !shadow)
+    for (size_t i = 0; i < n; ++i)
+      if (params_[i].grad.data && use_[i] != ParamUse::nowhere) {
         auto slot = bucket_slot(i);
         cuda::copy(params_[i].grad.data, slot.data, slot.nbytes(), slot.device);
       }
@@ -420,10 +537,37 @@ void Reducer::finalize_backward() {
   stats_.exposed_us = us_between(wait_start, wait_end);
   stats_.bucket_comm_us = *comm_us_;
 
-  if (opt_.find_unused_parameters && opt_.static_graph && !static_used_) static_used_ = used_;
+  if (!shadow) {
+    if (opt_.static_graph && !static_used_) static_used_ = here;
+    if (expected_.empty()) {
+      expected_ = fires_;
+    } else {
+      for (size_t i = 0; i < n; ++i) expected_[i] = std::max(expected_[i], fires_[i]);
+    }
+    accumulated_.assign(n, false);
+  }
   ++iteration_;
   if (log::enabled(log::Level::info) && iteration_ % log_every_ == 0) log_stats();
   if (opt_.rebuild_buckets && !rebuilt_) rebuild_from_observed_order();
+  // Reported last, every collective of the iteration done, so that the
+  // ranks stay in step whatever the caller does next.
+  std::vector<size_t> late;
+  for (size_t i = 0; i < n; ++i)
+    if (late_[i]) late.push_back(i);
+  if (!late.empty())
+    throw misuse("rank " + std::to_string(comm_.rank()) + ": parameters " + names(late) +
+                 " received a gradient after theirs had been reduced: this backward used them "
+                 "more often than the first one did (their average lacks the late part)");
+}
+
+ParamUse Reducer::param_use(size_t i) const {
+  if (i >= params_.size()) throw misuse("no parameter " + std::to_string(i));
+  return use_[i];
+}
+
+TensorView Reducer::bucket_grad(size_t i) const {
+  if (i >= params_.size()) throw misuse("no parameter " + std::to_string(i));
+  return bucket_slot(i);
 }
 
 void Reducer::log_stats() const {
@@ -556,6 +700,7 @@ void Reducer::load_state(const Bytes& in) {
                     "0's: every rank must load the checkpoint it saved at the same step");
   hook_->load_state(r.rest());
   if (order != bucket_order_) apply_order(order);
+  expected_.clear();  // the next iteration learns the arrivals again
   iteration_ = iteration;
   rebuilt_ = rebuilt;
 }

@@ -9,10 +9,30 @@
 //
 //   Reducer r(comm, params, opts);        // checks shapes across ranks, broadcasts rank 0's values
 //   for each step:
-//     r.prepare_for_backward();           // (with find_unused_parameters: which params were used)
-//     ... backward: r.mark_grad_ready(i) as each gradient is written (any thread) ...
+//     r.prepare_for_backward();
+//     ... backward: r.mark_grad_ready(i) each time gradient i is accumulated (any thread) ...
 //     r.finalize_backward();              // averaged gradients in place
 //     optimizer step
+//
+// DDP's semantics live here, for every engine (collie.torch, the C ABI's):
+//  * A gradient may arrive several times in one backward (activation
+//    checkpointing recomputes a segment; a weight shared by two layers).
+//    The first synchronised iteration learns how many times each one
+//    arrives (its buckets go out at finalize); later ones send a bucket as
+//    soon as each of its gradients has arrived as often as it did then. One
+//    that arrives more often after its bucket left is an error at finalize,
+//    naming it (its late part was not reduced).
+//  * A gradient that never arrives: an error at finalize naming it, unless
+//    find_unused_parameters or static_graph; then it travels as zeros, the
+//    ranks exchange which parameters they used (one small all-reduce; with
+//    static_graph only in the first iteration, whose unused set is kept and
+//    its gradients' slots zeroed at prepare), and param_use() says whether
+//    another rank used it (its average is in its bucket) or none did (its
+//    gradient is left as it was, in copy mode).
+//  * no_sync iterations only accumulate; the next synchronised iteration
+//    sends what they accumulated, a gradient that arrived only in them too.
+//  * join_step(): the collectives of one iteration with zero gradients, for
+//    a rank that has run out of data while others train (uneven inputs).
 //
 // With gradient_as_bucket_view the engine writes gradient i straight into
 // grad_view(i), a slice of the bucket: no copies and no gradient-sized memory
@@ -64,6 +84,16 @@ struct ReducerOptions {
   // (dtype, device); the memory is released when the reducer and every
   // reduction still writing it are gone, never by a rebuild.
   std::shared_ptr<BucketAllocator> bucket_allocator;
+  // The parameters' names, for errors ("parameters fc.weight, fc.bias
+  // received no gradient"); empty: their indices.
+  std::vector<std::string> param_names;
+};
+
+// Where a parameter's gradient came from in the last synchronised iteration.
+enum class ParamUse : uint8_t {
+  here = 0,       // this rank's backward produced it (or its no_sync steps did)
+  elsewhere = 1,  // not here, but on another rank: its average is in its bucket
+  nowhere = 2,    // on no rank: left as it was (copy mode); zeros in its bucket view
 };
 
 struct Parameter {
@@ -95,12 +125,14 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Starts an iteration. `used` (size = number of parameters) says which
-  // parameters this iteration's graph uses; needed only with
-  // find_unused_parameters (unused ones are reduced as zeros so that every
-  // rank still issues every bucket). With static_graph, the first
-  // iteration's set is kept and later `used` arguments are ignored.
+  // Starts an iteration. `used` (size = number of parameters), optional,
+  // says which parameters this iteration's graph uses, with
+  // find_unused_parameters: declared-unused ones are zeroed now so that
+  // their buckets need not wait for finalize. Without it, a parameter whose
+  // gradient never arrives is found at finalize. With static_graph, the
+  // first iteration's set is kept and later `used` arguments are ignored.
   void prepare_for_backward(const std::vector<bool>& used = {});
+  // Gradient i has been accumulated (once more, if it arrives several times).
   void mark_grad_ready(size_t param);
   // The same, saying where the gradient is now. Copy mode: the engine's
   // current buffer, which may have moved since the last iteration (PyTorch's
@@ -110,6 +142,20 @@ class Reducer {
   // instead of its writes landing in another gradient's place.
   void mark_grad_ready(size_t param, TensorView grad);
   void finalize_backward();
+  // A rank with no more data, while others still train (uneven inputs):
+  // the collectives of one iteration with zero gradients; the engine's
+  // gradients are left alone. Not under no_sync.
+  void join_step();
+  // Parameter i in the last synchronised iteration (see ParamUse).
+  ParamUse param_use(size_t param) const;
+  // Where gradient i sits in its bucket: grad_view(i) with bucket views; in
+  // copy mode the bucket's copy, which holds the average after finalize
+  // until the next prepare (how an engine gets the average of a gradient
+  // it had no buffer for: ParamUse::elsewhere).
+  TensorView bucket_grad(size_t param) const;
+  // PyTorch's _set_static_graph: static_graph turned on after construction,
+  // before the first synchronised iteration, on every rank.
+  void set_static_graph();
 
   // Where gradient i lives now, in copy mode (empty: the engine has none,
   // and finalize leaves it alone). In bucket-view mode it must be
@@ -154,6 +200,12 @@ class Reducer {
   void build_buckets(const std::vector<size_t>& order);
   void launch_ready_buckets();  // with mu_ held
   void mark_locked(size_t param);
+  void take(size_t param);  // counts gradient i in its bucket (with mu_ held)
+  void zero_slot(size_t param);
+  void finish_backward(bool shadow);
+  std::vector<bool> exchange_used(const std::vector<bool>& here);
+  std::string name(size_t param) const;
+  std::string names(const std::vector<size_t>& params) const;
   void set_grad_locked(size_t param, const TensorView& grad);
   TensorView bucket_slot(size_t param) const;
   void copy_in(size_t param);
@@ -180,9 +232,16 @@ class Reducer {
   bool no_sync_ = false;
   bool rebuilt_ = false;
   uint64_t iteration_ = 0;  // synchronised iterations finished
-  std::vector<bool> marked_;
-  std::vector<bool> used_;
+  bool allow_unused() const { return opt_.find_unused_parameters || opt_.static_graph; }
+  std::vector<bool> marked_;  // counted in its bucket this iteration
+  std::vector<bool> used_;    // not declared unused (prepare's mask, or the static graph's)
   std::optional<std::vector<bool>> static_used_;
+  std::optional<std::vector<bool>> static_global_used_;  // static_graph: the exchange's result
+  std::vector<uint32_t> fires_;     // arrivals of each gradient this synchronised iteration
+  std::vector<uint32_t> expected_;  // arrivals learnt (empty: this iteration learns them)
+  std::vector<bool> accumulated_;   // arrived in no_sync iterations since the last sync
+  std::vector<bool> late_;          // arrived again after its bucket had left
+  std::vector<ParamUse> use_;
   std::vector<size_t> pending_;  // per bucket: gradients still to come
   size_t next_launch_ = 0;
   std::vector<Work> works_;

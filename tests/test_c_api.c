@@ -118,8 +118,9 @@ int main(void) {
   /* Misuse is a status and a message, not a crash. */
   OK(collie_reducer_prepare(red, NULL, 0));
   OK(collie_reducer_mark_ready(red, 0));
-  CHECK(collie_reducer_mark_ready(red, 0) == COLLIE_ERR_INVALID_ARGUMENT, "double mark status");
-  CHECK(strstr(collie_last_error(), "twice") != NULL, "message: %s", collie_last_error());
+  CHECK(collie_reducer_mark_ready(red, 2) == COLLIE_ERR_INVALID_ARGUMENT, "out-of-range status");
+  CHECK(strstr(collie_last_error(), "there are 2 parameters") != NULL, "message: %s",
+        collie_last_error());
   OK(collie_reducer_mark_ready(red, 1));
   OK(collie_reducer_finalize(red));
   collie_tensor bad = {w, D, 42, COLLIE_CPU, 0};

@@ -2,9 +2,10 @@
  * collective blocking and with a handle, reduce_scatter, send/recv, split,
  * the in-progress status, abort and the asynchronous error, versioned
  * structs, and for engines: gradients that move (set_to_none), the layout
- * generation with stale views refused, and bucket memory from the engine's
- * allocator. Results against exact references. Run under collie-run at 2
- * and 3 ranks. */
+ * generation with stale views refused, bucket memory from the engine's
+ * allocator, and DDP's semantics (gradients that arrive twice, unused ones
+ * exchanged, a joined rank, the error for a gradient that never came). Results against exact
+ * references. Run under collie-run at 2 and 3 ranks. */
 #define _POSIX_C_SOURCE 199309L /* nanosleep */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -207,6 +208,73 @@ int main(void) {
           "marking a gradient that has no buffer");
     CHECK(strstr(collie_last_error(), "no buffer") != NULL, "message: %s", collie_last_error());
     OK(collie_reducer_destroy(red));
+  }
+
+  /* DDP's semantics, the reducer's for every engine: "shared" arrives
+   * twice per backward (its sum is sent once), "rare" only on rank 0 (the
+   * others get its average), "idle" on no rank (left as it was); the last
+   * rank joins (shadows) the third step; without find_unused_parameters a
+   * gradient that never arrives is an error naming it. */
+  {
+    float w[2] = {0}, shared[2] = {0}, rare[2] = {0}, idle[2] = {0};
+    float gw[2], gs[2], gr[2], gi[2];
+    collie_tensor params[4] = {f32(w, 2), f32(shared, 2), f32(rare, 2), f32(idle, 2)};
+    collie_tensor grads[4] = {f32(gw, 2), f32(gs, 2), f32(gr, 2), f32(gi, 2)};
+    const char* names[4] = {"w", "shared", "rare", "idle"};
+    collie_reducer_options ro = COLLIE_REDUCER_OPTIONS_INIT;
+    ro.find_unused_parameters = 1;
+    ro.param_names = names;
+    collie_reducer* red = NULL;
+    OK(collie_reducer_create(comm, params, grads, 4, &ro, &red));
+    for (int step = 0; step < 3; ++step) {
+      int joined = step == 2 && size > 1 && rank == size - 1;
+      gr[0] = gr[1] = -1.0f;
+      gi[0] = gi[1] = 7.0f;
+      if (joined) {
+        OK(collie_reducer_join_step(red));
+        CHECK(gi[0] == 7.0f && gr[0] == -1.0f, "a joined rank's gradients were written");
+        continue;
+      }
+      OK(collie_reducer_prepare(red, NULL, 0));
+      gw[0] = gw[1] = (float)(rank + 1);
+      OK(collie_reducer_mark_ready(red, 0));
+      gs[0] = gs[1] = 1.0f;
+      OK(collie_reducer_mark_ready(red, 1));
+      gs[0] = gs[1] = 1.0f + (float)rank; /* accumulated: the second arrival */
+      OK(collie_reducer_mark_ready(red, 1));
+      if (rank == 0) {
+        gr[0] = gr[1] = 6.0f;
+        OK(collie_reducer_mark_ready(red, 2));
+      }
+      OK(collie_reducer_finalize(red));
+      int trained = step == 2 && size > 1 ? size - 1 : size;
+      CHECK(gw[0] == (float)(trained * (trained + 1) / 2) / (float)size, "w: %g", gw[0]);
+      CHECK(gs[1] == (float)(trained + trained * (trained - 1) / 2) / (float)size, "shared: %g",
+            gs[1]);
+      CHECK(gr[0] == 6.0f / (float)size, "rare on rank %d: %g", rank, gr[0]);
+      CHECK(gi[0] == 7.0f, "idle was written: %g", gi[0]);
+      uint8_t use[4];
+      OK(collie_reducer_param_use(red, use, 4));
+      CHECK(use[0] == 0 && use[1] == 0 && use[3] == 2 && use[2] == (rank == 0 ? 0 : 1),
+            "param_use %d %d %d %d", use[0], use[1], use[2], use[3]);
+      collie_tensor avg;
+      OK(collie_reducer_bucket_grad(red, 2, &avg));
+      CHECK(((float*)avg.data)[1] == 6.0f / (float)size, "rare's bucket: %g",
+            ((float*)avg.data)[1]);
+    }
+    OK(collie_reducer_destroy(red));
+
+    collie_reducer_options strict = COLLIE_REDUCER_OPTIONS_INIT;
+    strict.param_names = names;
+    OK(collie_reducer_create(comm, params, grads, 4, &strict, &red));
+    OK(collie_reducer_prepare(red, NULL, 0));
+    OK(collie_reducer_mark_ready(red, 0));
+    OK(collie_reducer_mark_ready(red, 1));
+    CHECK(collie_reducer_finalize(red) == COLLIE_ERR_INVALID_ARGUMENT, "no error for no gradient");
+    CHECK(strstr(collie_last_error(), "parameters rare, idle received no gradient") != NULL,
+          "message: %s", collie_last_error());
+    OK(collie_reducer_destroy(red));
+    OK(collie_comm_barrier(comm, NULL));
   }
 
   /* Bucket views in the engine's memory: allocated once per stream, never

@@ -538,7 +538,8 @@ TEST(PostLocalSgd, BadSpecsNameTheParameter) {
             "post_local_sgd:start_iter=100,subgroup=host");
 
   // A group size that does not divide the world is found on the first
-  // bucket, on every rank alike.
+  // bucket (which the first iteration sends at finalize), on every rank
+  // alike.
   const int bad = n % 3 ? 3 : n + 1;
   const std::string spec = "post_local_sgd:subgroup=" + std::to_string(bad);
   std::vector<float> value(4, 0.f), grad(4, 1.f);
@@ -547,7 +548,10 @@ TEST(PostLocalSgd, BadSpecsNameTheParameter) {
   Reducer red(comm(), {{view_of(value.data(), value.size()), view_of(grad.data(), grad.size())}},
               opt);
   red.prepare_for_backward();
-  auto e = error_of([&] { red.mark_grad_ready(0); });
+  auto e = error_of([&] {
+    red.mark_grad_ready(0);
+    red.finalize_backward();
+  });
   ASSERT_TRUE(e) << spec;
   EXPECT_EQ(e->code(), ErrorCode::invalid_argument) << e->what();
   EXPECT_TRUE(contains(e->what(), "subgroup=" + std::to_string(bad))) << e->what();

@@ -242,12 +242,13 @@ typedef struct {
   const collie_allocator* bucket_allocator; /* NULL: zeroed host memory */
   int32_t rebuild_buckets;                  /* default 1: re-plan after the first iteration */
   int32_t reserved0;
+  const char* const* param_names; /* NULL, or per parameter its name, for errors */
 } collie_reducer_options;
 
 #define COLLIE_REDUCER_OPTIONS_INIT                                                           \
   {                                                                                           \
     sizeof(collie_reducer_options), COLLIE_STRUCT_TAG, 1u << 20, 25u << 20, 0, 0, 0, 1, NULL, \
-        NULL, NULL, 1, 0                                                                      \
+        NULL, NULL, 1, 0, NULL                                                                \
   }
 
 /* Sets *opts to COLLIE_REDUCER_OPTIONS_INIT (inline, as collie_comm_options_init). */
@@ -269,6 +270,13 @@ collie_status collie_reducer_create(collie_comm* comm, const collie_tensor* para
 collie_status collie_reducer_destroy(collie_reducer* red);
 /* used: one byte per parameter (non-zero = used this iteration), or NULL. */
 collie_status collie_reducer_prepare(collie_reducer* red, const uint8_t* used, size_t num_params);
+/* Gradient `param` has been accumulated: once per arrival, when it arrives
+ * several times in one backward (activation checkpointing, shared weights).
+ * The first synchronised step learns how often each arrives and sends its
+ * buckets at finalize; later steps send a bucket as soon as its gradients
+ * have arrived that often. Arriving more often after the bucket has left is
+ * an error at finalize; never arriving is one too unless find_unused_parameters
+ * or static_graph (then it counts as zeros: see collie_reducer_param_use). */
 collie_status collie_reducer_mark_ready(collie_reducer* red, size_t param);
 /* The same, saying where the gradient is now. Copy mode: the engine's current
  * buffer, which may have moved since the last step (PyTorch's
@@ -280,6 +288,22 @@ collie_status collie_reducer_mark_ready_grad(collie_reducer* red, size_t param, 
  * has none, and finalize leaves it alone. */
 collie_status collie_reducer_set_grad(collie_reducer* red, size_t param, const collie_tensor* grad);
 collie_status collie_reducer_finalize(collie_reducer* red);
+/* A rank out of data while others still train (uneven inputs): the
+ * collectives of one step with zero gradients, the engine's left alone. */
+collie_status collie_reducer_join_step(collie_reducer* red);
+/* Where each gradient came from in the last synchronised step, one byte per
+ * parameter: 0 this rank's backward (or its no_sync steps); 1 not here but
+ * on another rank (its average is in its bucket: collie_reducer_bucket_grad;
+ * copy mode copied it into the engine's buffer when there was one); 2 on no
+ * rank (left as it was in copy mode; zeros in its bucket view). */
+collie_status collie_reducer_param_use(const collie_reducer* red, uint8_t* out, size_t num_params);
+/* Where gradient `param` sits in its bucket: the grad view with bucket views;
+ * in copy mode the bucket's copy, holding the average after finalize until
+ * the next prepare. */
+collie_status collie_reducer_bucket_grad(collie_reducer* red, size_t param, collie_tensor* out);
+/* PyTorch's _set_static_graph: static_graph on after create, before the
+ * first synchronised step, on every rank. */
+collie_status collie_reducer_set_static_graph(collie_reducer* red);
 /* Where gradient `param` lives: re-read when the layout generation changes. */
 collie_status collie_reducer_grad_view(collie_reducer* red, size_t param, collie_tensor* out);
 /* Counts the bucket layout's changes (the rebuild after the first iteration,
@@ -350,7 +374,8 @@ typedef struct collie_hook_done collie_hook_done;
  * A hook that never completes makes finalize fail with a timeout.
  *
  * The hook runs on the thread that called collie_reducer_mark_ready (or
- * prepare), with the reducer locked: it must not call collie_reducer_*
+ * prepare, or finalize: the first step's buckets leave there), with the
+ * reducer locked: it must not call collie_reducer_*
  * functions. `comm` is lent, not owned: collie_comm_destroy refuses it, and
  * calls through it after the communicator is destroyed fail cleanly.
  * Buckets are handed to hooks in the same order on every rank; a hook that
