@@ -373,6 +373,19 @@ collie_status collie_work_free(collie_work* w) {
   return COLLIE_OK;
 }
 
+collie_status collie_work_on_complete(collie_work* w, collie_work_callback fn, void* user) {
+  COLLIE_REQUIRE(w, "work");
+  COLLIE_REQUIRE(fn, "fn");
+  return guarded([&] {
+    w->work.then([fn, user](const collie::Work& done) {
+      if (auto e = done.error())
+        fn(user, static_cast<collie_status>(e->code()), e->what());
+      else
+        fn(user, COLLIE_OK, nullptr);
+    });
+  });
+}
+
 // ABI 1's names.
 
 collie_status collie_allreduce(collie_comm* c, collie_tensor in, collie_tensor out, collie_op op) {

@@ -204,6 +204,13 @@ collie_status collie_work_test(collie_work* work, int* done);
 /* Need not be complete; the op goes on, and the tensors it was given must
  * stay valid until it ends. */
 collie_status collie_work_free(collie_work* work);
+/* Calls fn(user, status, message) once when the op ends: status COLLIE_OK
+ * and message NULL on success, else its error and message (valid during the
+ * call). On the communicator's continuation thread, or on this thread at
+ * once if the op has already ended; fn must not wait for another op's
+ * continuation. The work may be freed before fn runs. */
+typedef void (*collie_work_callback)(void* user, collie_status status, const char* message);
+collie_status collie_work_on_complete(collie_work* work, collie_work_callback fn, void* user);
 
 /* ---- DDP reducer ---- */
 

@@ -10,6 +10,7 @@ collie.spawn(fn, nprocs). Errors are collie.Error, whose `code` says what kind
 ("peer_lost", "timeout", "mismatch", "invalid_argument", ...).
 """
 import ctypes
+import itertools
 import threading
 
 from ._lib import Error, lib, check
@@ -47,6 +48,50 @@ def as_tensor(x):
     return _lib.Tensor(addr, view.nbytes // view.itemsize, _BUFFER_DTYPES[fmt], _lib.CPU, 0)
 
 
+# Completion callbacks: one C trampoline for every op (a ctypes callback
+# must outlive each call into it), finding the Python function by key.
+_callbacks = {}
+_callback_keys = itertools.count(1)
+
+
+_completions = None  # the threads that run completion functions (made at first use)
+_completions_lock = threading.Lock()
+
+
+def _dispatch(user, status, message):
+    """On collie's continuation thread: hands the op's completion function
+    to a thread of its own pool. Never runs it here: a completion that
+    fulfils a torch Future runs the Future's callbacks, which may issue
+    another op and wait for it (PyTorch's PowerSGD hook does), and that
+    op's completion needs this thread."""
+    fn = _callbacks.pop(user, None)
+    if fn is None:
+        return
+    err = None if status == _lib.OK else _lib.error(
+        _lib.CODES.get(status, "internal"), (message or b"").decode(errors="replace"))
+    global _completions
+    if _completions is None:
+        with _completions_lock:
+            if _completions is None:
+                from concurrent.futures import ThreadPoolExecutor
+                # A completion that waits holds its thread; the pool grows
+                # (to this bound) instead of stalling the others.
+                _completions = ThreadPoolExecutor(max_workers=64,
+                                                  thread_name_prefix="collie-completion")
+    _completions.submit(_run_completion, fn, err)
+
+
+def _run_completion(fn, err):
+    try:
+        fn(err)
+    except Exception:  # noqa: BLE001 - nobody to raise to on this thread
+        import traceback
+        traceback.print_exc()
+
+
+_DISPATCH = _lib.WORK_CALLBACK(_dispatch)
+
+
 class Work:
     """An operation in flight: wait() for it (raises collie.Error if it
     failed), is_completed() without waiting, get_future() for a
@@ -82,16 +127,25 @@ class Work:
         import torch
         fut = torch.futures.Future()
 
-        def waiter():
-            try:
-                self.wait()
-            except Exception as e:  # noqa: BLE001 - delivered through the future
-                fut.set_exception(e)
-                return
-            fut.set_result(self.result())
-
-        threading.Thread(target=waiter, name="collie-work-future", daemon=True).start()
+        def done(err):
+            if err is None:
+                fut.set_result(self.result())
+            else:
+                fut.set_exception(err)
+        self.on_complete(done)
         return fut
+
+    def on_complete(self, fn):
+        """Calls fn(None) once the op has ended well, fn(error) if it
+        failed: on collie's continuation thread, or at once here if it has
+        already ended. The Work (and its buffers) stays alive until then."""
+        key = next(_callback_keys)
+        _callbacks[key] = lambda err: fn(err) if self is not None else None
+        try:
+            check(lib.collie_work_on_complete(self._h, _DISPATCH, key))
+        except BaseException:
+            _callbacks.pop(key, None)
+            raise
 
     def __del__(self):
         if getattr(self, "_h", None):

@@ -66,7 +66,7 @@ class ReducerOptions(Structure):
                 ("static_graph", c_int32), ("broadcast_parameters", c_int32),
                 ("comm_hook", c_char_p), ("param_rows", POINTER(c_uint64)),
                 ("bucket_allocator", POINTER(Allocator)), ("rebuild_buckets", c_int32),
-                ("reserved0", c_int32)]
+                ("reserved0", c_int32), ("param_names", POINTER(c_char_p))]
 
 
 class ReducerStats(Structure):
@@ -83,6 +83,7 @@ class GradBucket(Structure):
 
 
 HOOK_FN = CFUNCTYPE(None, c_void_p, c_void_p, POINTER(GradBucket), c_void_p)
+WORK_CALLBACK = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 
 
 def _find_library():
@@ -160,6 +161,7 @@ def _load():
         "collie_work_wait_for": (c_int, [c_void_p, c_double]),
         "collie_work_query": (c_int, [c_void_p]),
         "collie_work_free": (c_int, [c_void_p]),
+        "collie_work_on_complete": (c_int, [c_void_p, WORK_CALLBACK, c_void_p]),
         "collie_reducer_create": (c_int, [c_void_p, POINTER(T), POINTER(T), c_size_t,
                                           POINTER(ReducerOptions), pr]),
         "collie_reducer_destroy": (c_int, [c_void_p]),
@@ -168,6 +170,10 @@ def _load():
         "collie_reducer_mark_ready_grad": (c_int, [c_void_p, c_size_t, T]),
         "collie_reducer_set_grad": (c_int, [c_void_p, c_size_t, POINTER(T)]),
         "collie_reducer_finalize": (c_int, [c_void_p]),
+        "collie_reducer_join_step": (c_int, [c_void_p]),
+        "collie_reducer_param_use": (c_int, [c_void_p, POINTER(c_uint8), c_size_t]),
+        "collie_reducer_bucket_grad": (c_int, [c_void_p, c_size_t, POINTER(T)]),
+        "collie_reducer_set_static_graph": (c_int, [c_void_p]),
         "collie_reducer_grad_view": (c_int, [c_void_p, c_size_t, POINTER(T)]),
         "collie_reducer_layout_generation": (c_int, [c_void_p, POINTER(c_uint64)]),
         "collie_reducer_set_no_sync": (c_int, [c_void_p, c_int]),
