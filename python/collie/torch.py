@@ -5,19 +5,19 @@ collie's reducer.
     model = collie.torch.DistributedDataParallel(model)    # instead of torch's DDP
     ...the training loop as before...
 
-What differs from PyTorch's DDP, on purpose:
+What differs from PyTorch's DDP, on purpose (the semantics are collie's
+reducer's, the same for every engine on its C ABI; this wrapper only tells
+it when each gradient has been accumulated):
   * find_unused_parameters needs no traversal of the autograd graph: a
     parameter whose gradient has not arrived when backward ends contributes
     zeros (or, after no_sync micro-batches, the gradient it accumulated).
-  * Activation checkpointing (torch.utils.checkpoint, reentrant or not) works
-    without static_graph: a parameter may receive its gradient several times
-    in one backward; the first iteration learns how many.
+  * Activation checkpointing (torch.utils.checkpoint, reentrant or not)
+    works without static_graph: a parameter may receive its gradient several
+    times in one backward; the first iteration learns how many.
   * A parameter used only in no_sync micro-batches keeps its accumulated
     gradient on the synchronising step.
-  * state_dict() holds every rank's comm-hook state (PowerSGD's error
-    feedback), so a checkpoint saved on rank 0 and loaded on every rank
-    continues exactly. Like FSDP's full state dict it is collective: call
-    it on every rank, save on rank 0.
+  * state_dict() is local, as PyTorch's; inside state_of_every_rank() it
+    holds every rank's comm-hook state (PowerSGD's error feedback).
   * A parameter received no gradient and find_unused_parameters is off: the
     error comes at the end of that backward, naming the parameter, not one
     iteration later.
@@ -368,11 +368,16 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         rows = (ctypes.c_uint64 * n)(*[p.shape[0] if p.dim() >= 2 else 0 for p in self._params])
         self._arenas = _Arenas(self._comm)
         self._bucket_bytes = int(bucket_cap_mb * _MiB)
+        # DDP's semantics (gradients that arrive several times, unused
+        # parameters and their exchange, the static graph, no_sync, the
+        # errors) are the reducer's, as for every engine on the C ABI.
+        names = (ctypes.c_char_p * n)(*[name.encode() for name in self._names])
         opts = _lib.ReducerOptions(
             ctypes.sizeof(_lib.ReducerOptions), _lib.STRUCT_TAG, int(first_bucket_cap_mb * _MiB),
-            int(bucket_cap_mb * _MiB), int(self._bucket_view), 0, 0, int(bool(init_sync)),
+            int(bucket_cap_mb * _MiB), int(self._bucket_view), int(self._find_unused),
+            int(self._static_graph), int(bool(init_sync)),
             comm_hook.encode() if isinstance(comm_hook, str) else None, rows,
-            ctypes.pointer(self._arenas.struct), 1, 0)
+            ctypes.pointer(self._arenas.struct), 1, 0, names)
         h = ctypes.c_void_p()
         check(lib.collie_reducer_create(self._comm.handle, tensors, None, n, ctypes.byref(opts),
                                         ctypes.byref(h)))
@@ -394,12 +399,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             self._handles.append(acc.register_hook(self._make_hook(i)))
             self._accumulators.append(acc)
-        self._fires = [0] * n
-        self._expected = None  # gradient arrivals per parameter in the last iteration
-        self._marked = [False] * n
-        self._accumulated = [False] * n  # got a gradient in no_sync since the last sync
-        self._late = []
-        self._global_used = None  # static_graph: the used set, learnt once
+        self._given = [None] * n  # copy mode: the gradient tensor the reducer was last given
         self._in_backward = False
         self._armed = False
         self._warned_unarmed = False
@@ -491,8 +491,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         check(lib.collie_reducer_prepare(self._h, None, 0))
         self._in_backward = True
         self._armed = False
-        n = len(self._params)
-        self._fires, self._marked, self._late = [0] * n, [False] * n, []
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _make_hook(self, i):
@@ -511,20 +509,19 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         return hook
 
     def _on_gradient(self, i):
-        self._fires[i] += 1
+        """Gradient i has been accumulated (once more, under checkpointing or
+        for a shared weight): the reducer counts it, and sends its bucket
+        when every gradient in it has arrived as often as in the first
+        step (no_sync: only accumulates)."""
         if self._bucket_view:
             self._into_view(i)
-        if not self.require_backward_grad_sync:
-            self._accumulated[i] = True
+            check(lib.collie_reducer_mark_ready(self._h, i))
             return
-        if self._marked[i]:
-            self._late.append(i)  # arrived after it was reduced: reported at the end
-            return
-        # The first iteration only counts (a checkpointed segment delivers a
-        # parameter's gradient once per recomputation); later ones mark a
-        # parameter as soon as its last expected gradient has arrived.
-        if self._expected is not None and self._fires[i] >= max(self._expected[i], 1):
-            self._mark(i)
+        p = self._params[i]
+        if not p.grad.is_contiguous():
+            p.grad = p.grad.contiguous()
+        self._given[i] = p.grad
+        check(lib.collie_reducer_mark_ready_grad(self._h, i, as_tensor(p.grad)))
 
     def _into_view(self, i):
         """With bucket views the gradient must live in its bucket: after
@@ -535,54 +532,32 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             v.copy_(p.grad)
             p.grad = v
 
-    def _mark(self, i):
-        if self._bucket_view:
-            check(lib.collie_reducer_mark_ready(self._h, i))
-        else:
-            p = self._params[i]
-            if not p.grad.is_contiguous():
-                p.grad = p.grad.contiguous()
-            check(lib.collie_reducer_mark_ready_grad(self._h, i, as_tensor(p.grad)))
-        self._marked[i] = True
-
-    def _mark_zero(self, i, zeros):
-        """Marks parameter i ready with a zero gradient (unused this step, or
-        a shadow step of join). In copy mode the zeros go in `zeros`, which
-        the caller keeps until finalize has read them."""
-        if self._bucket_view:
-            self._views[i].zero_()
-            check(lib.collie_reducer_mark_ready(self._h, i))
-        else:
-            zeros[i] = torch.zeros_like(self._params[i])
-            check(lib.collie_reducer_mark_ready_grad(self._h, i, as_tensor(zeros[i])))
+    def _update_given(self):
+        """Copy mode: the reducer reads and writes gradients where it was
+        last told they are; tell it where they are now (zero_grad may have
+        freed or replaced them since a no_sync step gave them)."""
+        for i, p in enumerate(self._params):
+            g = p.grad
+            if g is not self._given[i]:
+                if g is not None and not g.is_contiguous():
+                    g = p.grad = g.contiguous()
+                self._given[i] = g
+                check(lib.collie_reducer_set_grad(
+                    self._h, i, ctypes.byref(as_tensor(g)) if g is not None else None))
 
     def _end_backward(self):
         try:
+            if not self._bucket_view:
+                self._update_given()
+            status = lib.collie_reducer_finalize(self._h)
             if not self.require_backward_grad_sync:
-                check(lib.collie_reducer_finalize(self._h))
+                check(status)
                 return
-            zeros = {}
-            missing = [i for i in range(len(self._params)) if not self._marked[i]
-                       and not self._fires[i] and not self._accumulated[i]]
-            if missing and not self._find_unused:
-                names = ", ".join(self._names[i] for i in missing[:10])
-                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-                raise _lib.error("invalid_argument",
-                            f"rank {self._comm.rank}: parameters {names}{more} received no "
-                            "gradient in this backward pass; if the model does not use every "
-                            "parameter in every step, pass find_unused_parameters=True")
-            for i in range(len(self._params)):
-                if self._marked[i]:
-                    continue
-                if self._fires[i] or self._accumulated[i]:
-                    self._mark(i)  # its gradient, this step's or the no_sync steps'
-                    continue
-                # Unused here: it contributes zeros, and gets the others' average if they used it.
-                self._mark_zero(i, zeros)
-                self._marked[i] = True
-            check(lib.collie_reducer_finalize(self._h))
             if self._bucket_view:
                 self._bind_views()
+            check(status)  # a parameter with no gradient, or one that arrived late, named
+            if self._find_unused or self._static_graph:
+                self._give_unused()
             if (not self._divide_by_initial and self._active is not None
                     and 0 < self._active < self._comm.size):
                 # join(divide_by_initial_world_size=False): the average over
@@ -591,47 +566,27 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                     for p in self._params:
                         if p.grad is not None:
                             p.grad.mul_(self._comm.size / self._active)
-            if self._find_unused:
-                self._give_unused(zeros, self._exchange_used(
-                    [bool(f) or a for f, a in zip(self._fires, self._accumulated)]))
-            if self._late:
-                names = ", ".join(self._names[i] for i in sorted(set(self._late)))
-                raise _lib.error("invalid_argument",
-                            f"rank {self._comm.rank}: parameters {names} received a gradient after "
-                            "theirs had been reduced: this backward used them more often than the "
-                            "first one did")
             self._synced_steps += 1
-            if self._expected is None:
-                self._expected = list(self._fires)
-            else:
-                self._expected = [max(e, f) for e, f in zip(self._expected, self._fires)]
-            self._accumulated = [False] * len(self._params)
         finally:
             self._in_backward = False
 
-    def _exchange_used(self, local):
-        """Which parameters some rank used this step (one small all-reduce;
-        with static_graph, only the first time)."""
-        if self._static_graph and self._global_used is not None:
-            return self._global_used
-        used = torch.tensor(local, dtype=torch.uint8)
-        self._comm.allreduce(used, op="max")
-        result = [bool(u) for u in used.tolist()]
-        if self._static_graph:
-            self._global_used = result
-        return result
-
-    def _give_unused(self, zeros, used_somewhere):
-        """Parameters unused here: those used on another rank get the
-        average; those used on no rank keep the gradient they had (None stays
-        None, as with PyTorch's DDP)."""
+    def _give_unused(self):
+        """Parameters no gradient reached here but some other rank's did get
+        their average as param.grad, also when it was None (as with
+        PyTorch's DDP); those no rank used keep what they had."""
+        n = len(self._params)
+        use = (ctypes.c_uint8 * n)()
+        check(lib.collie_reducer_param_use(self._h, use, n))
         for i, p in enumerate(self._params):
-            if not used_somewhere[i]:
+            if use[i] != 1 or p.grad is not None:
                 continue
-            if i in zeros:
-                p.grad = zeros[i]
-            elif self._bucket_view and p.grad is None:
+            if self._bucket_view:
                 p.grad = self._views[i]
+            else:
+                t = _lib.Tensor()
+                check(lib.collie_reducer_bucket_grad(self._h, i, ctypes.byref(t)))
+                p.grad = self._arenas.view(t.data, p.numel(), p.dtype, p.shape).clone()
+                self._given[i] = p.grad
 
     def _bind_views(self):
         """Where each gradient lives in bucket memory; re-read when the
@@ -682,7 +637,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     def _set_static_graph(self):
         """PyTorch's (and Lightning's) way to turn static_graph on after
-        construction."""
+        construction (before the first step)."""
+        check(lib.collie_reducer_set_static_graph(self._h))
         self._static_graph = True
 
     def register_comm_hook(self, state, hook):
@@ -864,15 +820,10 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         """The collectives of one training step, with zero gradients."""
         if self._broadcast_buffers and self.require_forward_param_sync:
             self._sync_buffers()
-        check(lib.collie_reducer_prepare(self._h, None, 0))
-        zeros = {}
-        for i in range(len(self._params)):
-            self._mark_zero(i, zeros)
-        check(lib.collie_reducer_finalize(self._h))
+        status = lib.collie_reducer_join_step(self._h)
         if self._bucket_view:
             self._bind_views()
-        if self._find_unused:
-            self._exchange_used([False] * len(self._params))
+        check(status)
 
     def _sync_final_model(self):
         steps = torch.tensor([self._steps * self._comm.size + self._comm.rank], dtype=torch.int64)
@@ -959,7 +910,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         check(lib.collie_reducer_load_state(self._h, buf, len(mine)))
         if self._bucket_view:
             self._bind_views()
-        self._expected = None
 
     # ---- lifetime -----------------------------------------------------------------
 

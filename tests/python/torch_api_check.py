@@ -271,7 +271,96 @@ def case_compile():
     return f"torch.compile(ddp): the eager wrapper's parameters, {buckets} buckets"
 
 
-CASES = {"join": case_join, "compile": case_compile, "join_throw": case_join_throw, "future": case_future,
+def case_bucket_order():
+    """Buckets follow backward's order after the first step's rebuild: the
+    last layer's bucket first, sent while earlier layers are still in
+    backward. (collie.torch once marked the first step's gradients at its
+    end in registration order, and the rebuild put the first layer's
+    bucket first: every bucket then waited for the end of backward.)"""
+    torch.manual_seed(5)
+    layers = [torch.nn.Linear(64, 64) for _ in range(6)]
+    model = torch.nn.Sequential(*layers)
+    b = ct.DistributedDataParallel(model, bucket_cap_mb=0.01, first_bucket_cap_mb=0.01)
+    layer_of = {p.data_ptr(): k for k, layer in enumerate(layers) for p in layer.parameters()}
+    events = []
+
+    def hook(state, bucket):
+        events.append(("bucket", bucket.index(),
+                       sorted({layer_of[p.data_ptr()] for p in bucket.parameters()})))
+        bucket.comm.allreduce(bucket.buffer())
+        bucket.buffer().div_(bucket.comm.size)
+
+    b.register_comm_hook(None, hook)
+    # The first layer's weight gradient comes last in backward.
+    layers[0].weight.register_hook(lambda g: events.append(("first layer's gradient",)))
+    x = torch.randn(4, 64)
+    for _ in range(3):
+        events.clear()
+        b(x).sum().backward()
+    buckets = [e for e in events if e[0] == "bucket"]
+    order = [e[2] for e in buckets]
+    check(len(buckets) >= 4, f"{len(buckets)} buckets: the case needs several: {order}")
+    check(order[0] == [5], f"bucket 0 holds layers {order[0]}, not the last layer's")
+    flat = [k for layers_in in order for k in layers_in]
+    check(flat == sorted(flat, reverse=True), f"buckets hold layers in this order: {order}")
+    first_grad = events.index(("first layer's gradient",))
+    check(events.index(buckets[0]) < first_grad,
+          f"bucket 0 left after backward reached the first layer: {events}")
+    b.close()
+    return f"buckets after the rebuild hold layers {order}, the first sent during backward"
+
+
+def case_no_gradient():
+    """A parameter the forward never uses, without find_unused_parameters:
+    an error at the end of that backward naming it and the rank; with
+    find_unused_parameters the same model trains, its gradient left None."""
+    def make():
+        torch.manual_seed(4)
+        m = torch.nn.ModuleDict({"used": torch.nn.Linear(6, 2), "idle": torch.nn.Linear(6, 2)})
+        m.forward = lambda x: m["used"](x)
+        return m
+    b = ct.DistributedDataParallel(make())
+    x, y = batch(0, RANK)
+    msg = expect_error(lambda: torch.nn.functional.mse_loss(b(x), y).backward(),
+                       ["idle.weight", "idle.bias", "received no gradient", f"rank {RANK}",
+                        "find_unused_parameters"], "a parameter with no gradient")
+    b.close()
+    b = ct.DistributedDataParallel(make(), find_unused_parameters=True)
+    for step in range(2):
+        torch.nn.functional.mse_loss(b(x), y).backward()
+    check(b.module["idle"].weight.grad is None, "an unused parameter got a gradient")
+    check(b.module["used"].weight.grad is not None, "a used parameter got no gradient")
+    b.close()
+    return f"an error naming them: {msg[:100]}"
+
+
+def case_late_gradient():
+    """A step that gives a parameter more gradients than the first step did
+    (reentrant checkpointing of a layer used twice), after its bucket has
+    left: an error naming it, on every rank, and the next step is in step."""
+    torch.manual_seed(6)
+    head, body = torch.nn.Linear(6, 8), torch.nn.Linear(8, 8)
+    model = torch.nn.ModuleList([head, body])
+    b = ct.DistributedDataParallel(model, bucket_cap_mb=0.0002, first_bucket_cap_mb=0.0002)
+    from torch.utils.checkpoint import checkpoint
+
+    def twice(h):
+        h = checkpoint(body, h, use_reentrant=True)
+        return checkpoint(body, h, use_reentrant=True)
+    b.module.forward = lambda x, again=False: (twice if again else body)(head(x))
+    x = torch.randn(4, 6)
+    for _ in range(2):
+        b(x).sum().backward()
+    msg = expect_error(lambda: b(x, again=True).sum().backward(),
+                       ["1.weight", "after theirs had been reduced", f"rank {RANK}"],
+                       "a gradient that arrives after its bucket left")
+    b(x).sum().backward()  # the ranks are still in step
+    b.close()
+    return f"an error naming it: {msg[:100]}"
+
+
+CASES = {"bucket_order": case_bucket_order, "no_gradient": case_no_gradient,
+         "late_gradient": case_late_gradient, "join": case_join, "compile": case_compile, "join_throw": case_join_throw, "future": case_future,
          "errors": case_errors, "constructor": case_constructor,
          "model_differs": case_model_differs,
          "loss_not_through_wrapper": case_loss_not_through_wrapper,
