@@ -313,8 +313,24 @@ def default_communicator():
             if world is not None and (world[0], world[1]) != (_default.rank, _default.size):
                 raise _lib.error("invalid_argument", world_mismatch(_default, world))
             return _default
+        if world is not None:
+            # torch.distributed on collie's backend: its communicator is
+            # this job's already (no second rendezvous, no second segment).
+            group = _torch_default_group()
+            if group is not None and hasattr(group, "comm") and \
+                    getattr(group, "getBackendName", lambda: "")() == "collie":
+                _default = group.comm
+                return _default
         _default = connect_through_torch() if world is not None else connect()
         return _default
+
+
+def _torch_default_group():
+    try:
+        import torch.distributed as dist
+        return dist.distributed_c10d._get_default_group()
+    except Exception:  # noqa: BLE001 - no default group
+        return None
 
 
 def world_mismatch(comm, world):

@@ -80,21 +80,26 @@ def _address_for_peers(store):
         return socket.gethostname()
 
 
-def connect_through_torch(backend=None, timeout=None):
+def connect_through_torch(backend=None, timeout=None, store=None, rank=None, size=None):
     """A collie.Communicator of torch.distributed's whole job, rendezvoused
-    through PyTorch's store. Collective over PyTorch's ranks."""
-    import torch.distributed as dist
-
+    through PyTorch's store. Collective over PyTorch's ranks. `store`,
+    `rank` and `size`: a group's own (what PyTorch hands a backend it
+    creates: a PrefixStore of the group, this process's rank in it and its
+    size), instead of the default group's."""
     from . import connect
 
     global _generation
-    with _lock:
-        _generation += 1
-        gen = _generation
-    rank, size = dist.get_rank(), dist.get_world_size()
+    if store is None:
+        import torch.distributed as dist
+        rank, size = dist.get_rank(), dist.get_world_size()
+        store = dist.distributed_c10d._get_default_store()
+        with _lock:
+            _generation += 1
+            gen = _generation
+    else:
+        gen = "backend"  # a group's own PrefixStore: its keys are its own
     if size == 1:
         return connect(rank=0, world_size=1, backend=backend, timeout=timeout)
-    store = dist.distributed_c10d._get_default_store()
     key = f"collie/{gen}/"
     host = _host_key()
     store.set(f"{key}host/{rank}", host)

@@ -37,6 +37,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from . import Communicator, Error, Work, as_tensor, default_communicator
 from . import _lib
+from . import distributed as _distributed  # noqa: F401 - registers the backend "collie"
 from ._lib import check, lib
 
 __all__ = ["DistributedDataParallel", "GradBucket", "PeriodicModelAverager", "PostLocalSGDOptimizer"]

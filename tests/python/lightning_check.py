@@ -2,6 +2,7 @@
 
     /usr/bin/python3 lightning_check.py          # Lightning's script launcher (collie_ddp vs ddp)
     /usr/bin/python3 lightning_check.py spawn    # collie_ddp_spawn, _fork and _notebook vs ddp_spawn
+    /usr/bin/python3 lightning_check.py backend  # DDPStrategy(process_group_backend="collie")
 
 Each case trains the same LightningModule (an MLP with BatchNorm), from the
 same seed, on the same data, with Trainer(strategy="ddp"...) and with
@@ -479,10 +480,41 @@ def spawned():
     sys.exit(1 if failures else 0)
 
 
+def case_backend():
+    """Lightning's own DDP with torch.distributed on collie's backend
+    (DDPStrategy(process_group_backend="collie"), the knob Lightning's docs
+    name): the group is collie's, the wrapper PyTorch's, and the model
+    within 1e-5 of collie_ddp's in the same job (which the script
+    launcher's run checks against Lightning's ddp over Gloo). A process
+    keeps its first process group, so this runs in a job of its own."""
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+    strategy = pl.strategies.DDPStrategy(process_group_backend="collie")
+    got, rec, trainer = fit(strategy)
+    check(dist.get_backend() == "collie", f"the process group's backend is {dist.get_backend()}")
+    check(rec.wrapper == TorchDDP.__module__ + "." + TorchDDP.__name__,
+          f"the model was wrapped in {rec.wrapper}, not PyTorch's DDP")
+    assert_same_on_every_rank(got, "ddp over the collie backend")
+    want, want_rec, _ = fit("collie_ddp")
+    assert_steps_close(rec, want_rec, "ddp over the collie backend against collie_ddp")
+    assert_close(got, want, "ddp over the collie backend against collie_ddp, the trained model")
+    return f"{STEPS} steps on backend collie: within 1e-5 of collie_ddp"
+
+
 def main():
     args = sys.argv[1:]
     if args == ["spawn"]:
         spawned()
+    if args == ["backend"]:
+        import collie.torch  # noqa: F401 - registers the backend "collie" (in every rank)
+        run("backend", case_backend, lambda: dist.get_rank() if dist.is_initialized()
+            else os.environ.get("LOCAL_RANK", 0))
+        flag = torch.tensor([len(failures)])
+        if dist.is_initialized():
+            dist.all_reduce(flag)
+        for p in children:
+            if p.wait() != 0:
+                flag += 1
+        sys.exit(1 if int(flag) else 0)
     names = args or list(CASES)
     for n in names:
         if n not in CASES:

@@ -1,0 +1,383 @@
+"""collie as a torch.distributed backend: PyTorch's own DDP, dist.all_reduce
+and whatever else is built on torch.distributed run their CPU collectives
+on collie, with one line changed.
+
+    import collie.distributed                    # registers "collie" (collie.torch does too)
+    dist.init_process_group("collie")            # env://, tcp://, file://, store=... alike
+
+The backend is a Python ProcessGroup (PyTorch's c10d calls its methods from
+its own collectives, its DDP's reducer included). It rendezvous through
+the store PyTorch hands it, with PyTorch's rank and world size: no port or
+variable of collie's. Each group (the default one, each new_group) is a
+collie communicator of its own. The group's timeout is collie's deadline.
+Errors are collie's, which are torch.distributed.DistBackendError (a
+failure) or DistError (a misuse) where PyTorch has them, and name the op
+and the rank.
+
+Served on CPU tensors: all_reduce (SUM, AVG, MIN, MAX, PRODUCT),
+all_reduce_coalesced, broadcast, all_gather, all_gather_into_tensor,
+reduce_scatter, reduce_scatter_tensor, reduce, gather, scatter, barrier,
+send and recv. Refused, naming what is missing: the bitwise ops, recv from
+any source, all_to_all (not yet a collie collective).
+"""
+import datetime
+import threading
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+
+__all__ = ["ProcessGroupCollie", "BACKEND"]
+
+BACKEND = "collie"
+
+def _refuse(what):
+    return _lib.error("invalid_argument", f"the collie backend does not do {what}")
+
+
+def _op_name(op):
+    """collie's name of a torch.distributed.ReduceOp."""
+    R = dist.ReduceOp
+    for name, value in (("sum", R.SUM), ("max", R.MAX), ("min", R.MIN),
+                        ("prod", R.PRODUCT), ("avg", getattr(R, "AVG", None))):
+        if value is not None and op == value:
+            return name
+    raise _refuse(f"reduce op {op} (it reduces with SUM, AVG, MIN, MAX and PRODUCT)")
+
+
+def _list(x):
+    """A tensor or a list of them (the group's methods have both overloads)."""
+    return [x] if isinstance(x, torch.Tensor) else list(x)
+
+
+def _reduce_op(opts):
+    """The op of an options object, a ReduceOp, or None (SUM)."""
+    if opts is None:
+        return _op_name(dist.ReduceOp.SUM)
+    return _op_name(getattr(opts, "reduceOp", opts))
+
+
+def _one(tensors, what):
+    tensors = _list(tensors)
+    if len(tensors) != 1:
+        raise _refuse(f"{what} of {len(tensors)} tensors in one call (one per call, as Gloo's "
+                      "CPU collectives)")
+    return tensors[0]
+
+
+def _cpu(t, what):
+    if t.device.type != "cpu":
+        raise _refuse(f"{what} of {t.device} tensors yet (CPU tensors only)")
+    if not t.is_contiguous():
+        raise _refuse(f"{what} of a non-contiguous tensor")
+    return t
+
+
+_WorkBase = getattr(dist, "Work", None) or torch._C._distributed_c10d.Work
+_from_future = torch._C._distributed_c10d._create_work_from_future
+
+
+def _python_works_reach_cpp():
+    """Whether PyTorch's C++ calls a Python Work's methods (its wait, its
+    get_future) when it waits on a Work a Python group returned: it does
+    where c10d has a Python trampoline for Work (PyTorch 2.x of late). The
+    probe: a C++ wait on a registered Python Work."""
+    try:
+        seen = []
+
+        class Probe(_WorkBase):
+            def wait(self, timeout=None):
+                seen.append(True)
+                return True
+        t = torch.zeros(1)
+        torch._C._distributed_c10d._register_work(t, Probe())
+        torch.ops._c10d_functional.wait_tensor(t)
+        return bool(seen)
+    except Exception:  # noqa: BLE001 - an older PyTorch: no trampoline
+        return False
+
+
+ASYNC = _python_works_reach_cpp()
+
+
+class _Work(_WorkBase):
+    """A PyTorch Work over collie's op: wait (with a timeout) raises the
+    op's error (a DistBackendError naming the op and the rank),
+    is_completed, result, exception, get_future (PyTorch's DDP chains its
+    comm hooks on it). `after` runs once the op has ended well, before
+    anyone sees its result (copies out of a staging buffer).
+
+    Until the op ends, this object, collie's Work and the tensors are kept
+    alive by the op's completion callback: PyTorch may drop its last
+    Python reference while its C++ still waits on it, and collie must not
+    write tensors that were freed."""
+
+    def __init__(self, work, result, after=None):
+        super().__init__()
+        self._work, self._result, self._after = work, list(result), after
+        self._lock = threading.Lock()
+        self._ended = work is None
+        self._ended_event = threading.Event()
+        self._error = None
+        self._futures = []
+        if work is not None:
+            work.on_complete(self._on_end)
+
+    def _on_end(self, err):
+        """On a collie completion thread: the op has ended."""
+        if err is None and self._after is not None:
+            try:
+                self._after()
+            except Exception as e:  # noqa: BLE001 - reported as the op's error
+                err = e
+        with self._lock:
+            self._ended, self._error = True, err
+            futures, self._futures = self._futures, []
+        self._ended_event.set()
+        for fut in futures:
+            self._fulfil(fut)
+
+    def _fulfil(self, fut):
+        if self._error is None:
+            fut.set_result(self._result)
+        else:
+            fut.set_exception(self._error)
+
+    def wait(self, timeout=None):
+        if self._work is not None:
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+            self._work.wait(seconds if seconds and seconds > 0 else None)
+            # The op has ended well; its completion (the copies out) runs
+            # on a completion thread, at once.
+            self._ended_event.wait()
+            if self._error is not None:
+                raise self._error
+        return True
+
+    def is_completed(self):
+        return self._ended
+
+    def is_success(self):
+        return self._ended and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        with self._lock:
+            if not self._ended:
+                self._futures.append(fut)
+                return fut
+        self._fulfil(fut)
+        return fut
+
+
+def _done_work(work, result, after=None):
+    """Where PyTorch's C++ cannot wait on a Python Work (PyTorch 1.13 to
+    2.1): the op is waited for here, its error raised here, and PyTorch
+    gets a Work that is already complete. Async ops then run one at a time
+    (PyTorch's DDP reduces its buckets after backward rather than during)."""
+    if work is not None:
+        work.wait()
+    if after is not None:
+        after()
+    fut = torch.futures.Future()
+    fut.set_result(list(result))
+    return _from_future(fut)
+
+
+def _make_work(work, result, after=None):
+    return _Work(work, result, after) if ASYNC else _done_work(work, result, after)
+
+
+class ProcessGroupCollie(dist.ProcessGroup):
+    """torch.distributed's process group over a collie communicator."""
+
+    def __init__(self, store, rank, size, timeout=None):
+        super().__init__(rank, size)
+        from ._torch_world import connect_through_torch
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+        self._comm = connect_through_torch(store=store, rank=rank, size=size,
+                                           timeout=seconds or None)
+
+    @property
+    def comm(self):
+        """The collie.Communicator under this group."""
+        return self._comm
+
+    def getBackendName(self):
+        return BACKEND
+
+    # ---- collectives -------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        t = _cpu(_one(tensors, "all_reduce"), "all_reduce")
+        op = _reduce_op(opts)
+        return _make_work(self._comm.allreduce(t, op=op, async_op=True), [t])
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        tensors = _list(tensors)
+        for t in tensors:
+            _cpu(t, "all_reduce_coalesced")
+        op = _reduce_op(opts)
+        flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+
+        def after():
+            at = 0
+            for t in tensors:
+                t.copy_(flat[at:at + t.numel()].view_as(t))
+                at += t.numel()
+        return _make_work(self._comm.allreduce(flat, op=op, async_op=True), tensors, after)
+
+    def broadcast(self, tensors, opts):
+        t = _cpu(_one(tensors, "broadcast"), "broadcast")
+        root = opts if isinstance(opts, int) else opts.rootRank
+        return _make_work(self._comm.broadcast(t, root=root, async_op=True), [t])
+
+    def _allgather_base(self, output, input, opts=None):
+        _cpu(input, "all_gather_into_tensor")
+        _cpu(output, "all_gather_into_tensor")
+        return _make_work(self._comm.allgather(input, output, async_op=True), [output])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        for w in works:
+            w.wait()
+        return _make_work(None, outputs)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        t = _cpu(_one(inputs, "all_gather"), "all_gather")
+        if output_lists and isinstance(output_lists[0], torch.Tensor):
+            output_lists = [output_lists]  # allgather(outputs, input)
+        outs = _one(output_lists, "all_gather")
+        if len(outs) != self.size():
+            raise _lib.error("invalid_argument", f"all_gather on rank {self.rank()}: "
+                             f"{len(outs)} output tensors for a group of {self.size()}")
+        for o in outs:
+            if o.numel() != t.numel() or o.dtype != t.dtype:
+                raise _lib.error("invalid_argument", f"all_gather on rank {self.rank()}: an "
+                                 f"output tensor of {o.numel()} {o.dtype} for an input of "
+                                 f"{t.numel()} {t.dtype}")
+        flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
+
+        def after():
+            for r, o in enumerate(outs):
+                o.copy_(flat[r * t.numel():(r + 1) * t.numel()].view_as(o))
+        return _make_work(self._comm.allgather(t, flat, async_op=True), [outs], after)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        _cpu(input, "reduce_scatter_tensor")
+        _cpu(output, "reduce_scatter_tensor")
+        op = _reduce_op(opts)
+        return _make_work(self._comm.reduce_scatter(input, output, op=op, async_op=True), [output])
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        for w in works:
+            w.wait()
+        return _make_work(None, outputs)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        out = _cpu(_one(outputs, "reduce_scatter"), "reduce_scatter")
+        if input_lists and isinstance(input_lists[0], torch.Tensor):
+            input_lists = [input_lists]  # reduce_scatter(output, inputs)
+        ins = _one(input_lists, "reduce_scatter")
+        if len(ins) != self.size():
+            raise _lib.error("invalid_argument", f"reduce_scatter on rank {self.rank()}: "
+                             f"{len(ins)} input tensors for a group of {self.size()}")
+        flat = torch.cat([i.reshape(-1) for i in ins])
+        op = _reduce_op(opts)
+        return _make_work(self._comm.reduce_scatter(flat, out, op=op, async_op=True), [out])
+
+    def reduce(self, tensors, opts):
+        t = _cpu(_one(tensors, "reduce"), "reduce")
+        op = _reduce_op(opts)
+        root = opts.rootRank
+        if self.rank() == root:
+            return _make_work(self._comm.allreduce(t, op=op, async_op=True), [t])
+        scratch = t.clone()  # every rank's result but the root's is left alone
+        return _make_work(self._comm.allreduce(scratch, op=op, async_op=True), [t])
+
+    def gather(self, output_lists, inputs, opts):
+        t = _cpu(_one(inputs, "gather"), "gather")
+        root = opts.rootRank
+        flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
+        outs = output_lists[0] if self.rank() == root else []
+        if self.rank() == root and len(outs) != self.size():
+            raise _lib.error("invalid_argument", f"gather on rank {self.rank()}: {len(outs)} "
+                             f"output tensors for a group of {self.size()}")
+
+        def after():
+            for r, o in enumerate(outs):
+                o.copy_(flat[r * t.numel():(r + 1) * t.numel()].view_as(o))
+        return _make_work(self._comm.allgather(t, flat, async_op=True), output_lists, after)
+
+    def scatter(self, outputs, input_lists, opts):
+        out = _cpu(_one(outputs, "scatter"), "scatter")
+        root = opts.rootRank
+        flat = torch.empty(out.numel() * self.size(), dtype=out.dtype)
+        if self.rank() == root:
+            ins = _one(input_lists, "scatter")
+            torch.cat([i.reshape(-1) for i in ins], out=flat)
+
+        def after():
+            r = self.rank()
+            out.copy_(flat[r * out.numel():(r + 1) * out.numel()].view_as(out))
+        return _make_work(self._comm.broadcast(flat, root=root, async_op=True), [out], after)
+
+    def barrier(self, opts=None):
+        return _make_work(self._comm.barrier(async_op=True), [])
+
+    def send(self, tensors, dst, tag):
+        t = _cpu(_one(tensors, "send"), "send")
+        return _make_work(self._comm.send(t, dst, tag=tag, async_op=True), [t])
+
+    def recv(self, tensors, src, tag):
+        t = _cpu(_one(tensors, "recv"), "recv")
+        return _make_work(self._comm.recv(t, src, tag=tag, async_op=True), [t])
+
+    # PyTorch 2.x's newer names, which its Python front calls on the group.
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._allgather_base(output, input, opts)
+
+    def _get_backend(self, device=None):
+        """PyTorch asks a group for its backend of a device (whether it
+        coalesces point-to-point ops, ...): this group is its own."""
+        return self
+
+    supports_coalescing = False
+
+    def recv_anysource(self, tensors, tag):
+        raise _refuse("recv from any source (name the source rank)")
+
+    def alltoall_base(self, *args):
+        raise _refuse("all_to_all_single yet")
+
+    def alltoall(self, *args):
+        raise _refuse("all_to_all yet")
+
+
+def _create(store, rank, size, timeout=None, *_):
+    return ProcessGroupCollie(store, rank, size, timeout)
+
+
+def register():
+    """Registers the backend "collie" with torch.distributed (once)."""
+    if getattr(dist.Backend, "COLLIE", None) is not None:
+        return
+    try:
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    except TypeError:  # PyTorch before 2.1: no devices
+        dist.Backend.register_backend(BACKEND, _create)
+
+
+register()
