@@ -3,6 +3,10 @@ by side in one run: step time, the all-reduce alone, exposed communication.
 
     collie-run -n 2 /usr/bin/python3 bench/torch_ddp_bench.py [--batch 2 16]
         [--layers 3] [--width 4096] [--iters 5] [--rounds 3] [--no-fp16] [--compile]
+        [--backend]
+
+--backend adds PyTorch's own DDP over the torch.distributed backend
+"collie" (collie.distributed), against the same over Gloo.
 
 The model is `layers` x Linear(width, width) with ReLU between (3 x 4096:
 50 M parameters, 201 MB of f32 gradients). A step is forward, backward and
@@ -47,6 +51,8 @@ def main():
     ap.add_argument("--no-fp16", action="store_true", help="leave out the fp16 hook runs")
     ap.add_argument("--compile", action="store_true",
                     help="also both wrappers under torch.compile (PyTorch 2.x)")
+    ap.add_argument("--backend", action="store_true",
+                    help="also PyTorch's DDP over the torch.distributed backend 'collie'")
     ap.add_argument("--noop", action="store_true",
                     help="also collie with the noop hook: the reducer's own cost, no communication")
     args = ap.parse_args()
@@ -54,6 +60,7 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     hooks = [False] if args.no_fp16 else [False, True]
+    collie_group = dist.new_group(backend="collie") if args.backend else None
 
     def build(kind, fp16):
         m = make_model(args.layers, args.width)
@@ -64,6 +71,10 @@ def main():
             m = TorchDDP(m, gradient_as_bucket_view=True)
             if fp16:
                 m.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif kind == "torch@collie":
+            m = TorchDDP(m, gradient_as_bucket_view=True, process_group=collie_group)
+            if fp16:
+                m.register_comm_hook(collie_group, default_hooks.fp16_compress_hook)
         elif kind == "collie":
             m = ct.DistributedDataParallel(m, gradient_as_bucket_view=True,
                                            comm_hook="fp16" if fp16 else None)
@@ -76,6 +87,8 @@ def main():
         configs += [("torch+compile", False), ("collie+compile", False)]
     if args.noop:
         configs.append(("noop", False))
+    if args.backend:
+        configs += [("torch@collie", h) for h in hooks]
     models = {c: build(*c) for c in configs}
     n_params = sum(p.numel() for p in models[configs[0]][0].parameters())
     grad = torch.ones(n_params)
@@ -125,6 +138,11 @@ def main():
                 t, c = ms[(batch, ("torch", h))], ms[(batch, ("collie", h))]
                 print(f"{batch:>5}  {'fp16' if h else '-':<5} {local:>9.1f} {t:>9.1f} {c:>10.1f} "
                       f"{t / c:>7.2f}x  {t - local:>11.1f}ms {c - local:>12.1f}ms")
+                if args.backend:
+                    b = ms[(batch, ("torch@collie", h))]
+                    print(f"{batch:>5}  {'fp16' if h else '-':<5} {local:>9.1f} {t:>9.1f} {b:>10.1f} "
+                          f"{t / b:>7.2f}x  {t - local:>11.1f}ms {b - local:>12.1f}ms   "
+                          "PyTorch's DDP over the collie backend")
             if args.compile:
                 t, c = ms[(batch, ("torch+compile", False))], ms[(batch, ("collie+compile", False))]
                 print(f"{batch:>5}  {'-':<5} {local:>9.1f} {t:>9.1f} {c:>10.1f} {t / c:>7.2f}x  "
