@@ -47,9 +47,9 @@
 
 namespace {
 
-enum class Coll { allreduce, allgather, reduce_scatter, broadcast, sendrecv };
+enum class Coll { allreduce, allgather, reduce_scatter, broadcast, sendrecv, alltoall };
 constexpr const char* kColls[] = {"allreduce", "allgather", "reduce_scatter", "broadcast",
-                                  "sendrecv"};
+                                  "sendrecv",  "alltoall"};
 
 const char* name(Coll c) {
   return kColls[static_cast<int>(c)];
@@ -66,6 +66,7 @@ double bus_factor(Coll c, int n) {
       return 2.0 * (n - 1) / n;
     case Coll::allgather:
     case Coll::reduce_scatter:
+    case Coll::alltoall:
       return static_cast<double>(n - 1) / n;
     case Coll::broadcast:
     case Coll::sendrecv:
@@ -101,6 +102,7 @@ struct Args {
 constexpr const char* kUsage =
     "usage: collie-run -n N collie-bench [options]\n"
     "  -C, --collective C       allreduce allgather reduce_scatter broadcast sendrecv\n"
+    "                           alltoall\n"
     "                           (default allreduce)\n"
     "  -b, --minbytes SIZE      smallest size (default 8); SIZE is bytes with an optional\n"
     "                           K, M or G suffix: 8, 512K, 256M; rounded down to whole\n"
@@ -205,7 +207,7 @@ Args parse(int argc, char** argv) {
       if (c == std::end(kColls))
         throw UsageError(f + " '" + v +
                          "' is not a collective: allreduce allgather reduce_scatter broadcast "
-                         "sendrecv");
+                         "sendrecv alltoall");
       a.coll = static_cast<Coll>(c - std::begin(kColls));
     } else if (f == "-b" || f == "--minbytes") {
       a.min_bytes = parse_size(f, value());
@@ -268,6 +270,8 @@ Args parse(int argc, char** argv) {
     throw UsageError(std::string("-o ") + std::string(collie::to_string(a.op)) +
                      " is not defined on -d " + std::string(collie::to_string(a.dtype)) +
                      " (avg on integers would truncate)");
+  if (a.coll == Coll::alltoall && a.in_place)
+    throw UsageError("-C alltoall runs out of place only (-i 0)");
   return a;
 }
 
@@ -582,7 +586,8 @@ int main(int argc, char** argv) {
     for (size_t bytes : sizes) {
       // count: the elements of the size; block: each rank's share where the
       // collective splits the size among the ranks.
-      const bool split = a.coll == Coll::allgather || a.coll == Coll::reduce_scatter;
+      const bool split = a.coll == Coll::allgather || a.coll == Coll::reduce_scatter ||
+                         a.coll == Coll::alltoall;
       const size_t block = split ? std::max<size_t>(1, bytes / es / n) : 0;
       const size_t count = split ? block * n : std::max<size_t>(1, bytes / es);
       const size_t nbytes = count * es;
@@ -633,6 +638,8 @@ int main(int argc, char** argv) {
             return comm->reduce_scatter(source, result, a.op);
           case Coll::broadcast:
             return comm->broadcast(source, 0);
+          case Coll::alltoall:
+            return comm->alltoall(source, result);
           case Coll::sendrecv: {
             collie::Work s = comm->send(source, next);
             collie::Work r = comm->recv(result, prev);
@@ -653,6 +660,8 @@ int main(int argc, char** argv) {
             return comm->reduce_scatter(source, result, a.op, collie::blocking);
           case Coll::broadcast:
             return comm->broadcast(source, 0, collie::blocking);
+          case Coll::alltoall:
+            return comm->alltoall(source, result, collie::blocking);
           case Coll::sendrecv:
             return run_once().wait();
         }
@@ -691,6 +700,8 @@ int main(int argc, char** argv) {
               return contribution(0, i);
             case Coll::sendrecv:
               return contribution(prev, i);
+            case Coll::alltoall:  // block q from rank q: its block `rank`
+              return contribution(static_cast<int>(i / block), rank * block + i % block);
           }
           return 0;
         };

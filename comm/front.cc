@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -42,6 +43,62 @@ namespace {
 std::string rank_str(int r) {
   return "rank " + std::to_string(r);
 }
+
+// The completion of an operation run as several (alltoall: a send and a
+// receive per peer): ended when every part has, with the first part's
+// error in issue order, prefixed with what the whole is. Waiting waits for
+// each part (a host part's waiter may run it itself); a stream waits for
+// every part.
+class AllOf final : public Completion {
+ public:
+  static Work make(std::string what, std::vector<Work> parts, std::chrono::milliseconds timeout) {
+    auto c = std::make_shared<AllOf>(std::move(what), std::move(parts), timeout);
+    c->remaining_.store(c->parts_.size());
+    if (c->parts_.empty()) c->finish(std::nullopt);
+    std::weak_ptr<AllOf> weak = c;
+    for (const Work& p : c->parts_)
+      p.completion()->on_complete([weak] {
+        if (auto self = weak.lock())
+          if (self->remaining_.fetch_sub(1) == 1) self->end();
+      });
+    return Work(c);
+  }
+  AllOf(std::string what, std::vector<Work> parts, std::chrono::milliseconds timeout)
+      : Completion(what, timeout), what_(std::move(what)), parts_(std::move(parts)) {}
+
+  bool query() override {
+    bool all = true;
+    for (const Work& p : parts_) all = p.completion()->query() && all;
+    if (all) end();
+    return all;
+  }
+  bool wait_until(Clock::time_point deadline) override {
+    for (const Work& p : parts_)
+      if (!p.completion()->wait_until(deadline)) return false;
+    end();
+    return true;
+  }
+  bool wait_for(std::chrono::milliseconds timeout) override {
+    return wait_until(Clock::now() + timeout);
+  }
+  void wait_on(void* stream) override {
+    for (const Work& p : parts_) p.completion()->wait_on(stream);
+  }
+  void abort(const Error& e) override {
+    for (const Work& p : parts_) p.completion()->abort(e);
+    end();
+  }
+
+ private:
+  void end() {
+    for (const Work& p : parts_)
+      if (auto e = p.error()) return finish(Error(e->code(), what_ + ": " + e->what()));
+    finish(std::nullopt);
+  }
+  const std::string what_;
+  const std::vector<Work> parts_;
+  std::atomic<size_t> remaining_{0};
+};
 
 // What every handle of one communicator shares: the backend and the state
 // the front keeps for it.
@@ -240,6 +297,25 @@ class Front final : public Communicator {
   }
   Work barrier() override { return core_->submit(barrier_op()); }
   void barrier(Blocking) override { core_->run(barrier_op()); }
+
+  Work alltoall(TensorView in, TensorView out) override {
+    const validate::Where what = where("alltoall");
+    const size_t n = static_cast<size_t>(size());
+    if (in.numel % n != 0)
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": input has " + std::to_string(in.numel) +
+                      " elements, not a multiple of the " + std::to_string(n) + " ranks");
+    if (in.numel != out.numel)
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": input has " + std::to_string(in.numel) +
+                      " elements but output has " + std::to_string(out.numel));
+    std::vector<size_t> counts(n, in.numel / n);
+    return exchange(what, in, counts, out, counts);
+  }
+  Work alltoallv(TensorView in, const std::vector<size_t>& send_counts, TensorView out,
+                 const std::vector<size_t>& recv_counts) override {
+    return exchange(where("alltoallv"), in, send_counts, out, recv_counts);
+  }
 
   Work send(TensorView buf, int peer, int tag) override { return p2p(buf, peer, tag, true); }
   Work recv(TensorView buf, int peer, int tag) override { return p2p(buf, peer, tag, false); }
@@ -459,12 +535,88 @@ class Front final : public Communicator {
     return op;
   }
 
+  // alltoall and alltoallv: a send and a receive with every other rank,
+  // issued back to back under the front's lock (so the backend runs them
+  // as one batch and no other op of this communicator comes between), and
+  // this rank's own block copied.
+  Work exchange(const validate::Where& what, TensorView in, const std::vector<size_t>& send_counts,
+                TensorView out, const std::vector<size_t>& recv_counts) {
+    check_in_out(in, out, what);
+    const size_t n = static_cast<size_t>(size()), me = static_cast<size_t>(rank());
+    auto offsets = [&](const std::vector<size_t>& counts, const TensorView& t, const char* name) {
+      if (counts.size() != n)
+        throw Error(ErrorCode::invalid_argument,
+                    what.str() + ": " + name + " has " + std::to_string(counts.size()) +
+                        " counts; it must have one per rank (" + std::to_string(n) + ")");
+      std::vector<size_t> at(n + 1, 0);
+      for (size_t q = 0; q < n; ++q) at[q + 1] = at[q] + counts[q];
+      if (at[n] != t.numel)
+        throw Error(ErrorCode::invalid_argument,
+                    what.str() + ": " + name + " add up to " + std::to_string(at[n]) +
+                        " elements but the tensor has " + std::to_string(t.numel));
+      return at;
+    };
+    const std::vector<size_t> from = offsets(send_counts, in, "send_counts");
+    const std::vector<size_t> into = offsets(recv_counts, out, "recv_counts");
+    if (send_counts[me] != recv_counts[me])
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": this rank sends itself " + std::to_string(send_counts[me]) +
+                      " elements but receives " + std::to_string(recv_counts[me]));
+    if (in.nbytes() > 0 && out.nbytes() > 0) {
+      auto i0 = reinterpret_cast<uintptr_t>(in.data), o0 = reinterpret_cast<uintptr_t>(out.data);
+      if (i0 < o0 + out.nbytes() && o0 < i0 + in.nbytes())
+        throw Error(ErrorCode::invalid_argument,
+                    what.str() + ": input and output overlap; an all-to-all cannot run in place");
+    }
+    if (!in.device.is_cpu() || !out.device.is_cpu())
+      throw Error(ErrorCode::unavailable,
+                  what.str() + ": on " + to_string(in.device.is_cpu() ? out.device : in.device) +
+                      ": collie's all-to-all moves host memory only for now");
+    std::vector<Work> parts;
+    parts.reserve(2 * (n - 1));
+    {
+      std::lock_guard lk(core_->mu);
+      // Round k: to rank + k, from rank - k. Every message is sent, the
+      // empty ones too, so that counts that disagree with a peer's are an
+      // error on both ranks instead of a message left over.
+      for (size_t k = 1; k < n; ++k) {
+        const size_t to = (me + k) % n, src = (me + n - k) % n;
+        Op s =
+            p2p_op(in.slice(from[to], send_counts[to]), static_cast<int>(to), kAlltoallTag, true);
+        Op r = p2p_op(out.slice(into[src], recv_counts[src]), static_cast<int>(src), kAlltoallTag,
+                      false);
+        parts.push_back(*core_->issue(s, nullptr));
+        parts.push_back(*core_->issue(r, nullptr));
+      }
+    }
+    if (send_counts[me] > 0)
+      std::memcpy(static_cast<char*>(out.data) + into[me] * dtype_size(out.dtype),
+                  static_cast<const char*>(in.data) + from[me] * dtype_size(in.dtype),
+                  send_counts[me] * dtype_size(in.dtype));
+    const size_t total = in.numel;
+    return AllOf::make(std::string(what.op) + " (" + std::string(to_string(in.dtype)) + " x " +
+                           std::to_string(total) + ") on " + rank_str(rank()),
+                       std::move(parts), core_->ctx.launch.timeout * 2 + std::chrono::seconds(1));
+  }
+
+  static Op p2p_op(TensorView buf, int peer, int tag, bool is_send) {
+    Op op;
+    op.desc = {OpKind::p2p, buf.dtype, ReduceOp::sum, 0, tag, buf.numel};
+    op.in = op.out = buf;
+    op.peer = peer;
+    op.is_send = is_send;
+    return op;
+  }
+
   Work p2p(TensorView buf, int peer, int tag, bool is_send) {
     const validate::Where what = where(is_send ? "send" : "recv");
     check(buf, what, "buffer");
     validate::rank_in(peer, size(), what, "peer");
     if (peer == rank())
       throw Error(ErrorCode::invalid_argument, what.str() + ": peer is this rank itself");
+    if (tag == kAlltoallTag)
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": tag " + std::to_string(tag) + " is alltoall's own");
     Op op;
     op.desc = {OpKind::p2p, buf.dtype, ReduceOp::sum, 0, tag, buf.numel};
     op.in = op.out = buf;

@@ -229,6 +229,29 @@ collie_status collie_comm_allgather(collie_comm* c, collie_tensor in, collie_ten
       [&] { c->comm->allgather(to_view(in, "in"), to_view(out, "out"), collie::blocking); });
 }
 
+collie_status collie_comm_alltoall(collie_comm* c, collie_tensor in, collie_tensor out,
+                                   collie_work** work) {
+  COLLIE_REQUIRE(c, "comm");
+  return run(
+      work, [&] { return c->comm->alltoall(to_view(in, "in"), to_view(out, "out")); },
+      [&] { c->comm->alltoall(to_view(in, "in"), to_view(out, "out"), collie::blocking); });
+}
+
+collie_status collie_comm_alltoallv(collie_comm* c, collie_tensor in, const size_t* send_counts,
+                                    collie_tensor out, const size_t* recv_counts,
+                                    collie_work** work) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(send_counts, "send_counts");
+  COLLIE_REQUIRE(recv_counts, "recv_counts");
+  const auto n = static_cast<size_t>(c->comm->size());
+  auto start = [&] {
+    return c->comm->alltoallv(to_view(in, "in"), std::vector<size_t>(send_counts, send_counts + n),
+                              to_view(out, "out"),
+                              std::vector<size_t>(recv_counts, recv_counts + n));
+  };
+  return run(work, start, [&] { start().wait(); });
+}
+
 collie_status collie_comm_reduce_scatter(collie_comm* c, collie_tensor in, collie_tensor out,
                                          collie_op op, collie_work** work) {
   COLLIE_REQUIRE(c, "comm");

@@ -46,6 +46,11 @@ static void book_release(void* user, void* p, size_t bytes, int32_t dev, int32_t
   free(p);
 }
 
+static void count_completion(void* user, collie_status status, const char* message) {
+  (void)message;
+  if (status == COLLIE_OK) ++*(int*)user;
+}
+
 int main(void) {
   collie_comm_options o = COLLIE_COMM_OPTIONS_INIT;
   o.backend = "tcp";
@@ -87,6 +92,41 @@ int main(void) {
     const double ranks_sum = size * (size + 1) / 2.0;
     for (int k = 0; k < 3; ++k)
       CHECK(out[k] == (float)(ranks_sum * (3 * rank + k + 1)), "reduce_scatter %d: %g", k, out[k]);
+  }
+
+  /* alltoall: element k of the block rank r sends rank j is 100r + 10j + k;
+   * then alltoallv, rank r sending rank j (r + j) % 3 elements, blocking,
+   * and a completion callback on the first. */
+  {
+    float in[2 * 16], out[2 * 16];
+    for (int j = 0; j < size; ++j)
+      for (int k = 0; k < 2; ++k) in[2 * j + k] = (float)(100 * rank + 10 * j + k);
+    collie_work* w = NULL;
+    OK(collie_comm_alltoall(comm, f32(in, 2 * (uint64_t)size), f32(out, 2 * (uint64_t)size), &w));
+    int called = 0;
+    OK(collie_work_wait(w));
+    OK(collie_work_on_complete(w, count_completion, &called));
+    CHECK(called == 1, "a completion registered after the end runs at once: %d", called);
+    OK(collie_work_free(w));
+    for (int q = 0; q < size; ++q)
+      for (int k = 0; k < 2; ++k)
+        CHECK(out[2 * q + k] == (float)(100 * q + 10 * rank + k), "alltoall from %d: %g", q,
+              out[2 * q + k]);
+    size_t sc[16], rc[16];
+    uint64_t ns = 0, nr = 0;
+    float vin[3 * 16], vout[3 * 16];
+    for (int j = 0; j < size; ++j) {
+      sc[j] = (size_t)((rank + j) % 3);
+      rc[j] = (size_t)((j + rank) % 3);
+      for (size_t k = 0; k < sc[j]; ++k) vin[ns++] = (float)(100 * rank + 10 * j + (int)k);
+      nr += rc[j];
+    }
+    OK(collie_comm_alltoallv(comm, f32(vin, ns), sc, f32(vout, nr), rc, NULL));
+    uint64_t at = 0;
+    for (int q = 0; q < size; ++q)
+      for (size_t k = 0; k < rc[q]; ++k, ++at)
+        CHECK(vout[at] == (float)(100 * q + 10 * rank + (int)k), "alltoallv from %d: %g", q,
+              vout[at]);
   }
 
   /* A ring of sends and receives, both posted before either is waited for. */

@@ -345,6 +345,77 @@ TEST(Allgather, InPlaceAndOutOfPlace) {
     }
 }
 
+// The value rank `src` sends rank `dst` at element i of its block: every
+// element says where it came from and where it was going.
+double routed(int src, int dst, size_t i) {
+  return src * 1e6 + dst * 1e4 + static_cast<double>(i % 10000);
+}
+
+// Every dtype (the values fit each exactly: small integers), empty blocks,
+// odd counts, against the routing each element encodes.
+TEST(Alltoall, EveryDtypeAndCountArrivesFromItsRank) {
+  const int n = comm().size(), r = comm().rank();
+  for (DType t : kDTypes)
+    for (size_t block : {size_t{0}, size_t{1}, size_t{7}, size_t{4099}}) {
+      const size_t es = dtype_size(t);
+      std::vector<uint8_t> in(block * n * es), out(block * n * es, 0xEE);
+      // u8 holds 0..255, f16 and bf16 integers to 256: small codes.
+      auto code = [&](int src, int dst, size_t i) {
+        return static_cast<double>((src * 5 + dst * 3 + i) % 97);
+      };
+      for (int j = 0; j < n; ++j)
+        for (size_t i = 0; i < block; ++i) put(t, in.data(), j * block + i, code(r, j, i));
+      comm()
+          .alltoall(TensorView{in.data(), t, in.size() / es, Device::cpu()},
+                    TensorView{out.data(), t, out.size() / es, Device::cpu()})
+          .wait();
+      size_t wrong = 0;
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < block; ++i)
+          wrong += get(t, out.data(), q * block + i) != code(q, r, i);
+      EXPECT_EQ(wrong, 0u) << to_string(t) << " block " << block;
+    }
+}
+
+// Uneven blocks, some empty, every pair's count different; the blocking
+// form; queued behind and ahead of other collectives.
+TEST(Alltoall, UnevenCountsAgreeWithThePeersAndQueueInOrder) {
+  const int n = comm().size(), r = comm().rank();
+  auto count = [](int src, int dst) { return static_cast<size_t>((src * 7 + dst * 3) % 5) * 333; };
+  std::vector<size_t> sc(n), rc(n);
+  for (int q = 0; q < n; ++q) {
+    sc[q] = count(r, q);
+    rc[q] = count(q, r);
+  }
+  std::vector<double> in, out;
+  for (int j = 0; j < n; ++j)
+    for (size_t i = 0; i < sc[j]; ++i) in.push_back(routed(r, j, i));
+  size_t total_in = 0;
+  for (size_t c : rc) total_in += c;
+  out.assign(total_in, -1.0);
+  std::vector<float> before(1000, static_cast<float>(r + 1)), after(1000, 1.0f);
+  Work w0 = comm().allreduce(view_of(before.data(), before.size()), ReduceOp::sum);
+  Work w1 =
+      comm().alltoallv(view_of(in.data(), in.size()), sc, view_of(out.data(), out.size()), rc);
+  Work w2 = comm().allreduce(view_of(after.data(), after.size()), ReduceOp::sum);
+  w2.wait();
+  w1.wait();
+  w0.wait();
+  size_t at = 0, wrong = 0;
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < rc[q]; ++i) wrong += out[at++] != routed(q, r, i);
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(before[999], n * (n + 1) / 2.0f);
+  EXPECT_EQ(after[0], static_cast<float>(n));
+  // The blocking form, equal blocks.
+  std::vector<int64_t> a(3 * n), b(3 * n, -1);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < 3; ++i) a[3 * j + i] = r * 100 + j * 10 + i;
+  comm().alltoall(view_of(a.data(), a.size()), view_of(b.data(), b.size()), blocking);
+  for (int q = 0; q < n; ++q)
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(b[3 * q + i], q * 100 + r * 10 + i);
+}
+
 TEST(ReduceScatter, EveryOpAgainstSerialReference) {
   const int n = comm().size(), r = comm().rank();
   uint64_t salt = 1000;
@@ -559,6 +630,30 @@ TEST(Errors, BadArgumentsAreRefusedAtTheCallNamingTheRank) {
         comm().allreduce(TensorView{a.data(), DType::f32, 10, Device::cuda(0)}, ReduceOp::sum);
       },
       "cuda:0");
+  std::vector<float> c(10 * n), d(10 * n);
+  expect_invalid([&] { comm().alltoall(view_of(c.data(), c.size()), view_of(c.data(), c.size())); },
+                 "overlap");
+  expect_invalid([&] { comm().alltoall(view_of(c.data(), c.size()), view_of(d.data(), 1)); },
+                 "elements");
+  if (n > 1)
+    expect_invalid(
+        [&] { comm().alltoall(view_of(c.data(), 10 * n + 1), view_of(d.data(), 10 * n + 1)); },
+        "multiple");
+  expect_invalid(
+      [&] {
+        comm().alltoallv(view_of(c.data(), c.size()), std::vector<size_t>(n + 1, 1),
+                         view_of(d.data(), d.size()), std::vector<size_t>(n, 10));
+      },
+      "one per rank");
+  expect_invalid(
+      [&] {
+        comm().alltoallv(view_of(c.data(), c.size()), std::vector<size_t>(n, 9),
+                         view_of(d.data(), d.size()), std::vector<size_t>(n, 10));
+      },
+      "add up");
+  if (n > 1)
+    expect_invalid([&] { comm().send(view_of(a.data(), 10), (r + 1) % n, kAlltoallTag); },
+                   "alltoall's own");
   // The communicator is still usable after refused calls.
   float x = 1.0f;
   comm().allreduce(view_of(&x, 1), ReduceOp::sum).wait();

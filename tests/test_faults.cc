@@ -282,6 +282,16 @@ TEST(Faults, DifferentCollectivesFailEveryRank) {
   });
 }
 
+// An all-to-all whose blocks on rank 1 are bigger than its peers expect:
+// every rank's all-to-all fails with a mismatch naming rank 1, none hangs.
+TEST(Faults, AnAlltoallWithDifferentCountsOnOneRankFailsEveryRank) {
+  expect_mismatch_everywhere(3, [](Communicator& c, int rank) {
+    const size_t block = rank == 1 ? 6 : 5;
+    std::vector<float> in(3 * block, 1.0f), out(3 * block);
+    c.alltoall(view_of(in.data(), in.size()), view_of(out.data(), out.size())).wait();
+  });
+}
+
 TEST(Faults, StalledRankTimesOutItsPartnerNamingIt) {
   auto out = run_ranks(2,
                        [](int rank, Options opt) {

@@ -152,6 +152,16 @@ collie_status collie_comm_allgather(collie_comm* comm, collie_tensor in, collie_
 collie_status collie_comm_reduce_scatter(collie_comm* comm, collie_tensor in, collie_tensor out,
                                          collie_op op, collie_work** work);
 collie_status collie_comm_barrier(collie_comm* comm, collie_work** work);
+/* in and out hold size x k elements each: block j of in goes to rank j,
+ * block q of out comes from rank q (MPI_Alltoall). They must not overlap.
+ * alltoallv: send_counts[j] elements to rank j and recv_counts[q] from
+ * rank q, each array of `size` counts, blocks packed in rank order; the
+ * counts must agree with the peers'. Host memory. */
+collie_status collie_comm_alltoall(collie_comm* comm, collie_tensor in, collie_tensor out,
+                                   collie_work** work);
+collie_status collie_comm_alltoallv(collie_comm* comm, collie_tensor in, const size_t* send_counts,
+                                    collie_tensor out, const size_t* recv_counts,
+                                    collie_work** work);
 /* Point to point: messages between two ranks arrive in the order they were
  * sent; the receiver's count, dtype and tag must match the sender's. */
 collie_status collie_comm_send(collie_comm* comm, collie_tensor buf, int peer, int tag,

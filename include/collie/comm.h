@@ -50,6 +50,12 @@ struct Options {
 struct Blocking {};
 inline constexpr Blocking blocking{};
 
+// The p2p tag of alltoall's messages: send and recv refuse it, so a
+// user's message can never be taken for a block of an all-to-all. The
+// largest tag every MPI allows (MPI_TAG_UB is at least 32767): the mpi
+// backend passes tags through.
+inline constexpr int kAlltoallTag = 32767;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -70,6 +76,17 @@ class Communicator {
   // in has size() * out.numel elements; rank r gets block r of op over ranks.
   virtual Work reduce_scatter(TensorView in, TensorView out, ReduceOp op) = 0;
   virtual Work barrier() = 0;
+  // in and out have size() x k elements each: block j of `in` (k elements)
+  // goes to rank j, and block q of `out` comes from rank q (MPI_Alltoall).
+  // in and out must not overlap. alltoallv: rank j gets send_counts[j]
+  // elements, in rank order from the start of `in`; recv_counts[q] elements
+  // come from rank q, in rank order into `out` (the counts must agree with
+  // the peers': what q sends this rank is what this rank receives from q).
+  // Run as sends and receives between every pair at once, as NCCL and Gloo
+  // run theirs (their p2p tag is kAlltoallTag, which send/recv refuse).
+  virtual Work alltoall(TensorView in, TensorView out) = 0;
+  virtual Work alltoallv(TensorView in, const std::vector<size_t>& send_counts, TensorView out,
+                         const std::vector<size_t>& recv_counts) = 0;
   // The blocking forms. Where nothing else of this communicator is queued
   // or running, a host backend runs the op on the calling thread, without
   // a Work (on shm that was a tenth of an 8 B all-reduce); otherwise the op
@@ -84,6 +101,7 @@ class Communicator {
     reduce_scatter(in, out, op).wait();
   }
   virtual void barrier(Blocking) { barrier().wait(); }
+  void alltoall(TensorView in, TensorView out, Blocking) { alltoall(in, out).wait(); }
   // Point to point. Messages between two ranks arrive in the order they were
   // sent; the receiver's count, dtype and tag must match the sender's.
   // Sends and receives issued back to back progress together, so a pairwise
