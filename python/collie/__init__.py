@@ -92,6 +92,17 @@ def _run_completion(fn, err):
 _DISPATCH = _lib.WORK_CALLBACK(_dispatch)
 
 
+def _counts(counts, numel, n):
+    """A ctypes array of n element counts; None: equal blocks of numel."""
+    if counts is None:
+        counts = [numel // n] * n
+    counts = list(counts)
+    if len(counts) != n:
+        raise _lib.error("invalid_argument",
+                         f"alltoall: {len(counts)} counts given; one per rank ({n}) is needed")
+    return (ctypes.c_size_t * n)(*counts)
+
+
 class Work:
     """An operation in flight: wait() for it (raises collie.Error if it
     failed), is_completed() without waiting, get_future() for a
@@ -217,6 +228,20 @@ class Communicator:
         tin, tout = as_tensor(x), as_tensor(out)
         return self._run(lambda w: lib.collie_comm_reduce_scatter(self._h, tin, tout, _op(op), w),
                          async_op, (x, out), [out])
+
+    def alltoall(self, x, out, send_counts=None, recv_counts=None, async_op=False):
+        """Block j of x goes to rank j; block q of out comes from rank q.
+        Equal blocks (size() of them), or send_counts[j] elements to rank j
+        and recv_counts[q] from rank q, packed in rank order."""
+        tin, tout = as_tensor(x), as_tensor(out)
+        if send_counts is None and recv_counts is None:
+            return self._run(lambda w: lib.collie_comm_alltoall(self._h, tin, tout, w), async_op,
+                             (x, out), [out])
+        n = self.size
+        sc = _counts(send_counts, tin.numel, n)
+        rc = _counts(recv_counts, tout.numel, n)
+        return self._run(lambda w: lib.collie_comm_alltoallv(self._h, tin, sc, tout, rc, w),
+                         async_op, (x, out, sc, rc), [out])
 
     def barrier(self, async_op=False):
         return self._run(lambda w: lib.collie_comm_barrier(self._h, w), async_op, None)

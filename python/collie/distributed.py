@@ -16,12 +16,16 @@ and the rank.
 
 Served on CPU tensors: all_reduce (SUM, AVG, MIN, MAX, PRODUCT),
 all_reduce_coalesced, broadcast, all_gather, all_gather_into_tensor,
-reduce_scatter, reduce_scatter_tensor, reduce, gather, scatter, barrier,
-send and recv. Refused, naming what is missing: the bitwise ops, recv from
-any source, all_to_all (not yet a collie collective).
+reduce_scatter, reduce_scatter_tensor, all_to_all, all_to_all_single
+(even or uneven splits), reduce, gather, scatter, barrier, send and recv.
+monitored_barrier (the group's method: PyTorch's dist.monitored_barrier
+takes Gloo only on 1.13 and 2.1, and on 2.15 only groups with a backend per
+device, which a Python ProcessGroup is not).
+Refused, naming what is missing: the bitwise ops, recv from any source.
 """
 import datetime
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -205,6 +209,9 @@ class ProcessGroupCollie(dist.ProcessGroup):
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         self._comm = connect_through_torch(store=store, rank=rank, size=size,
                                            timeout=seconds or None)
+        self._store = store
+        self._timeout = seconds or 1800.0  # PyTorch's default group timeout
+        self._monitored = 0  # monitored_barrier calls, for their store keys
 
     @property
     def comm(self):
@@ -334,6 +341,47 @@ class ProcessGroupCollie(dist.ProcessGroup):
     def barrier(self, opts=None):
         return _make_work(self._comm.barrier(async_op=True), [])
 
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """Gloo's monitored_barrier: rank 0 waits for every other rank's
+        arrival and names those that have not come within `timeout` (the
+        first, or with wait_all_ranks every one), then releases them; a
+        rank not released in time names rank 0. Through the group's store,
+        not the communicator, so that a failed one leaves it usable."""
+        self._monitored += 1
+        key = f"collie/monitored_barrier/{self._monitored}/"
+        seconds = (timeout.total_seconds() if isinstance(timeout, datetime.timedelta)
+                   else float(timeout) if timeout is not None else self._timeout)
+        rank, n = self.rank(), self.size()
+        what = f"monitored_barrier #{self._monitored} on rank {rank}"
+        deadline = time.monotonic() + seconds
+        if rank != 0:
+            self._store.set(f"{key}arrived/{rank}", b"1")
+            if not self._arrived(f"{key}released", deadline):
+                raise _lib.error("timeout", f"{what}: rank 0 did not release it within "
+                                 f"{seconds:g} s (rank 0 names the ranks that did not arrive)")
+            return _make_work(None, [])
+        missing = []
+        for q in range(1, n):
+            if not self._arrived(f"{key}arrived/{q}", deadline):
+                missing.append(q)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            ranks = "rank" + ("s " if len(missing) > 1 else " ") + ", ".join(map(str, missing))
+            raise _lib.error("timeout", f"{what}: {ranks} did not arrive within {seconds:g} s")
+        self._store.set(f"{key}released", b"1")
+        return _make_work(None, [])
+
+    def _arrived(self, key, deadline):
+        """Whether `key` is in the store by `deadline` (a last short look
+        if it has passed: 10 ms, as 1.13's stores have no check())."""
+        left = max(deadline - time.monotonic(), 0.01)
+        try:
+            self._store.wait([key], datetime.timedelta(seconds=left))
+            return True
+        except Exception:  # noqa: BLE001 - the store's timeout (its type differs by version)
+            return False
+
     def send(self, tensors, dst, tag):
         t = _cpu(_one(tensors, "send"), "send")
         return _make_work(self._comm.send(t, dst, tag=tag, async_op=True), [t])
@@ -359,11 +407,56 @@ class ProcessGroupCollie(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag):
         raise _refuse("recv from any source (name the source rank)")
 
-    def alltoall_base(self, *args):
-        raise _refuse("all_to_all_single yet")
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """all_to_all_single: split sizes count rows (dim 0); none: equal."""
+        _cpu(input, "all_to_all_single")
+        _cpu(output, "all_to_all_single")
+        if input.dtype != output.dtype:
+            raise _lib.error("invalid_argument", f"all_to_all_single on rank {self.rank()}: "
+                             f"input is {input.dtype} but output is {output.dtype}")
+        n = self.size()
 
-    def alltoall(self, *args):
-        raise _refuse("all_to_all yet")
+        def counts(t, splits, name):
+            if not splits:
+                if t.dim() == 0 or t.size(0) % n:
+                    raise _lib.error("invalid_argument", f"all_to_all_single on rank "
+                                     f"{self.rank()}: {name} has {t.size(0) if t.dim() else 0} "
+                                     f"rows, not a multiple of the group's {n} ranks")
+                splits = [t.size(0) // n] * n
+            row = t[0].numel() if t.dim() and t.size(0) else 0
+            return [int(s) * row for s in splits]
+        if not output_split_sizes and not input_split_sizes:
+            return _make_work(self._comm.alltoall(input, output, async_op=True), [output])
+        return _make_work(self._comm.alltoall(
+            input, output, send_counts=counts(input, input_split_sizes, "input"),
+            recv_counts=counts(output, output_split_sizes, "output"), async_op=True), [output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """all_to_all: tensor j of the inputs goes to rank j."""
+        n = self.size()
+        for name, ts in (("input", input_tensors), ("output", output_tensors)):
+            if len(ts) != n:
+                raise _lib.error("invalid_argument", f"all_to_all on rank {self.rank()}: "
+                                 f"{len(ts)} {name} tensors for a group of {n}")
+            for t in ts:
+                _cpu(t, "all_to_all")
+        dtypes = {t.dtype for t in list(input_tensors) + list(output_tensors)}
+        if len(dtypes) != 1:
+            raise _lib.error("invalid_argument", f"all_to_all on rank {self.rank()}: tensors "
+                             f"of several dtypes ({', '.join(sorted(map(str, dtypes)))})")
+        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+        flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
+
+        def after():
+            at = 0
+            for t in output_tensors:
+                t.copy_(flat_out[at:at + t.numel()].view_as(t))
+                at += t.numel()
+        work = self._comm.alltoall(flat_in, flat_out,
+                                   send_counts=[t.numel() for t in input_tensors],
+                                   recv_counts=[t.numel() for t in output_tensors],
+                                   async_op=True)
+        return _make_work(work, output_tensors, after)
 
 
 def _create(store, rank, size, timeout=None, *_):

@@ -9,6 +9,9 @@ group of the same ranks beside it:
     values every dtype holds exactly: bit-equal to a serial reference and to
     Gloo where Gloo has the op and dtype; random float32 values: bit-equal
     to Gloo at 2 ranks, within rounding at 3;
+  * all_to_all and all_to_all_single, even and uneven, against the blocks
+    each rank sent and against Gloo;
+  * monitored_barrier: passes with every rank, names the ranks missing;
   * async ops: wait(), is_completed(), get_future()'s value;
   * collie's own DDP in the same job: on the backend's communicator;
   * PyTorch's own DistributedDataParallel over collie against the same over
@@ -188,6 +191,75 @@ def case_reduce_family():
     return "reduce_scatter, reduce_scatter_tensor, reduce to every root: every dtype"
 
 
+def case_all_to_all():
+    """all_to_all_single (even and uneven row splits, 2-D rows) and
+    all_to_all (tensors of different sizes): each block from its rank
+    (a known answer), and the even form equal to Gloo's."""
+    def block(src, dst, n, dtype):
+        return ((torch.arange(n) + 3 * src + 5 * dst) % 7 + 1).to(dtype)
+    for dtype in DTYPES:
+        mine = torch.cat([block(RANK, j, 4, dtype) for j in range(WORLD)])
+        got = torch.zeros(4 * WORLD, dtype=dtype)
+        dist.all_to_all_single(got, mine)
+        exact(got, torch.cat([block(q, RANK, 4, dtype) for q in range(WORLD)]),
+              f"all_to_all_single {dtype}")
+        gloo_got = torch.zeros(4 * WORLD, dtype=dtype)
+        if gloo_has(lambda: dist.all_to_all_single(gloo_got, mine, group=GLOO)):
+            exact(got, gloo_got, f"all_to_all_single {dtype} against Gloo")
+    # Uneven: rank r sends rank j (r + j) % 3 rows of 2 (some empty).
+    rows = lambda src, dst: (src + 2 * dst) % 3  # noqa: E731
+    send = torch.cat([block(RANK, j, 2 * rows(RANK, j), torch.float64).reshape(-1, 2)
+                      for j in range(WORLD)])
+    recv = torch.zeros(sum(rows(q, RANK) for q in range(WORLD)), 2, dtype=torch.float64)
+    dist.all_to_all_single(recv, send, output_split_sizes=[rows(q, RANK) for q in range(WORLD)],
+                           input_split_sizes=[rows(RANK, j) for j in range(WORLD)])
+    want = torch.cat([block(q, RANK, 2 * rows(q, RANK), torch.float64).reshape(-1, 2)
+                      for q in range(WORLD)])
+    exact(recv, want, "all_to_all_single with uneven splits")
+    ins = [block(RANK, j, 1 + RANK + j, torch.int64) for j in range(WORLD)]
+    outs = [torch.zeros(1 + q + RANK, dtype=torch.int64) for q in range(WORLD)]
+    dist.all_to_all(outs, ins)
+    for q in range(WORLD):
+        exact(outs[q], block(q, RANK, 1 + q + RANK, torch.int64), f"all_to_all from rank {q}")
+    work = dist.all_to_all_single(got, mine, async_op=True)
+    work.wait()
+    return "all_to_all_single (even, uneven, async), all_to_all: every dtype, Gloo's equal"
+
+
+def case_monitored_barrier():
+    """Every rank arrives: it passes. Rank 0 alone (the others wait on a
+    Gloo barrier until it has given up): it names every other rank; then
+    the others alone: each names rank 0. The group works after. Called on
+    the group: PyTorch's dist.monitored_barrier takes Gloo only on 1.13 and
+    2.1, and on 2.15 a group with a backend per device, which a Python
+    ProcessGroup is not."""
+    import datetime
+    group = dist.distributed_c10d._get_default_group()
+    group.monitored_barrier(datetime.timedelta(seconds=60))
+    short = datetime.timedelta(seconds=1)
+    msg = ""
+    if RANK == 0:
+        try:
+            group.monitored_barrier(short, wait_all_ranks=True)
+            raise Failed("rank 0 alone passed the monitored barrier")
+        except RuntimeError as e:
+            msg = str(e)
+            want = ", ".join(str(q) for q in range(1, WORLD))
+            check(f"{want} did not arrive" in msg, f"the missing ranks are not named: {msg}")
+    dist.barrier(group=GLOO)
+    if RANK != 0:
+        try:
+            group.monitored_barrier(short)
+            raise Failed(f"rank {RANK} passed without rank 0")
+        except RuntimeError as e:
+            msg = str(e)
+            check("rank 0 did not release" in msg, f"rank 0 is not named: {msg}")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    exact(t, torch.full((3,), float(WORLD)), "all_reduce after failed monitored barriers")
+    return f"passes with everyone; refused: {msg[:100]}"
+
+
 def case_point_to_point():
     right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
     got = torch.zeros(6)
@@ -325,7 +397,8 @@ def case_collie_ddp_on_the_backend():
 CASES = {"all_reduce": case_all_reduce, "collie_ddp": case_collie_ddp_on_the_backend, "async": case_async,
          "coalesced_and_broadcast": case_coalesced_and_broadcast,
          "gather_family": case_gather_family, "reduce_family": case_reduce_family,
-         "point_to_point": case_point_to_point, "pytorch_ddp": case_pytorch_ddp,
+         "point_to_point": case_point_to_point, "all_to_all": case_all_to_all,
+         "monitored_barrier": case_monitored_barrier, "pytorch_ddp": case_pytorch_ddp,
          "bad_input": case_bad_input}
 
 
