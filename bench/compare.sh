@@ -8,7 +8,9 @@
 # table.
 #   bench/compare.sh [REPS] [NP] [-- sweep args (-b, -e, -f, -n)]
 # With PLOT=file.png (and gnuplot), it also draws busbw and time against
-# size, one line per library, into that file.
+# size, one line per library, into that file. COLL=alltoall: the
+# all-to-all instead (collie-bench -C alltoall, build/bench/mpi_alltoall,
+# gloo_allreduce -C alltoall; no in-place column: it runs out of place).
 # Without sweep args: 8 B to 32 KiB with 500 samples per size, then 128 KiB
 # to 256 MiB with 20. Needs a build with Open MPI
 # (build/bench/mpi_allreduce).
@@ -17,7 +19,8 @@ cd "$(dirname "$0")/.."
 REPS=${1:-3}; NP=${2:-2}; shift 2 || true
 [ "${1:-}" = "--" ] && shift
 BUILD=${BUILD:-build}
-MPI_BENCH="$BUILD/bench/mpi_allreduce"
+COLL=${COLL:-allreduce}
+MPI_BENCH="$BUILD/bench/mpi_$COLL"
 [ -x "$MPI_BENCH" ] || { echo "compare.sh: $MPI_BENCH is missing (configure with Open MPI installed)" >&2; exit 1; }
 GLOO_BENCH="$BUILD/bench/gloo_allreduce"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NP" --mca pml ob1)
@@ -26,8 +29,11 @@ tmp=$(mktemp -d)
 for r in $(seq 1 "$REPS"); do
   for i in "${!SWEEPS[@]}"; do
     read -r -a sweep <<< "${SWEEPS[$i]}"
+    sweep+=(-C "$COLL")
     "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B shm "${sweep[@]}" > "$tmp/collie_shm.$r.$i"
-    "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B shm -i 1 -M 1 "${sweep[@]}" > "$tmp/collie_mem.$r.$i"
+    if [ "$COLL" = allreduce ]; then
+      "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B shm -i 1 -M 1 "${sweep[@]}" > "$tmp/collie_mem.$r.$i"
+    fi
     "${MPIRUN[@]}" --mca btl self,vader "$MPI_BENCH" "${sweep[@]}" > "$tmp/mpi_sm.$r.$i"
     "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B tcp "${sweep[@]}" > "$tmp/collie_tcp.$r.$i"
     "${MPIRUN[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo "$MPI_BENCH" "${sweep[@]}" > "$tmp/mpi_tcp.$r.$i"
@@ -36,15 +42,16 @@ for r in $(seq 1 "$REPS"); do
     fi
   done
 done
-python3 - "$NP" "$tmp" "$REPS" "${PLOT:-}" <<'PY'
+python3 - "$NP" "$tmp" "$REPS" "${PLOT:-}" "$COLL" <<'PY'
 import subprocess, sys
 sys.path.insert(0, "bench")
 from runs import allreduce_busbw, load, size_label as size
-n, tmp, reps, plot = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+n, tmp, reps, plot, coll = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 cfgs = {c: load(f"{tmp}/{c}.*.*") for c in ["collie_shm", "mpi_sm", "collie_tcp", "mpi_tcp", "gloo", "collie_mem"]}
-bw = lambda s, t: allreduce_busbw(s, t, n)
+# nccl-tests' busbw: 2(n-1)/n of algbw for an all-reduce, (n-1)/n for an all-to-all.
+bw = lambda s, t: allreduce_busbw(s, t, n) / (2 if coll == "alltoall" else 1)
 us = lambda t: f"{t:.2f}" if t < 10 else f"{t:.1f}"  # sub-us times need the second digit
-print(f"{n} ranks, f32 sum, out of place (shm mem: in place in communicator memory, -i 1 -M 1); "
+print(f"{coll}, {n} ranks, f32" + (" sum" if coll == "allreduce" else "") + ", out of place (shm mem: in place in communicator memory, -i 1 -M 1); "
       f"per-size median over {reps} interleaved runs; time in us, busbw in GB/s")
 print()
 print("| size | collie shm us | busbw | Open MPI sm us | busbw | shm / MPI sm | shm mem us | busbw | mem / MPI sm | collie tcp us | busbw | Open MPI tcp us | busbw | tcp / MPI tcp | Gloo us | tcp / Gloo | wrong |")

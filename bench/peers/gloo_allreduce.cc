@@ -5,11 +5,15 @@
 // and a batch of back-to-back operations; the median sample of the slowest
 // rank; f32 sum, out of place; rank r contributes (r + 1) + (i mod 1021) and
 // every result is checked against the known answer.
-//   collie-run -n 2 gloo_allreduce [-b 8] [-e 256M] [-f 4] [-n 20]
+//   collie-run -n 2 gloo_allreduce [-b 8] [-e 256M] [-f 4] [-n 20] [-C alltoall]
+// -C alltoall: gloo::alltoall instead, the size each rank's whole send
+// buffer (as collie-bench -C alltoall counts it); element i of the block
+// rank r sends rank j is r * 1e6 + j * 1e3 + (i mod 997), checked.
 // Launched by collie-run (RANK, WORLD_SIZE, MASTER_PORT): the ranks meet
 // through a gloo FileStore in a directory named after the launcher's
 // process and port, which rank 0 removes at the end.
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -56,6 +60,9 @@ int main(int argc, char** argv) {
   const int rank = env_int("RANK"), n = env_int("WORLD_SIZE"), port = env_int("MASTER_PORT");
   const bench::Sweep sweep = bench::Sweep::parse(argc, argv);
   const int samples = sweep.samples, warmup = 5;
+  bool alltoall = false;
+  for (int i = 1; i + 1 < argc; i += 2)
+    if (std::string(argv[i]) == "-C") alltoall = std::string(argv[i + 1]) == "alltoall";
   const std::string dir =
       (std::filesystem::temp_directory_path() /
        ("collie-gloo-peer-" + std::to_string(getppid()) + "-" + std::to_string(port)))
@@ -70,10 +77,10 @@ int main(int argc, char** argv) {
     ctx->setTimeout(std::chrono::seconds(300));
     ctx->connectFullMesh(store, dev);
   }
-  std::vector<float> in(sweep.max_bytes / 4 + 1), out(in.size());
+  std::vector<float> in(sweep.max_bytes / 4 + static_cast<size_t>(n)), out(in.size());
   if (rank == 0) {
-    std::printf("# gloo_allreduce: %d ranks, gloo::allreduce (ring, tcp), f32, sum, out of place\n",
-                n);
+    std::printf("# gloo_allreduce: %d ranks, %s, f32, out of place\n", n,
+                alltoall ? "gloo::alltoall (tcp)" : "gloo::allreduce (ring, tcp), sum");
     std::printf(
         "# %d warm-up ops, then %d samples per size (a barrier and 10 back-to-back ops up to "
         "64 KiB, else 1); time = median sample of the slowest rank, best = fastest sample\n",
@@ -86,10 +93,23 @@ int main(int argc, char** argv) {
     gloo::BarrierOptions o(ctx);
     gloo::barrier(o);
   };
+  auto routed = [](int src, int dst, size_t i) {
+    return static_cast<float>(src * 1e6 + dst * 1e3 + static_cast<double>(i % 997));
+  };
   for (size_t bytes : sweep.sizes()) {
-    size_t count = std::max<size_t>(1, bytes / 4);
-    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) + (i % 1021));
+    const size_t block = std::max<size_t>(1, bytes / 4 / static_cast<size_t>(n));
+    const size_t count = alltoall ? block * static_cast<size_t>(n) : std::max<size_t>(1, bytes / 4);
+    for (size_t i = 0; i < count; ++i)
+      in[i] = alltoall ? routed(rank, static_cast<int>(i / block), i % block)
+                       : static_cast<float>((rank + 1) + (i % 1021));
     auto op = [&] {
+      if (alltoall) {
+        gloo::AlltoallOptions o(ctx);
+        o.setInput(in.data(), count);
+        o.setOutput(out.data(), count);
+        gloo::alltoall(o);
+        return;
+      }
       allreduce(ctx, in.data(), out.data(), count, static_cast<ReduceFn>(&gloo::sum<float>));
     };
     for (int w = 0; w < warmup; ++w) op();
@@ -101,12 +121,15 @@ int main(int argc, char** argv) {
                                         });
     double wrong = 0, all_wrong = 0;
     for (size_t i = 0; i < count; ++i)
-      wrong += out[i] != static_cast<float>(n * (n + 1) / 2 + n * (i % 1021));
+      wrong += out[i] != (alltoall ? routed(static_cast<int>(i / block), rank, i % block)
+                                   : static_cast<float>(n * (n + 1) / 2 + n * (i % 1021)));
     allreduce(ctx, &wrong, &all_wrong, 1, static_cast<ReduceFn>(&gloo::sum<double>));
-    double algbw = count * 4.0 / tm.median_us / 1e3, busbw = algbw * 2.0 * (n - 1) / n;
+    double algbw = count * 4.0 / tm.median_us / 1e3;
+    double busbw = algbw * (alltoall ? 1.0 : 2.0) * (n - 1) / n;
     if (rank == 0)
       std::printf("  %12zu %12zu %6s %6s %11.2f %11.2f %8.3f %8.3f %7.0f\n", count * 4, count,
-                  "f32", "sum", tm.median_us, tm.best_us, algbw, busbw, all_wrong);
+                  "f32", alltoall ? "none" : "sum", tm.median_us, tm.best_us, algbw, busbw,
+                  all_wrong);
     std::fflush(stdout);
   }
   barrier();

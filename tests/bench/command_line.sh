@@ -22,7 +22,8 @@ expect_usage_error "-b '1X' is not a size: give bytes with an optional K, M or G
 expect_usage_error "-a 'tree' is not an algorithm: auto ring rd" -a tree
 expect_usage_error "-b (2097152 B) is larger than -e (1048576 B)" -b 2M -e 1M
 expect_usage_error "-n '0': a whole number of timed samples, at least 1" -n 0
-expect_usage_error "-C 'alltoall' is not a collective: allreduce allgather reduce_scatter" -C alltoall
+expect_usage_error "-C 'gather' is not a collective: allreduce allgather reduce_scatter" -C gather
+expect_usage_error "-C alltoall runs out of place only (-i 0)" -C alltoall -i 1
 expect_usage_error "-f '1': a whole number, at least 2" -f 1
 expect_usage_error "-d 'f8' is not a dtype: f32 f64 f16 bf16 i32 i64 u8" -d f8
 expect_usage_error "-o avg is not defined on -d i32" -d i32 -o avg
@@ -50,8 +51,8 @@ n=$(grep -c "^\[.\] usage: \|^usage: " <<<"$out")
 
 # Every collective at 3 ranks (sizes that do not split evenly), each result
 # checked by collie-bench against the known answer: the #wrong column.
-for c in allreduce allgather reduce_scatter broadcast sendrecv; do
-  for ip in 0 1; do
+for c in allreduce allgather reduce_scatter broadcast sendrecv alltoall; do
+  for ip in 0 $([ "$c" = alltoall ] || echo 1); do
     out=$("$run" -n 3 "$bench" -C "$c" -i "$ip" -d f64 -o max -b 8 -e 100K -f 7 -n 2 -w 1 2>&1)
     rows=$(grep -cE '^\[0\] +[0-9]' <<<"$out")
     bad=$(grep -E '^\[0\] +[0-9]' <<<"$out" | awk '$NF != 0' | wc -l)
