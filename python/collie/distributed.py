@@ -4,6 +4,7 @@ on collie, with one line changed.
 
     import collie.distributed                    # registers "collie" (collie.torch does too)
     dist.init_process_group("collie")            # env://, tcp://, file://, store=... alike
+    collie.distributed.init_process_group()      # the same, also under mpirun and srun
 
 The backend is a Python ProcessGroup (PyTorch's c10d calls its methods from
 its own collectives, its DDP's reducer included). It rendezvous through
@@ -24,6 +25,7 @@ device, which a Python ProcessGroup is not).
 Refused, naming what is missing: the bitwise ops, recv from any source.
 """
 import datetime
+import os
 import threading
 import time
 
@@ -32,7 +34,7 @@ import torch.distributed as dist
 
 from . import _lib
 
-__all__ = ["ProcessGroupCollie", "BACKEND"]
+__all__ = ["ProcessGroupCollie", "BACKEND", "init_process_group", "launcher_env"]
 
 BACKEND = "collie"
 
@@ -457,6 +459,63 @@ class ProcessGroupCollie(dist.ProcessGroup):
                                    recv_counts=[t.numel() for t in output_tensors],
                                    async_op=True)
         return _make_work(work, output_tensors, after)
+
+
+# Launchers whose ranks PyTorch's env:// cannot find by itself: their rank,
+# world size and local world size variables, and the job id both sides
+# derive a port from (as collie's own connect() does, comm/config).
+_LAUNCHERS = (
+    ("mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid"),
+    ("srun (SLURM)", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None, "SLURM_JOB_ID"),
+)
+
+
+def launcher_env(environ=None):
+    """The variables PyTorch's env:// reads (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT) that mpirun and srun do not set, from theirs;
+    {} where RANK is set or no such launcher started this process. Rank 0's
+    address is 127.0.0.1 when every rank is on this host; across hosts
+    MASTER_ADDR must be given (an error says so). The port comes from the
+    job id, the same on every rank."""
+    environ = os.environ if environ is None else environ
+    if "RANK" in environ:
+        return {}
+    for name, rank, world, local_rank, local_world, job in _LAUNCHERS:
+        if rank not in environ or world not in environ:
+            continue
+        out = {"RANK": environ[rank], "WORLD_SIZE": environ[world]}
+        if local_rank in environ:
+            out["LOCAL_RANK"] = environ[local_rank]
+        if "MASTER_ADDR" not in environ:
+            if local_world and environ.get(local_world) == environ[world]:
+                out["MASTER_ADDR"] = "127.0.0.1"
+            else:
+                raise _lib.error("invalid_argument", f"the collie backend under {name}: the "
+                                 "ranks may span several hosts; set MASTER_ADDR to rank 0's "
+                                 "host name or address")
+        if "MASTER_PORT" not in environ:
+            if not environ.get(job):
+                raise _lib.error("invalid_argument", f"the collie backend under {name}: no "
+                                 f"{job} to derive a port from; set MASTER_PORT")
+            h = 1469598103934665603  # FNV-1a, as comm/config's port_from_job_id
+            for b in environ[job].encode():
+                h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+            # One above collie's own store port for this job, so that both may run.
+            out["MASTER_PORT"] = str(20000 + (h % 20000 + 1) % 20000)
+        return out
+    return {}
+
+
+def init_process_group(backend=BACKEND, **kwargs):
+    """torch.distributed.init_process_group(backend, **kwargs), also under
+    mpirun and srun, which set none of the variables PyTorch's env:// reads:
+    where neither init_method nor store is given, it fills them in from the
+    launcher's (launcher_env) first. Under torchrun and collie-run it is
+    PyTorch's call unchanged."""
+    if "init_method" not in kwargs and "store" not in kwargs:
+        os.environ.update(launcher_env())
+    dist.init_process_group(backend, **kwargs)
 
 
 def _create(store, rank, size, timeout=None, *_):

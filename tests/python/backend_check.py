@@ -33,7 +33,10 @@ import torch.distributed as dist
 import collie.distributed  # noqa: F401 - registers the backend "collie"
 
 torch.set_num_threads(1)
-dist.init_process_group("collie")
+if os.environ.get("BACKEND_CHECK_INIT") == "launcher":
+    collie.distributed.init_process_group()  # under mpirun: its variables, not PyTorch's
+else:
+    dist.init_process_group("collie")
 RANK, WORLD = dist.get_rank(), dist.get_world_size()
 GLOO = dist.new_group(backend="gloo")
 TORCH2 = hasattr(dist, "DistError")
@@ -260,6 +263,29 @@ def case_monitored_barrier():
     return f"passes with everyone; refused: {msg[:100]}"
 
 
+def case_launcher_env():
+    """What collie.distributed.init_process_group gives env:// under
+    mpirun: the launcher's rank and size, 127.0.0.1 when every rank is on
+    this host, else an error asking for MASTER_ADDR; a port from the job
+    id, the same for every rank of the job; nothing under torchrun."""
+    from collie.distributed import launcher_env
+    job = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_MCA_ess_base_jobid": "77"}
+    one_host = dict(job, OMPI_COMM_WORLD_RANK="3", OMPI_COMM_WORLD_LOCAL_SIZE="4")
+    got = launcher_env(one_host)
+    check(got["RANK"] == "3" and got["WORLD_SIZE"] == "4" and got["MASTER_ADDR"] == "127.0.0.1",
+          f"one host: {got}")
+    other = launcher_env(dict(one_host, OMPI_COMM_WORLD_RANK="0"))
+    check(other["MASTER_PORT"] == got["MASTER_PORT"] and 20000 <= int(got["MASTER_PORT"]) < 40000,
+          f"ports differ between ranks of a job: {got} {other}")
+    try:
+        launcher_env(dict(job, OMPI_COMM_WORLD_RANK="3", OMPI_COMM_WORLD_LOCAL_SIZE="2"))
+        raise Failed("two hosts without MASTER_ADDR: no error")
+    except RuntimeError as e:
+        check("MASTER_ADDR" in str(e), f"the error does not say what to set: {e}")
+    check(launcher_env({"RANK": "0", "OMPI_COMM_WORLD_RANK": "0"}) == {}, "torchrun's RANK")
+    return f"mpirun's variables for env://, port {got['MASTER_PORT']} for job 77"
+
+
 def case_point_to_point():
     right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
     got = torch.zeros(6)
@@ -398,7 +424,7 @@ CASES = {"all_reduce": case_all_reduce, "collie_ddp": case_collie_ddp_on_the_bac
          "coalesced_and_broadcast": case_coalesced_and_broadcast,
          "gather_family": case_gather_family, "reduce_family": case_reduce_family,
          "point_to_point": case_point_to_point, "all_to_all": case_all_to_all,
-         "monitored_barrier": case_monitored_barrier, "pytorch_ddp": case_pytorch_ddp,
+         "monitored_barrier": case_monitored_barrier, "launcher_env": case_launcher_env, "pytorch_ddp": case_pytorch_ddp,
          "bad_input": case_bad_input}
 
 
