@@ -64,9 +64,10 @@ def _dispatch(user, status, message):
     fulfils a torch Future runs the Future's callbacks, which may issue
     another op and wait for it (PyTorch's PowerSGD hook does), and that
     op's completion needs this thread."""
-    fn = _callbacks.pop(user, None)
-    if fn is None:
+    entry = _callbacks.pop(user, None)
+    if entry is None:
         return
+    fn, work = entry
     err = None if status == _lib.OK else _lib.error(
         _lib.CODES.get(status, "internal"), (message or b"").decode(errors="replace"))
     global _completions
@@ -78,10 +79,10 @@ def _dispatch(user, status, message):
                 # (to this bound) instead of stalling the others.
                 _completions = ThreadPoolExecutor(max_workers=64,
                                                   thread_name_prefix="collie-completion")
-    _completions.submit(_run_completion, fn, err)
+    _completions.submit(_run_completion, fn, err, work)
 
 
-def _run_completion(fn, err):
+def _run_completion(fn, err, work):  # noqa: ARG001 - work: alive (its buffers too) until fn has run
     try:
         fn(err)
     except Exception:  # noqa: BLE001 - nobody to raise to on this thread
@@ -148,10 +149,11 @@ class Work:
 
     def on_complete(self, fn):
         """Calls fn(None) once the op has ended well, fn(error) if it
-        failed: on collie's continuation thread, or at once here if it has
-        already ended. The Work (and its buffers) stays alive until then."""
+        failed: on a thread of collie's completion pool (never the
+        communicator's continuation thread: see _dispatch). The Work (and
+        its buffers) stays alive until then."""
         key = next(_callback_keys)
-        _callbacks[key] = lambda err: fn(err) if self is not None else None
+        _callbacks[key] = (fn, self)  # self: kept alive until fn has run
         try:
             check(lib.collie_work_on_complete(self._h, _DISPATCH, key))
         except BaseException:

@@ -72,6 +72,14 @@ def _one(tensors, what):
     return tensors[0]
 
 
+def _unflatten(flat, tensors):
+    """Copies consecutive pieces of `flat` into `tensors`, each its size."""
+    at = 0
+    for t in tensors:
+        t.copy_(flat[at:at + t.numel()].view_as(t))
+        at += t.numel()
+
+
 def _cpu(t, what):
     if t.device.type != "cpu":
         raise _refuse(f"{what} of {t.device} tensors yet (CPU tensors only)")
@@ -198,6 +206,14 @@ def _done_work(work, result, after=None):
     return _from_future(fut)
 
 
+def _coalesced(method, outputs, inputs, opts):
+    """The *_coalesced form of `method`: one op per pair, all waited for."""
+    works = [method(o, i, opts) for o, i in zip(outputs, inputs)]
+    for w in works:
+        w.wait()
+    return _make_work(None, outputs)
+
+
 def _make_work(work, result, after=None):
     return _Work(work, result, after) if ASYNC else _done_work(work, result, after)
 
@@ -237,12 +253,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
         op = _reduce_op(opts)
         flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
 
-        def after():
-            at = 0
-            for t in tensors:
-                t.copy_(flat[at:at + t.numel()].view_as(t))
-                at += t.numel()
-        return _make_work(self._comm.allreduce(flat, op=op, async_op=True), tensors, after)
+        return _make_work(self._comm.allreduce(flat, op=op, async_op=True), tensors,
+                          lambda: _unflatten(flat, tensors))
 
     def broadcast(self, tensors, opts):
         t = _cpu(_one(tensors, "broadcast"), "broadcast")
@@ -255,10 +267,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
         return _make_work(self._comm.allgather(input, output, async_op=True), [output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
-        for w in works:
-            w.wait()
-        return _make_work(None, outputs)
+        return _coalesced(self._allgather_base, outputs, inputs, opts)
 
     def allgather(self, output_lists, inputs, opts=None):
         t = _cpu(_one(inputs, "all_gather"), "all_gather")
@@ -275,10 +284,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
                                  f"{t.numel()} {t.dtype}")
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
 
-        def after():
-            for r, o in enumerate(outs):
-                o.copy_(flat[r * t.numel():(r + 1) * t.numel()].view_as(o))
-        return _make_work(self._comm.allgather(t, flat, async_op=True), [outs], after)
+        return _make_work(self._comm.allgather(t, flat, async_op=True), [outs],
+                          lambda: _unflatten(flat, outs))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         _cpu(input, "reduce_scatter_tensor")
@@ -287,10 +294,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
         return _make_work(self._comm.reduce_scatter(input, output, op=op, async_op=True), [output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
-        for w in works:
-            w.wait()
-        return _make_work(None, outputs)
+        return _coalesced(self._reduce_scatter_base, outputs, inputs, opts)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         out = _cpu(_one(outputs, "reduce_scatter"), "reduce_scatter")
@@ -322,10 +326,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
             raise _lib.error("invalid_argument", f"gather on rank {self.rank()}: {len(outs)} "
                              f"output tensors for a group of {self.size()}")
 
-        def after():
-            for r, o in enumerate(outs):
-                o.copy_(flat[r * t.numel():(r + 1) * t.numel()].view_as(o))
-        return _make_work(self._comm.allgather(t, flat, async_op=True), output_lists, after)
+        return _make_work(self._comm.allgather(t, flat, async_op=True), output_lists,
+                          lambda: _unflatten(flat, outs))
 
     def scatter(self, outputs, input_lists, opts):
         out = _cpu(_one(outputs, "scatter"), "scatter")
@@ -449,16 +451,11 @@ class ProcessGroupCollie(dist.ProcessGroup):
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
 
-        def after():
-            at = 0
-            for t in output_tensors:
-                t.copy_(flat_out[at:at + t.numel()].view_as(t))
-                at += t.numel()
         work = self._comm.alltoall(flat_in, flat_out,
                                    send_counts=[t.numel() for t in input_tensors],
                                    recv_counts=[t.numel() for t in output_tensors],
                                    async_op=True)
-        return _make_work(work, output_tensors, after)
+        return _make_work(work, output_tensors, lambda: _unflatten(flat_out, output_tensors))
 
 
 # Launchers whose ranks PyTorch's env:// cannot find by itself: their rank,
