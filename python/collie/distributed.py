@@ -239,6 +239,16 @@ class ProcessGroupCollie(dist.ProcessGroup):
     def getBackendName(self):
         return BACKEND
 
+    # PyTorch keeps a group's name in its per-device backends, which a
+    # Python ProcessGroup has none of: "ProcessGroup name not set" where
+    # DeviceMesh (FSDP2, DTensor) reads it. The group keeps its own.
+    def _set_group_name(self, name):
+        self._collie_group_name = name
+
+    @property
+    def group_name(self):
+        return getattr(self, "_collie_group_name", "")
+
     # ---- collectives -------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
