@@ -344,10 +344,12 @@ def default_communicator():
             # torch.distributed on collie's backend: its communicator is
             # this job's already (no second rendezvous, no second segment).
             group = _torch_default_group()
-            if group is not None and hasattr(group, "comm") and \
-                    getattr(group, "getBackendName", lambda: "")() == "collie":
-                _default = group.comm
-                return _default
+            if group is not None:
+                from .distributed import backend_of
+                mine = backend_of(group)
+                if mine is not None:
+                    _default = mine.comm
+                    return _default
         _default = connect_through_torch() if world is not None else connect()
         return _default
 

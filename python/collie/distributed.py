@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from . import _lib
 
-__all__ = ["ProcessGroupCollie", "BACKEND", "init_process_group", "launcher_env"]
+__all__ = ["ProcessGroupCollie", "BACKEND", "backend_of", "init_process_group", "launcher_env"]
 
 BACKEND = "collie"
 
@@ -216,6 +216,26 @@ def _coalesced(method, outputs, inputs, opts):
 
 def _make_work(work, result, after=None):
     return _Work(work, result, after) if ASYNC else _done_work(work, result, after)
+
+
+# collie's group is a ProcessGroup of its own, standing for every device.
+# On PyTorch 2.15 Python may also derive from c10d's per-device Backend,
+# which PyTorch then wraps in a ProcessGroup with a device table (what
+# "cpu:collie,cuda:nccl" needs), but tried on 2026-11-28 that lost too
+# much: its C++ does not hand alltoall_base or monitoredBarrier to Python
+# ("Backend collie does not support all_to_all_single"), and an async op's
+# Work was not completed after wait(). 2.1 has no Python constructor for it.
+
+
+def backend_of(group=None):
+    """`group` (the default group if None) if it is collie's, else None:
+    its .comm is the collie.Communicator, its monitored_barrier collie's."""
+    if group is None:
+        try:
+            group = dist.distributed_c10d._get_default_group()
+        except Exception:  # noqa: BLE001 - no default group
+            return None
+    return group if isinstance(group, ProcessGroupCollie) else None
 
 
 class ProcessGroupCollie(dist.ProcessGroup):

@@ -233,11 +233,11 @@ def case_monitored_barrier():
     """Every rank arrives: it passes. Rank 0 alone (the others wait on a
     Gloo barrier until it has given up): it names every other rank; then
     the others alone: each names rank 0. The group works after. Called on
-    the group: PyTorch's dist.monitored_barrier takes Gloo only on 1.13 and
-    2.1, and on 2.15 a group with a backend per device, which a Python
-    ProcessGroup is not."""
+    collie's group: PyTorch's dist.monitored_barrier takes Gloo only on
+    1.13 and 2.1, and on 2.15 a group with a backend per device, which a
+    Python ProcessGroup is not."""
     import datetime
-    group = dist.distributed_c10d._get_default_group()
+    group = collie.distributed.backend_of()
     group.monitored_barrier(datetime.timedelta(seconds=60))
     short = datetime.timedelta(seconds=1)
     msg = ""
@@ -408,7 +408,7 @@ def case_collie_ddp_on_the_backend():
     gradients are the average (a known answer)."""
     import collie
     import collie.torch as ct
-    group = dist.distributed_c10d._get_default_group()
+    group = collie.distributed.backend_of()
     check(collie.default_communicator() is group.comm,
           "collie.default_communicator() is not the backend's communicator")
     torch.manual_seed(1)
