@@ -48,8 +48,8 @@
 namespace {
 
 enum class Coll { allreduce, allgather, reduce_scatter, broadcast, sendrecv, alltoall };
-constexpr const char* kColls[] = {"allreduce", "allgather", "reduce_scatter", "broadcast",
-                                  "sendrecv",  "alltoall"};
+constexpr const char* kColls[] = {"allreduce", "allgather", "reduce_scatter",
+                                  "broadcast", "sendrecv",  "alltoall"};
 
 const char* name(Coll c) {
   return kColls[static_cast<int>(c)];
@@ -586,8 +586,8 @@ int main(int argc, char** argv) {
     for (size_t bytes : sizes) {
       // count: the elements of the size; block: each rank's share where the
       // collective splits the size among the ranks.
-      const bool split = a.coll == Coll::allgather || a.coll == Coll::reduce_scatter ||
-                         a.coll == Coll::alltoall;
+      const bool split =
+          a.coll == Coll::allgather || a.coll == Coll::reduce_scatter || a.coll == Coll::alltoall;
       const size_t block = split ? std::max<size_t>(1, bytes / es / n) : 0;
       const size_t count = split ? block * n : std::max<size_t>(1, bytes / es);
       const size_t nbytes = count * es;
