@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from . import _lib
+from . import _TORCH_DTYPES as _TORCH_DTYPE_NAMES
 
 __all__ = ["ProcessGroupCollie", "BACKEND", "backend_of", "init_process_group", "launcher_env"]
 
@@ -64,14 +65,6 @@ def _reduce_op(opts):
     return _op_name(getattr(opts, "reduceOp", opts))
 
 
-def _one(tensors, what):
-    tensors = _list(tensors)
-    if len(tensors) != 1:
-        raise _refuse(f"{what} of {len(tensors)} tensors in one call (one per call, as Gloo's "
-                      "CPU collectives)")
-    return tensors[0]
-
-
 def _unflatten(flat, tensors):
     """Copies consecutive pieces of `flat` into `tensors`, each its size."""
     at = 0
@@ -80,12 +73,29 @@ def _unflatten(flat, tensors):
         at += t.numel()
 
 
-def _cpu(t, what):
-    if t.device.type != "cpu":
-        raise _refuse(f"{what} of {t.device} tensors yet (CPU tensors only)")
-    if not t.is_contiguous():
-        raise _refuse(f"{what} of a non-contiguous tensor")
-    return t
+def _torch_errors():
+    """collie.Error's subclasses that are PyTorch's errors too: a failure
+    of the communication (a peer lost, a deadline, an abort, the backend)
+    is a torch.distributed.DistBackendError, a misuse (bad arguments,
+    ranks that disagree) a DistError; on PyTorch without them (1.13),
+    RuntimeError, which collie.Error already is. Installed for every
+    collie error once collie.distributed (or collie.torch) is imported."""
+    dist_error = getattr(dist, "DistError", None)
+    backend_error = getattr(dist, "DistBackendError", dist_error)
+    if dist_error is None:
+        return None, None
+    usage = type("DistError", (_lib.Error, dist_error), {"__module__": __name__, "__doc__": (
+        "A collie.Error that is torch.distributed.DistError: a misuse or a mismatch.")})
+    backend = type("DistBackendError", (_lib.Error, backend_error), {
+        "__module__": __name__,
+        "__doc__": "A collie.Error that is torch.distributed.DistBackendError: the communication "
+                   "failed."})
+    for code in _lib.CODES.values():
+        _lib.ERROR_CLASSES[code] = usage if code in ("invalid_argument", "mismatch") else backend
+    return usage, backend
+
+
+DistError, DistBackendError = _torch_errors()
 
 
 _WorkBase = getattr(dist, "Work", None) or torch._C._distributed_c10d.Work
@@ -153,10 +163,8 @@ class _Work(_WorkBase):
             self._fulfil(fut)
 
     def _fulfil(self, fut):
-        if self._error is None:
-            fut.set_result(self._result)
-        else:
-            fut.set_exception(self._error)
+        # The error as the value: get_future's then() raises it.
+        fut.set_result(self._result if self._error is None else self._error)
 
     def wait(self, timeout=None):
         if self._work is not None:
@@ -183,13 +191,29 @@ class _Work(_WorkBase):
         return self._result
 
     def get_future(self):
+        """A future of the result that fails, for C++ as for Python, when
+        the op does. A Python Future's set_exception only stores the
+        exception as its value, to be raised when Python asks: PyTorch's
+        C++ (its DDP's reducer) then read it as a result and crashed
+        (parseCppCommHookResult on an exception: SIGSEGV on every survivor
+        of a killed rank). So the future handed out is a then() of the one
+        this Work fulfils, whose callback raises the op's error: then()
+        records that as the future's error in C++."""
         fut = torch.futures.Future()
         with self._lock:
             if not self._ended:
                 self._futures.append(fut)
-                return fut
-        self._fulfil(fut)
-        return fut
+            else:
+                self._fulfil(fut)
+        return fut.then(_result_or_raise)
+
+
+def _result_or_raise(fut):
+    """fut's value, or its exception raised (see _Work.get_future)."""
+    value = fut.value()
+    if isinstance(value, BaseException):
+        raise value
+    return value
 
 
 def _done_work(work, result, after=None):
@@ -259,6 +283,28 @@ class ProcessGroupCollie(dist.ProcessGroup):
     def getBackendName(self):
         return BACKEND
 
+    def _cpu(self, t, what):
+        """t, if collie can move it; else an error naming the op and rank."""
+        if t.device.type != "cpu":
+            raise self._refused(what, f"{t.device} tensors yet (CPU tensors only)")
+        if str(t.dtype).replace("torch.", "") not in _TORCH_DTYPE_NAMES:
+            raise self._refused(what, f"{t.dtype} tensors (it moves float32, float64, float16, "
+                                "bfloat16, int32, int64 and uint8)")
+        if not t.is_contiguous():
+            raise self._refused(what, "a non-contiguous tensor")
+        return t
+
+    def _one(self, tensors, what):
+        tensors = _list(tensors)
+        if len(tensors) != 1:
+            raise self._refused(what, f"{len(tensors)} tensors in one call (one per call, as "
+                                "Gloo's CPU collectives)")
+        return tensors[0]
+
+    def _refused(self, what, why):
+        return _lib.error("invalid_argument",
+                          f"{what} on rank {self.rank()}: the collie backend does not take {why}")
+
     # PyTorch keeps a group's name in its per-device backends, which a
     # Python ProcessGroup has none of: "ProcessGroup name not set" where
     # DeviceMesh (FSDP2, DTensor) reads it. The group keeps its own.
@@ -272,14 +318,14 @@ class ProcessGroupCollie(dist.ProcessGroup):
     # ---- collectives -------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        t = _cpu(_one(tensors, "all_reduce"), "all_reduce")
+        t = self._cpu(self._one(tensors, "all_reduce"), "all_reduce")
         op = _reduce_op(opts)
         return _make_work(self._comm.allreduce(t, op=op, async_op=True), [t])
 
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = _list(tensors)
         for t in tensors:
-            _cpu(t, "all_reduce_coalesced")
+            self._cpu(t, "all_reduce_coalesced")
         op = _reduce_op(opts)
         flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
 
@@ -287,23 +333,23 @@ class ProcessGroupCollie(dist.ProcessGroup):
                           lambda: _unflatten(flat, tensors))
 
     def broadcast(self, tensors, opts):
-        t = _cpu(_one(tensors, "broadcast"), "broadcast")
+        t = self._cpu(self._one(tensors, "broadcast"), "broadcast")
         root = opts if isinstance(opts, int) else opts.rootRank
         return _make_work(self._comm.broadcast(t, root=root, async_op=True), [t])
 
     def _allgather_base(self, output, input, opts=None):
-        _cpu(input, "all_gather_into_tensor")
-        _cpu(output, "all_gather_into_tensor")
+        self._cpu(input, "all_gather_into_tensor")
+        self._cpu(output, "all_gather_into_tensor")
         return _make_work(self._comm.allgather(input, output, async_op=True), [output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return _coalesced(self._allgather_base, outputs, inputs, opts)
 
     def allgather(self, output_lists, inputs, opts=None):
-        t = _cpu(_one(inputs, "all_gather"), "all_gather")
+        t = self._cpu(self._one(inputs, "all_gather"), "all_gather")
         if output_lists and isinstance(output_lists[0], torch.Tensor):
             output_lists = [output_lists]  # allgather(outputs, input)
-        outs = _one(output_lists, "all_gather")
+        outs = self._one(output_lists, "all_gather")
         if len(outs) != self.size():
             raise _lib.error("invalid_argument", f"all_gather on rank {self.rank()}: "
                              f"{len(outs)} output tensors for a group of {self.size()}")
@@ -318,8 +364,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
                           lambda: _unflatten(flat, outs))
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        _cpu(input, "reduce_scatter_tensor")
-        _cpu(output, "reduce_scatter_tensor")
+        self._cpu(input, "reduce_scatter_tensor")
+        self._cpu(output, "reduce_scatter_tensor")
         op = _reduce_op(opts)
         return _make_work(self._comm.reduce_scatter(input, output, op=op, async_op=True), [output])
 
@@ -327,10 +373,10 @@ class ProcessGroupCollie(dist.ProcessGroup):
         return _coalesced(self._reduce_scatter_base, outputs, inputs, opts)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        out = _cpu(_one(outputs, "reduce_scatter"), "reduce_scatter")
+        out = self._cpu(self._one(outputs, "reduce_scatter"), "reduce_scatter")
         if input_lists and isinstance(input_lists[0], torch.Tensor):
             input_lists = [input_lists]  # reduce_scatter(output, inputs)
-        ins = _one(input_lists, "reduce_scatter")
+        ins = self._one(input_lists, "reduce_scatter")
         if len(ins) != self.size():
             raise _lib.error("invalid_argument", f"reduce_scatter on rank {self.rank()}: "
                              f"{len(ins)} input tensors for a group of {self.size()}")
@@ -339,7 +385,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
         return _make_work(self._comm.reduce_scatter(flat, out, op=op, async_op=True), [out])
 
     def reduce(self, tensors, opts):
-        t = _cpu(_one(tensors, "reduce"), "reduce")
+        t = self._cpu(self._one(tensors, "reduce"), "reduce")
         op = _reduce_op(opts)
         root = opts.rootRank
         if self.rank() == root:
@@ -348,7 +394,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
         return _make_work(self._comm.allreduce(scratch, op=op, async_op=True), [t])
 
     def gather(self, output_lists, inputs, opts):
-        t = _cpu(_one(inputs, "gather"), "gather")
+        t = self._cpu(self._one(inputs, "gather"), "gather")
         root = opts.rootRank
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
         outs = output_lists[0] if self.rank() == root else []
@@ -360,11 +406,11 @@ class ProcessGroupCollie(dist.ProcessGroup):
                           lambda: _unflatten(flat, outs))
 
     def scatter(self, outputs, input_lists, opts):
-        out = _cpu(_one(outputs, "scatter"), "scatter")
+        out = self._cpu(self._one(outputs, "scatter"), "scatter")
         root = opts.rootRank
         flat = torch.empty(out.numel() * self.size(), dtype=out.dtype)
         if self.rank() == root:
-            ins = _one(input_lists, "scatter")
+            ins = self._one(input_lists, "scatter")
             torch.cat([i.reshape(-1) for i in ins], out=flat)
 
         def after():
@@ -417,11 +463,11 @@ class ProcessGroupCollie(dist.ProcessGroup):
             return False
 
     def send(self, tensors, dst, tag):
-        t = _cpu(_one(tensors, "send"), "send")
+        t = self._cpu(self._one(tensors, "send"), "send")
         return _make_work(self._comm.send(t, dst, tag=tag, async_op=True), [t])
 
     def recv(self, tensors, src, tag):
-        t = _cpu(_one(tensors, "recv"), "recv")
+        t = self._cpu(self._one(tensors, "recv"), "recv")
         return _make_work(self._comm.recv(t, src, tag=tag, async_op=True), [t])
 
     # PyTorch 2.x's newer names, which its Python front calls on the group.
@@ -443,8 +489,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """all_to_all_single: split sizes count rows (dim 0); none: equal."""
-        _cpu(input, "all_to_all_single")
-        _cpu(output, "all_to_all_single")
+        self._cpu(input, "all_to_all_single")
+        self._cpu(output, "all_to_all_single")
         if input.dtype != output.dtype:
             raise _lib.error("invalid_argument", f"all_to_all_single on rank {self.rank()}: "
                              f"input is {input.dtype} but output is {output.dtype}")
@@ -473,7 +519,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
                 raise _lib.error("invalid_argument", f"all_to_all on rank {self.rank()}: "
                                  f"{len(ts)} {name} tensors for a group of {n}")
             for t in ts:
-                _cpu(t, "all_to_all")
+                self._cpu(t, "all_to_all")
         dtypes = {t.dtype for t in list(input_tensors) + list(output_tensors)}
         if len(dtypes) != 1:
             raise _lib.error("invalid_argument", f"all_to_all on rank {self.rank()}: tensors "

@@ -42,27 +42,11 @@ from ._lib import check, lib
 
 __all__ = ["DistributedDataParallel", "GradBucket", "PeriodicModelAverager", "PostLocalSGDOptimizer"]
 
-def _torch_errors():
-    """collie.Error's subclasses that are PyTorch's errors too: a failure
-    of the communication (a peer lost, a deadline, an abort, the backend)
-    is a torch.distributed.DistBackendError, a misuse (bad arguments,
-    ranks that disagree) a DistError; on PyTorch without them (1.13),
-    RuntimeError, which collie.Error already is."""
-    import torch.distributed as dist
-    dist_error = getattr(dist, "DistError", None)
-    backend_error = getattr(dist, "DistBackendError", dist_error)
-    if dist_error is None:
-        return
-    usage = type("DistError", (Error, dist_error), {"__module__": __name__, "__doc__": (
-        "A collie.Error that is torch.distributed.DistError: a misuse or a mismatch.")})
-    backend = type("DistBackendError", (Error, backend_error), {"__module__": __name__, "__doc__": (
-        "A collie.Error that is torch.distributed.DistBackendError: the communication failed.")})
-    globals().update(DistError=usage, DistBackendError=backend)
-    for code in _lib.CODES.values():
-        _lib.ERROR_CLASSES[code] = usage if code in ("invalid_argument", "mismatch") else backend
-
-
-_torch_errors()
+# collie's errors as PyTorch's (collie.distributed makes them: importing
+# the backend alone must give them too): collie.torch.DistError and
+# DistBackendError where PyTorch has them.
+if _distributed.DistError is not None:
+    DistError, DistBackendError = _distributed.DistError, _distributed.DistBackendError
 
 _TORCH_DDP = torch.nn.parallel.DistributedDataParallel
 

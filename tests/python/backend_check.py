@@ -391,6 +391,17 @@ def case_bad_input():
         raise Failed("BAND: no error")
     except errors as e:
         check("BAND" in str(e) or "reduce op" in str(e), f"the error does not name the op: {e}")
+    # A dtype collie does not move, a device it does not serve, a strided
+    # view: refused at the call, naming the op, the rank and the reason.
+    for bad, why in ((torch.ones(3, dtype=torch.int16), "torch.int16"),
+                     (torch.ones(3, device="meta"), "meta tensors"),
+                     (torch.ones(6)[::2], "non-contiguous")):
+        try:
+            dist.all_reduce(bad)
+            raise Failed(f"{why}: no error")
+        except errors as e:
+            check(f"all_reduce on rank {RANK}" in str(e) and why in str(e),
+                  f"the error does not name the op, rank and {why}: {e}")
     # Shapes that differ across ranks: an error on every rank, naming them.
     t = torch.ones(4 + RANK)
     try:
