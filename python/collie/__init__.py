@@ -127,6 +127,17 @@ class Work:
     def is_completed(self):
         return check(lib.collie_work_query(self._h)) != _lib.IN_PROGRESS
 
+    def status(self):
+        """(ended, error) without waiting: (False, None) while it runs,
+        (True, None) once it has ended well, (True, its collie.Error)."""
+        st = lib.collie_work_query(self._h)
+        if st == _lib.IN_PROGRESS:
+            return False, None
+        if st == _lib.OK:
+            return True, None
+        return True, _lib.error(_lib.CODES.get(st, "internal"),
+                                lib.collie_last_error().decode(errors="replace"))
+
     def result(self):
         """The op's output tensors (PyTorch's Work.result())."""
         return list(self._result)

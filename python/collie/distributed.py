@@ -141,15 +141,25 @@ class _Work(_WorkBase):
         super().__init__()
         self._work, self._result, self._after = work, list(result), after
         self._lock = threading.Lock()
-        self._ended = work is None
+        self._claimed = self._ended = work is None
         self._ended_event = threading.Event()
         self._error = None
         self._futures = []
-        if work is not None:
-            work.on_complete(self._on_end)
+        if work is None:
+            self._ended_event.set()
+        else:
+            work.on_complete(self._end)
 
-    def _on_end(self, err):
-        """On a collie completion thread: the op has ended."""
+    def _end(self, err):
+        """The op has ended (err: its error, or None): runs `after`, then
+        marks this Work ended and fulfils its futures, once. Whoever comes
+        first: a waiter on its own thread (no hand-off to the completion
+        pool on the blocking path: that hop was most of a small op's
+        time) or the completion pool."""
+        with self._lock:
+            if self._claimed:
+                return
+            self._claimed = True
         if err is None and self._after is not None:
             try:
                 self._after()
@@ -167,21 +177,30 @@ class _Work(_WorkBase):
         fut.set_result(self._result if self._error is None else self._error)
 
     def wait(self, timeout=None):
-        if self._work is not None:
+        if not self._ended:
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-            self._work.wait(seconds if seconds and seconds > 0 else None)
-            # The op has ended well; its completion (the copies out) runs
-            # on a completion thread, at once.
-            self._ended_event.wait()
-            if self._error is not None:
-                raise self._error
+            try:
+                self._work.wait(seconds if seconds and seconds > 0 else None)
+                self._end(None)
+            except _lib.Error:
+                ended, err = self._work.status()
+                if ended:  # the op failed (not merely this wait's own timeout)
+                    self._end(err)
+                raise
+            self._ended_event.wait()  # if the pool claimed it: its `after` is running
+        if self._error is not None:
+            raise self._error
         return True
 
     def is_completed(self):
+        if not self._ended:
+            ended, err = self._work.status()
+            if ended:
+                self._end(err)
         return self._ended
 
     def is_success(self):
-        return self._ended and self._error is None
+        return self.is_completed() and self._error is None
 
     def exception(self):
         return self._error
