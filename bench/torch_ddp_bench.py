@@ -3,10 +3,12 @@ by side in one run: step time, the all-reduce alone, exposed communication.
 
     collie-run -n 2 /usr/bin/python3 bench/torch_ddp_bench.py [--batch 2 16]
         [--layers 3] [--width 4096] [--iters 5] [--rounds 3] [--no-fp16] [--compile]
-        [--backend]
+        [--backend] [--cpp]
 
 --backend adds PyTorch's own DDP over the torch.distributed backend
-"collie" (collie.distributed), against the same over Gloo.
+"collie" (collie.distributed), against the same over Gloo. --cpp adds it
+over "collie_cpp", the backend written as a C++ extension
+(bench/c10d_ext/: all_reduce, broadcast, barrier only; no fp16 hook run).
 
 The model is `layers` x Linear(width, width) with ReLU between (3 x 4096:
 50 M parameters, 201 MB of f32 gradients). A step is forward, backward and
@@ -53,6 +55,8 @@ def main():
                     help="also both wrappers under torch.compile (PyTorch 2.x)")
     ap.add_argument("--backend", action="store_true",
                     help="also PyTorch's DDP over the torch.distributed backend 'collie'")
+    ap.add_argument("--cpp", action="store_true",
+                    help="also PyTorch's DDP over the C++ extension backend 'collie_cpp'")
     ap.add_argument("--noop", action="store_true",
                     help="also collie with the noop hook: the reducer's own cost, no communication")
     args = ap.parse_args()
@@ -61,6 +65,13 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     hooks = [False] if args.no_fp16 else [False, True]
     collie_group = dist.new_group(backend="collie") if args.backend else None
+    if args.cpp:
+        import os
+        import sys
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "c10d_ext"))
+        import register
+        register.register()
+    cpp_group = dist.new_group(backend="collie_cpp") if args.cpp else None
 
     def build(kind, fp16):
         m = make_model(args.layers, args.width)
@@ -75,6 +86,8 @@ def main():
             m = TorchDDP(m, gradient_as_bucket_view=True, process_group=collie_group)
             if fp16:
                 m.register_comm_hook(collie_group, default_hooks.fp16_compress_hook)
+        elif kind == "torch@collie_cpp":
+            m = TorchDDP(m, gradient_as_bucket_view=True, process_group=cpp_group)
         elif kind == "collie":
             m = ct.DistributedDataParallel(m, gradient_as_bucket_view=True,
                                            comm_hook="fp16" if fp16 else None)
@@ -89,6 +102,8 @@ def main():
         configs.append(("noop", False))
     if args.backend:
         configs += [("torch@collie", h) for h in hooks]
+    if args.cpp:
+        configs.append(("torch@collie_cpp", False))
     models = {c: build(*c) for c in configs}
     n_params = sum(p.numel() for p in models[configs[0]][0].parameters())
     grad = torch.ones(n_params)
@@ -143,6 +158,11 @@ def main():
                     print(f"{batch:>5}  {'fp16' if h else '-':<5} {local:>9.1f} {t:>9.1f} {b:>10.1f} "
                           f"{t / b:>7.2f}x  {t - local:>11.1f}ms {b - local:>12.1f}ms   "
                           "PyTorch's DDP over the collie backend")
+                if args.cpp and not h:
+                    b = ms[(batch, ("torch@collie_cpp", h))]
+                    print(f"{batch:>5}  {'-':<5} {local:>9.1f} {t:>9.1f} {b:>10.1f} "
+                          f"{t / b:>7.2f}x  {t - local:>11.1f}ms {b - local:>12.1f}ms   "
+                          "PyTorch's DDP over the C++ extension backend collie_cpp")
             if args.compile:
                 t, c = ms[(batch, ("torch+compile", False))], ms[(batch, ("collie+compile", False))]
                 print(f"{batch:>5}  {'-':<5} {local:>9.1f} {t:>9.1f} {c:>10.1f} {t / c:>7.2f}x  "
