@@ -547,8 +547,9 @@ class ShmRunner final : public HostRunner {
             const size_t len = std::min(slot, total - s.done);
             SlotHeader& hdr = seg_.mail_header(me_, p, h);
             hdr = {op.desc.seq, op.desc.tag, total, s.done, static_cast<uint32_t>(len), 0};
-            std::memcpy(seg_.mail_data(me_, p, h), static_cast<const uint8_t*>(op.in.data) + s.done,
-                        len);
+            if (len > 0)  // an empty message's buffer may be null (an all-to-all's empty block)
+              std::memcpy(seg_.mail_data(me_, p, h),
+                          static_cast<const uint8_t*>(op.in.data) + s.done, len);
             s.done += len;
             seg_.publish(head, h + 1);
             seg_.ring(p);
@@ -590,8 +591,9 @@ class ShmRunner final : public HostRunner {
               seg_.read_peer(p, op.in.data, addr, total, What(op.desc));
               rv.done = total;
             } else {
-              std::memcpy(static_cast<uint8_t*>(op.in.data) + rv.done, seg_.mail_data(p, me_, tl),
-                          hdr.len);
+              if (hdr.len > 0)
+                std::memcpy(static_cast<uint8_t*>(op.in.data) + rv.done, seg_.mail_data(p, me_, tl),
+                            hdr.len);
               rv.done += hdr.len;
             }
             seg_.publish(tail, tl + 1);
