@@ -133,9 +133,14 @@ class _Work(_WorkBase):
     anyone sees its result (copies out of a staging buffer).
 
     Until the op ends, this object, collie's Work and the tensors are kept
-    alive by the op's completion callback: PyTorch may drop its last
-    Python reference while its C++ still waits on it, and collie must not
-    write tensors that were freed."""
+    alive in _INFLIGHT: PyTorch may drop its last Python reference while its
+    C++ still waits on it, and collie must not write tensors that were
+    freed. A Work leaves it when it ends: waited for, asked
+    is_completed(), its future's callback, or found ended when a later op
+    is issued (_prune). The completion callback is registered only for a
+    future: through collie's continuation thread and the completion pool
+    it cost every op about 90 us on PyTorch 2.15 (8 B: 107 us against 17
+    without it), waited for or not."""
 
     def __init__(self, work, result, after=None):
         super().__init__()
@@ -145,10 +150,13 @@ class _Work(_WorkBase):
         self._ended_event = threading.Event()
         self._error = None
         self._futures = []
+        self._hooked = False
         if work is None:
             self._ended_event.set()
         else:
-            work.on_complete(self._end)
+            _prune()
+            with _INFLIGHT_LOCK:
+                _INFLIGHT.add(self)
 
     def _end(self, err):
         """The op has ended (err: its error, or None): runs `after`, then
@@ -169,6 +177,8 @@ class _Work(_WorkBase):
             self._ended, self._error = True, err
             futures, self._futures = self._futures, []
         self._ended_event.set()
+        with _INFLIGHT_LOCK:
+            _INFLIGHT.discard(self)
         for fut in futures:
             self._fulfil(fut)
 
@@ -219,12 +229,30 @@ class _Work(_WorkBase):
         this Work fulfils, whose callback raises the op's error: then()
         records that as the future's error in C++."""
         fut = torch.futures.Future()
+        hook = False
         with self._lock:
             if not self._ended:
                 self._futures.append(fut)
+                hook, self._hooked = not self._hooked, True
             else:
                 self._fulfil(fut)
+        if hook:
+            self._work.on_complete(self._end)
         return fut.then(_result_or_raise)
+
+
+_INFLIGHT = set()  # the _Works whose ops may still run (see _Work)
+_INFLIGHT_LOCK = threading.Lock()
+
+
+def _prune():
+    """Ends the in-flight Works whose ops have ended (at each new op)."""
+    with _INFLIGHT_LOCK:
+        works = list(_INFLIGHT)
+    for w in works:
+        ended, err = w._work.status()
+        if ended:
+            w._end(err)
 
 
 def _result_or_raise(fut):
