@@ -2,22 +2,19 @@
 // get. The collie torch.distributed backend written the other way issue 34
 // names: a C++ c10d::Backend compiled against the installed PyTorch (as
 // PyTorch's Gloo, MPI and UCC process groups are), over collie's C ABI,
-// with all_reduce, broadcast and barrier only: enough to time a small
-// op and PyTorch's DDP step against the Python ProcessGroup
-// (python/collie/distributed.py), side by side in
-// bench/torch_backend_compare.py. Built there with
-// torch.utils.cpp_extension.load; the communicator comes from Python
-// (collie's rendezvous through PyTorch's store), passed as its handle.
+// with all_reduce, broadcast, barrier and a blocking all_gather only:
+// enough to time a small op and PyTorch's DDP step against the Python
+// ProcessGroup (python/collie/distributed.py), with --cpp in
+// bench/torch_backend_latency.py and bench/torch_ddp_bench.py. Built by
+// bench/c10d_ext/register.py with torch.utils.cpp_extension; the
+// communicator comes from Python (collie's rendezvous through PyTorch's
+// store), passed as its handle.
 //
 // An op's Work waits in C++ (collie_work_wait, no GIL); its future is
 // completed by collie_work_on_complete on collie's continuation thread,
 // where PyTorch's C++ DDP hook (divide by the world size) runs inline. A
 // Python comm hook that waits for another op there would deadlock: the
 // Python backend hands completions to a pool for that reason.
-#include <torch/extension.h>
-
-#include <stdexcept>
-#include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
@@ -122,6 +119,24 @@ class CollieWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// An op done before its call returned (allgather here: DDP's start-up
+// check of the parameters' shapes, not on the timed path).
+class DoneWork : public c10d::Work {
+ public:
+  explicit DoneWork(std::vector<at::Tensor> result)
+      : future_(c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()))) {
+    future_->markCompleted(c10::IValue(std::move(result)));
+  }
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds) override { return true; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
 class CollieBackend : public c10d::Backend {
  public:
   CollieBackend(int64_t comm, int rank, int size)
@@ -144,6 +159,22 @@ class CollieBackend : public c10d::Backend {
     collie_work* w = nullptr;
     check(collie_comm_broadcast(comm_, view(tensors[0]), static_cast<int>(opts.rootRank), &w));
     return CollieWork::make(w, tensors, rank_, c10d::OpType::BROADCAST);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions&) override {
+    TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "collie_cpp: one tensor per call");
+    at::Tensor in = inputs[0].contiguous();
+    at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+    collie_work* w = nullptr;
+    check(collie_comm_allgather(comm_, view(in), view(flat), &w));
+    collie_status st = collie_work_wait(w);
+    collie_work_free(w);
+    check(st);
+    for (int r = 0; r < size_; ++r)
+      outputs[0][r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view_as(outputs[0][r]));
+    return c10::make_intrusive<DoneWork>(outputs[0]);
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
