@@ -9,8 +9,8 @@
 #   bench/compare.sh [REPS] [NP] [-- sweep args (-b, -e, -f, -n)]
 # With PLOT=file.png (and gnuplot), it also draws busbw and time against
 # size, one line per library, into that file. COLL=alltoall: the
-# all-to-all instead (collie-bench -C alltoall, build/bench/mpi_alltoall,
-# gloo_allreduce -C alltoall; no in-place column: it runs out of place).
+# all-to-all instead (-C alltoall to collie-bench and to both peers; no
+# in-place column: it runs out of place).
 # Without sweep args: 8 B to 32 KiB with 500 samples per size, then 128 KiB
 # to 256 MiB with 20. Needs a build with Open MPI
 # (build/bench/mpi_allreduce).
@@ -20,7 +20,7 @@ REPS=${1:-3}; NP=${2:-2}; shift 2 || true
 [ "${1:-}" = "--" ] && shift
 BUILD=${BUILD:-build}
 COLL=${COLL:-allreduce}
-MPI_BENCH="$BUILD/bench/mpi_$COLL"
+MPI_BENCH="$BUILD/bench/mpi_allreduce"
 [ -x "$MPI_BENCH" ] || { echo "compare.sh: $MPI_BENCH is missing (configure with Open MPI installed)" >&2; exit 1; }
 GLOO_BENCH="$BUILD/bench/gloo_allreduce"
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np "$NP" --mca pml ob1)

@@ -27,7 +27,7 @@ if [ -x "$build/bench/mpi_allreduce" ] && command -v mpirun >/dev/null; then
   out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n 2 \
     "$build/bench/mpi_allreduce" -b 8 -e 64K -f 32 -n 2 -I 1 2>&1); check mpi_nonblocking "$out" $?
   out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -n 2 \
-    "$build/bench/mpi_alltoall" -b 8 -e 64K -f 32 -n 2 2>&1); check mpi_alltoall "$out" $?
+    "$build/bench/mpi_allreduce" -b 8 -e 64K -f 32 -n 2 -C alltoall 2>&1); check mpi_alltoall "$out" $?
 fi
 [ $ran = 0 ] && { echo "skipped: no peer program in this build"; exit 77; }
 [ $failures = 0 ] && echo "$ran peer programs: every size right"
