@@ -348,6 +348,13 @@ class ProcessGroupCollie(dist.ProcessGroup):
                                 "Gloo's CPU collectives)")
         return tensors[0]
 
+    def _one_per_rank(self, tensors, what, kind):
+        """tensors, if it holds one per rank of the group; else an error."""
+        if len(tensors) != self.size():
+            raise _lib.error("invalid_argument", f"{what} on rank {self.rank()}: {len(tensors)} "
+                             f"{kind} tensors for a group of {self.size()}")
+        return tensors
+
     def _refused(self, what, why):
         return _lib.error("invalid_argument",
                           f"{what} on rank {self.rank()}: the collie backend does not take {why}")
@@ -396,17 +403,13 @@ class ProcessGroupCollie(dist.ProcessGroup):
         t = self._cpu(self._one(inputs, "all_gather"), "all_gather")
         if output_lists and isinstance(output_lists[0], torch.Tensor):
             output_lists = [output_lists]  # allgather(outputs, input)
-        outs = self._one(output_lists, "all_gather")
-        if len(outs) != self.size():
-            raise _lib.error("invalid_argument", f"all_gather on rank {self.rank()}: "
-                             f"{len(outs)} output tensors for a group of {self.size()}")
+        outs = self._one_per_rank(self._one(output_lists, "all_gather"), "all_gather", "output")
         for o in outs:
             if o.numel() != t.numel() or o.dtype != t.dtype:
                 raise _lib.error("invalid_argument", f"all_gather on rank {self.rank()}: an "
                                  f"output tensor of {o.numel()} {o.dtype} for an input of "
                                  f"{t.numel()} {t.dtype}")
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
-
         return _make_work(self._comm.allgather(t, flat, async_op=True), [outs],
                           lambda: _unflatten(flat, outs))
 
@@ -423,10 +426,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
         out = self._cpu(self._one(outputs, "reduce_scatter"), "reduce_scatter")
         if input_lists and isinstance(input_lists[0], torch.Tensor):
             input_lists = [input_lists]  # reduce_scatter(output, inputs)
-        ins = self._one(input_lists, "reduce_scatter")
-        if len(ins) != self.size():
-            raise _lib.error("invalid_argument", f"reduce_scatter on rank {self.rank()}: "
-                             f"{len(ins)} input tensors for a group of {self.size()}")
+        ins = self._one_per_rank(self._one(input_lists, "reduce_scatter"), "reduce_scatter",
+                                 "input")
         flat = torch.cat([i.reshape(-1) for i in ins])
         op = _reduce_op(opts)
         return _make_work(self._comm.reduce_scatter(flat, out, op=op, async_op=True), [out])
@@ -444,11 +445,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
         t = self._cpu(self._one(inputs, "gather"), "gather")
         root = opts.rootRank
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype)
-        outs = output_lists[0] if self.rank() == root else []
-        if self.rank() == root and len(outs) != self.size():
-            raise _lib.error("invalid_argument", f"gather on rank {self.rank()}: {len(outs)} "
-                             f"output tensors for a group of {self.size()}")
-
+        outs = (self._one_per_rank(output_lists[0], "gather", "output")
+                if self.rank() == root else [])
         return _make_work(self._comm.allgather(t, flat, async_op=True), output_lists,
                           lambda: _unflatten(flat, outs))
 
@@ -560,12 +558,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """all_to_all: tensor j of the inputs goes to rank j."""
-        n = self.size()
-        for name, ts in (("input", input_tensors), ("output", output_tensors)):
-            if len(ts) != n:
-                raise _lib.error("invalid_argument", f"all_to_all on rank {self.rank()}: "
-                                 f"{len(ts)} {name} tensors for a group of {n}")
-            for t in ts:
+        for kind, ts in (("input", input_tensors), ("output", output_tensors)):
+            for t in self._one_per_rank(ts, "all_to_all", kind):
                 self._cpu(t, "all_to_all")
         dtypes = {t.dtype for t in list(input_tensors) + list(output_tensors)}
         if len(dtypes) != 1:
@@ -573,7 +567,6 @@ class ProcessGroupCollie(dist.ProcessGroup):
                              f"of several dtypes ({', '.join(sorted(map(str, dtypes)))})")
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
-
         work = self._comm.alltoall(flat_in, flat_out,
                                    send_counts=[t.numel() for t in input_tensors],
                                    recv_counts=[t.numel() for t in output_tensors],
