@@ -25,11 +25,11 @@ Prints one ok/FAIL line per case and rank, then "N passed, N failed".
 """
 import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 
+import check_cases
 import collie.distributed  # noqa: F401 - registers the backend "collie"
 
 torch.set_num_threads(1)
@@ -440,23 +440,8 @@ CASES = {"all_reduce": case_all_reduce, "collie_ddp": case_collie_ddp_on_the_bac
 
 
 def main():
-    names = sys.argv[1:] or list(CASES)
-    failed = 0
-    for name in names:
-        try:
-            verdict = f"ok   {name}: {CASES[name]()}"
-        except Failed as e:
-            verdict, failed = f"FAIL {name}: {e}", failed + 1
-        except Exception:  # noqa: BLE001 - a crashed case fails with its traceback
-            verdict, failed = f"FAIL {name}: {traceback.format_exc()}", failed + 1
-        print(f"[rank {RANK} of {WORLD}] {verdict}", flush=True)
-    flag = torch.tensor([failed])
-    dist.all_reduce(flag, group=GLOO)
-    if RANK == 0:
-        print(f"{len(names) - failed} passed, {failed} failed (torch {torch.__version__}; "
-              f"{int(flag)} failures on all ranks)", flush=True)
-    dist.destroy_process_group()
-    sys.exit(1 if int(flag) else 0)
+    check_cases.run(CASES, sys.argv[1:] or list(CASES), Failed, RANK, WORLD, group=GLOO,
+                    destroy=True)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ except ImportError:
     sys.exit(77)
 import torch.distributed.checkpoint as dcp
 
+import check_cases
 import collie.distributed  # noqa: F401 - registers the backend "collie"
 
 torch.set_num_threads(1)
@@ -98,13 +99,7 @@ def main():
                  "fresh model, 2 more steps" + (f": {why}" if why else ": equal to the original"))
     for line in lines:
         print(f"[rank {RANK} of {WORLD}] {line}", flush=True)
-    flag = torch.tensor([failed])
-    dist.all_reduce(flag, group=GLOO)
-    if RANK == 0:
-        print(f"{len(lines) - failed} passed, {failed} failed (torch {torch.__version__}; "
-              f"{int(flag)} failures on all ranks)", flush=True)
-    dist.destroy_process_group()
-    sys.exit(1 if int(flag) else 0)
+    check_cases.finish(failed, len(lines), RANK, group=GLOO, destroy=True)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,13 @@ Prints one ok/FAIL line per case and rank, then "N passed, N failed".
 """
 import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
+import check_cases
 import collie
 import collie.torch as ct
 
@@ -369,22 +369,7 @@ CASES = {"bucket_order": case_bucket_order, "no_gradient": case_no_gradient,
 
 
 def main():
-    names = sys.argv[1:] or list(CASES)
-    failed = 0
-    for name in names:
-        try:
-            verdict = f"ok   {name}: {CASES[name]()}"
-        except Failed as e:
-            verdict, failed = f"FAIL {name}: {e}", failed + 1
-        except Exception:  # noqa: BLE001 - a crashed case fails with its traceback
-            verdict, failed = f"FAIL {name}: {traceback.format_exc()}", failed + 1
-        print(f"[rank {RANK} of {WORLD}] {verdict}", flush=True)
-    flag = torch.tensor([failed])
-    dist.all_reduce(flag)
-    if RANK == 0:
-        print(f"{len(names) - failed} passed, {failed} failed (torch {torch.__version__}; "
-              f"{int(flag)} failures on all ranks)", flush=True)
-    sys.exit(1 if int(flag) else 0)
+    check_cases.run(CASES, sys.argv[1:] or list(CASES), Failed, RANK, WORLD)
 
 
 if __name__ == "__main__":
