@@ -562,12 +562,7 @@ class Front final : public Communicator {
       throw Error(ErrorCode::invalid_argument,
                   what.str() + ": this rank sends itself " + std::to_string(send_counts[me]) +
                       " elements but receives " + std::to_string(recv_counts[me]));
-    if (in.nbytes() > 0 && out.nbytes() > 0) {
-      auto i0 = reinterpret_cast<uintptr_t>(in.data), o0 = reinterpret_cast<uintptr_t>(out.data);
-      if (i0 < o0 + out.nbytes() && o0 < i0 + in.nbytes())
-        throw Error(ErrorCode::invalid_argument,
-                    what.str() + ": input and output overlap; an all-to-all cannot run in place");
-    }
+    validate::disjoint(in, out, what, "an all-to-all cannot run in place");
     if (!in.device.is_cpu() || !out.device.is_cpu())
       throw Error(ErrorCode::unavailable,
                   what.str() + ": on " + to_string(in.device.is_cpu() ? out.device : in.device) +
@@ -596,7 +591,7 @@ class Front final : public Communicator {
     const size_t total = in.numel;
     return AllOf::make(std::string(what.op) + " (" + std::string(to_string(in.dtype)) + " x " +
                            std::to_string(total) + ") on " + rank_str(rank()),
-                       std::move(parts), core_->ctx.launch.timeout * 2 + std::chrono::seconds(1));
+                       std::move(parts), OpCompletion::wait_timeout(core_->ctx.launch.timeout));
   }
 
   static Op p2p_op(TensorView buf, int peer, int tag, bool is_send) {
@@ -617,12 +612,7 @@ class Front final : public Communicator {
     if (tag == kAlltoallTag)
       throw Error(ErrorCode::invalid_argument,
                   what.str() + ": tag " + std::to_string(tag) + " is alltoall's own");
-    Op op;
-    op.desc = {OpKind::p2p, buf.dtype, ReduceOp::sum, 0, tag, buf.numel};
-    op.in = op.out = buf;
-    op.peer = peer;
-    op.is_send = is_send;
-    return core_->submit(std::move(op));
+    return core_->submit(p2p_op(buf, peer, tag, is_send));
   }
 
   std::shared_ptr<Core> core_;

@@ -47,7 +47,12 @@ struct OpDesc {
 class OpCompletion : public Completion {
  public:
   OpCompletion(const OpDesc& desc, int rank, std::chrono::milliseconds deadline)
-      : Completion("", 2 * deadline + std::chrono::seconds(1)), desc_(desc), rank_(rank) {}
+      : Completion("", wait_timeout(deadline)), desc_(desc), rank_(rank) {}
+  // How long a plain wait() waits for an op of a communicator whose
+  // timeout is `deadline`.
+  static std::chrono::milliseconds wait_timeout(std::chrono::milliseconds deadline) {
+    return 2 * deadline + std::chrono::seconds(1);
+  }
   const OpDesc& desc() const { return desc_; }
 
  protected:

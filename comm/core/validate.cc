@@ -51,11 +51,21 @@ void rank_in(int r, int size, const Where& what, const char* name) {
                         "communicator (0.." + std::to_string(size - 1) + ")");
 }
 
-void same_or_disjoint(const TensorView& a, const TensorView& b, const Where& what) {
+namespace {
+bool overlap(const TensorView& a, const TensorView& b) {
   auto a0 = reinterpret_cast<uintptr_t>(a.data), a1 = a0 + a.nbytes();
   auto b0 = reinterpret_cast<uintptr_t>(b.data), b1 = b0 + b.nbytes();
-  if (a0 == b0 || a0 >= b1 || b0 >= a1 || a.nbytes() == 0 || b.nbytes() == 0) return;
-  throw bad(what, "input and output overlap without being the same buffer");
+  return a0 < b1 && b0 < a1 && a.nbytes() != 0 && b.nbytes() != 0;
+}
+}  // namespace
+
+void same_or_disjoint(const TensorView& a, const TensorView& b, const Where& what) {
+  if (a.data != b.data && overlap(a, b))
+    throw bad(what, "input and output overlap without being the same buffer");
+}
+
+void disjoint(const TensorView& a, const TensorView& b, const Where& what, const char* why) {
+  if (overlap(a, b)) throw bad(what, std::string("input and output overlap; ") + why);
 }
 
 }  // namespace collie::validate

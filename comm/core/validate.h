@@ -29,5 +29,7 @@ void op_on(ReduceOp op, DType t, const Where& what);
 void rank_in(int r, int size, const Where& what, const char* name);
 // Exactly the same memory or none shared: partial overlap is refused.
 void same_or_disjoint(const TensorView& a, const TensorView& b, const Where& what);
+// No memory shared at all: "input and output overlap; <why>".
+void disjoint(const TensorView& a, const TensorView& b, const Where& what, const char* why);
 
 }  // namespace collie::validate
