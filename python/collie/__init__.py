@@ -133,10 +133,11 @@ class Work:
         st = lib.collie_work_query(self._h)
         if st == _lib.IN_PROGRESS:
             return False, None
-        if st == _lib.OK:
-            return True, None
-        return True, _lib.error(_lib.CODES.get(st, "internal"),
-                                lib.collie_last_error().decode(errors="replace"))
+        try:
+            check(st)
+        except Error as e:
+            return True, e
+        return True, None
 
     def result(self):
         """The op's output tensors (PyTorch's Work.result())."""
