@@ -327,11 +327,15 @@ void Reducer::mark_grad_ready(size_t i, TensorView grad) {
   mark_locked(i);
 }
 
-void Reducer::take(size_t i) {
+void Reducer::require_buffer(size_t i) const {
   if (!opt_.gradient_as_bucket_view && !params_[i].grad.data)
     throw misuse("the gradient of parameter " + name(i) +
                  " arrived, but the reducer has no buffer for it: pass it to "
                  "mark_grad_ready(i, grad) or set_grad");
+}
+
+void Reducer::take(size_t i) {
+  require_buffer(i);
   marked_[i] = true;
   if (!opt_.gradient_as_bucket_view) copy_in(i);
   --pending_[plan_.bucket_of(i)];
@@ -355,10 +359,7 @@ void Reducer::mark_locked(size_t i) {
                       ? "the first iteration did not use it and static_graph says the graph never "
                         "changes"
                       : "this iteration declared it unused"));
-  if (!opt_.gradient_as_bucket_view && !params_[i].grad.data)
-    throw misuse("the gradient of parameter " + name(i) +
-                 " arrived, but the reducer has no buffer for it: pass it to "
-                 "mark_grad_ready(i, grad) or set_grad");
+  require_buffer(i);
   if (fires_[i]++ == 0) {
     ready_order_.push_back(i);
     if (trace_)

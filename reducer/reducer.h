@@ -201,6 +201,8 @@ class Reducer {
   void launch_ready_buckets();  // with mu_ held
   void mark_locked(size_t param);
   void take(size_t param);  // counts gradient i in its bucket (with mu_ held)
+  // Copy mode: the engine gave gradient i a buffer; else an error naming it.
+  void require_buffer(size_t param) const;
   void zero_slot(size_t param);
   void finish_backward(bool shadow);
   std::vector<bool> exchange_used(const std::vector<bool>& here);
