@@ -250,6 +250,19 @@ TEST(Config, SourcesInPrecedenceOrder) {
   EXPECT_EQ(l.local_rank, 1);
   EXPECT_EQ(l.local_world_size, 2);
   EXPECT_GE(l.master_port, 20000);  // derived from the job id
+  // ... below the kernel's ephemeral ports (32768 up), where another
+  // connection's local port could hold it: 20000-39999 gave 36304 in CI.
+  for (int job = 1; job <= 50; ++job) {
+    const std::string id = std::to_string(job);
+    const int port = config::resolve_launch(none, fake({{"OMPI_COMM_WORLD_RANK", "1"},
+                                                        {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                                        {"MASTER_ADDR", "n0"},
+                                                        {"OMPI_MCA_ess_base_jobid", id}}))
+                         .master_port;
+    EXPECT_GE(port, 20000) << "job " << id;
+    EXPECT_LT(port, 32768) << "job " << id;
+  }
 
   // Under torchrun the agent's own store holds MASTER_PORT: collie uses the next.
   l = config::resolve_launch(none, fake({{"RANK", "1"},

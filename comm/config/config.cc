@@ -116,13 +116,18 @@ std::optional<std::pair<long long, std::string>> first_int(const Env& env, Field
 }
 
 // A port both sides can compute when mpirun/srun give no MASTER_PORT: derived
-// from the job id, so that two jobs on one host are unlikely to collide.
+// from the job id, so that two jobs on one host are unlikely to collide, and
+// below Linux's ephemeral ports (32768 up), where any connection's local
+// port could already hold it (seen in CI: "port 36304 is already in use"
+// under mpirun). 20000 + the job id's hash mod kJobPorts.
+constexpr unsigned long long kJobPorts = 32768 - 20000;
+
 std::optional<int> port_from_job_id(const Env& env) {
   for (const char* name : {"OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_JOBID"}) {
     if (const char* v = env(name); v && *v) {
       unsigned long long h = 1469598103934665603ull;
       for (const char* p = v; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
-      return 20000 + static_cast<int>(h % 20000);
+      return 20000 + static_cast<int>(h % kJobPorts);
     }
   }
   return std::nullopt;

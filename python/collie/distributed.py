@@ -614,8 +614,9 @@ def launcher_env(environ=None):
             h = 1469598103934665603  # FNV-1a, as comm/config's port_from_job_id
             for b in environ[job].encode():
                 h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-            # One above collie's own store port for this job, so that both may run.
-            out["MASTER_PORT"] = str(20000 + (h % 20000 + 1) % 20000)
+            # One above collie's own store port for this job, so that both may
+            # run; below the kernel's ephemeral ports (32768 up), as it is.
+            out["MASTER_PORT"] = str(20000 + (h % 12768 + 1) % 12768)
         return out
     return {}
 
