@@ -589,6 +589,31 @@ TEST_P(Route, CudaTensorsGoToNcclOrAreStagedAndHostTensorsToTcp) {
   }
 }
 
+// A world of one has no store (connect() makes none there), and its CUDA
+// tensors still go to NCCL, which needs no id exchanged at one rank, not
+// through pinned host memory. They were staged: found on the first GPU
+// lease of the torch.distributed backend (an 8 B all-reduce 172 us and
+// 16 MiB 790 us at one rank, where NCCL took 25-40 us).
+TEST(Nccl, OneRankWithoutAStoreStillSendsCudaTensorsToNccl) {
+  Job job(1);
+  BackendContext ctx = job.context(0);
+  ctx.store = nullptr;
+  ctx.inspector = nullptr;
+  auto inner = pick_backend("tcp", ctx.launch).create(ctx);
+  auto comm = make_front(
+      ctx, cuda::make_staged(std::move(inner), job.cuda, ctx, [&](const BackendContext& c) {
+        return nccl::make_backend(c, {job.cuda, job.nccl});
+      }));
+  std::vector<double> buf(1000);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = value(0, i);
+  TensorView t = view_of(buf.data(), buf.size());
+  t.device = Device::cuda(0);
+  comm->allreduce(t, ReduceOp::sum).wait();
+  for (size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], reference(ReduceOp::sum, 1, i));
+  EXPECT_EQ(job.nccl->inits.load(), 1) << "the CUDA tensor was staged, not given to NCCL";
+  EXPECT_EQ(job.nccl->launches.load(), 1);
+}
+
 // The reducer over such a communicator with its parameters on CUDA: its
 // device arena is registered with NCCL once (ncclCommRegister) and
 // deregistered when the reducer goes; the gradients are averaged, through

@@ -147,10 +147,12 @@ class Staged final : public Backend {
 
  private:
   // Whether CUDA tensors go to a device backend (nccl) rather than staged
-  // (decided at the first, the same way on every rank).
+  // (decided at the first, the same way on every rank). NCCL's id goes
+  // through the store; a world of one has none and needs none.
   bool to_device_backend() {
     std::call_once(routed_, [&] {
-      device_route_ = route_ != "staged" && make_device_ && ctx_.store;
+      device_route_ =
+          route_ != "staged" && make_device_ && (ctx_.store || ctx_.launch.world_size == 1);
       if (route_ == "nccl" && !device_route_)
         route_error_ = make_device_ ? "COLLIE_CUDA_BACKEND=nccl, but the " + inner_->name() +
                                           " rendezvous has no store to pass NCCL's id through"
