@@ -383,6 +383,10 @@ collie_status collie_work_wait_stream(collie_work* w, void* stream) {
   return guarded([&] { w->work.wait_on(stream); });
 }
 
+collie_status collie_set_cuda_stream(void* stream) {
+  return guarded([&] { collie::set_cuda_stream(stream); });
+}
+
 collie_status collie_work_test(collie_work* w, int* done) {
   COLLIE_REQUIRE(w, "work");
   COLLIE_REQUIRE(done, "done");

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "collie/collie.h"
 #include "collie/comm.h"
 #include "comm/config/config.h"
 #include "comm/core/reduce.h"
@@ -284,7 +285,11 @@ TEST(Nccl, OperationsFollowTheCallersStreamAndStreamsFollowThem) {
   job.run([&](int r) {
     auto comm = job.connect(r);
     cuda::Stream s = job.cuda->create_stream();
-    set_cuda_stream(s);
+    // Rank 1 through the C ABI (as collie's Python sets PyTorch's stream).
+    if (r == 0)
+      set_cuda_stream(s);
+    else
+      ASSERT_EQ(collie_set_cuda_stream(s), COLLIE_OK);
     std::vector<float> buf(64, 0.f);
     TensorView v = dev(buf);
     // A "kernel" that fills the input late: the all-reduce must see it.

@@ -209,6 +209,11 @@ collie_status collie_work_query(collie_work* work);
 /* Makes `stream` (a cudaStream_t) wait for the op: a stream wait for device
  * operations, a host wait for host ones. */
 collie_status collie_work_wait_stream(collie_work* work, void* stream);
+/* The CUDA stream (a cudaStream_t) that the calling thread's ops on CUDA
+ * tensors are ordered after, as PyTorch's current stream: each starts once
+ * the work queued on it before the call has finished. Per thread; NULL, the
+ * default, is the legacy default stream. */
+collie_status collie_set_cuda_stream(void* stream);
 /* *done = 1 once ended; the status is the op's error if it failed. */
 collie_status collie_work_test(collie_work* work, int* done);
 /* Need not be complete; the op goes on, and the tensors it was given must

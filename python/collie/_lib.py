@@ -163,6 +163,8 @@ def _load():
         "collie_work_wait": (c_int, [c_void_p]),
         "collie_work_wait_for": (c_int, [c_void_p, c_double]),
         "collie_work_query": (c_int, [c_void_p]),
+        "collie_work_wait_stream": (c_int, [c_void_p, c_void_p]),
+        "collie_set_cuda_stream": (c_int, [c_void_p]),
         "collie_work_free": (c_int, [c_void_p]),
         "collie_work_on_complete": (c_int, [c_void_p, WORK_CALLBACK, c_void_p]),
         "collie_reducer_create": (c_int, [c_void_p, POINTER(T), POINTER(T), c_size_t,
