@@ -153,6 +153,10 @@ class Backend {
   // CUDA staging before its first CUDA tensor), the one it wraps. The front
   // asks again after every operation on device memory.
   virtual Backend* host_path() { return this; }
+  // Whether an all-to-all of equal blocks in host memory may come as one
+  // OpKind::alltoall op; else the front makes it a batch of sends and
+  // receives, which every backend runs.
+  virtual bool runs_alltoall() const { return false; }
   // Communicator::register_memory: nullptr where there is nothing to do.
   virtual std::shared_ptr<void> register_memory(const TensorView&) { return nullptr; }
 };

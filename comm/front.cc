@@ -112,6 +112,7 @@ class Core {
         trace(make_track()) {}
 
   int rank() const { return ctx.launch.rank; }
+  bool runs_alltoall() const { return backend->runs_alltoall(); }
   int size() const { return ctx.launch.world_size; }
 
   Work submit(Op op) {
@@ -300,17 +301,15 @@ class Front final : public Communicator {
 
   Work alltoall(TensorView in, TensorView out) override {
     const validate::Where what = where("alltoall");
-    const size_t n = static_cast<size_t>(size());
-    if (in.numel % n != 0)
-      throw Error(ErrorCode::invalid_argument,
-                  what.str() + ": input has " + std::to_string(in.numel) +
-                      " elements, not a multiple of the " + std::to_string(n) + " ranks");
-    if (in.numel != out.numel)
-      throw Error(ErrorCode::invalid_argument,
-                  what.str() + ": input has " + std::to_string(in.numel) +
-                      " elements but output has " + std::to_string(out.numel));
-    std::vector<size_t> counts(n, in.numel / n);
+    if (native_alltoall(in, out, what)) return core_->submit(alltoall_op(in, out));
+    std::vector<size_t> counts(static_cast<size_t>(size()), in.numel / size());
     return exchange(what, in, counts, out, counts);
+  }
+  void alltoall(TensorView in, TensorView out, Blocking) override {
+    const validate::Where what = where("alltoall");
+    if (native_alltoall(in, out, what)) return core_->run(alltoall_op(in, out));
+    std::vector<size_t> counts(static_cast<size_t>(size()), in.numel / size());
+    exchange(what, in, counts, out, counts).wait();
   }
   Work alltoallv(TensorView in, const std::vector<size_t>& send_counts, TensorView out,
                  const std::vector<size_t>& recv_counts) override {
@@ -533,6 +532,27 @@ class Front final : public Communicator {
     op.in = in;
     op.out = out;
     return op;
+  }
+
+  // Checks an all-to-all of equal blocks; whether it goes to the backend
+  // as one op (a backend with its own, host memory) rather than exchange().
+  bool native_alltoall(TensorView in, TensorView out, const validate::Where& what) {
+    const size_t n = static_cast<size_t>(size());
+    if (in.numel % n != 0)
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": input has " + std::to_string(in.numel) +
+                      " elements, not a multiple of the " + std::to_string(n) + " ranks");
+    if (in.numel != out.numel)
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": input has " + std::to_string(in.numel) +
+                      " elements but output has " + std::to_string(out.numel));
+    if (!in.device.is_cpu() || !out.device.is_cpu() || !core_->runs_alltoall()) return false;
+    check_in_out(in, out, what);
+    validate::disjoint(in, out, what, "an all-to-all cannot run in place");
+    return true;
+  }
+  static Op alltoall_op(TensorView in, TensorView out) {
+    return make(OpKind::alltoall, in, out, ReduceOp::sum, 0, in.numel);
   }
 
   // alltoall and alltoallv: a send and a receive with every other rank,

@@ -395,6 +395,7 @@ class HostBackend final : public Backend {
   bool accepts(const Device& d) const override { return d.is_cpu(); }
   Work start(Op op) override { return exec_->submit(std::move(op)); }
   bool claim(const Op& op) override { return exec_->claim(op); }
+  bool runs_alltoall() const override { return runner_->runs_alltoall(); }
   void run_claimed(Op& op) override { exec_->run_claimed(op); }
   std::unique_ptr<Backend> split(const SplitPlan& plan) override {
     std::unique_ptr<HostRunner> r;

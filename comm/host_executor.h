@@ -58,6 +58,8 @@ class HostRunner {
   // Memory this runner reduces in place (Communicator::allocate), or
   // nullptr: the backend's default.
   virtual std::shared_ptr<void> allocate(size_t) { return nullptr; }
+  // Whether run_collective takes OpKind::alltoall (Backend::runs_alltoall).
+  virtual bool runs_alltoall() const { return false; }
 };
 
 // A first-in first-out queue over storage it keeps: std::deque allocated

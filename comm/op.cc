@@ -1,5 +1,7 @@
 #include "comm/op.h"
 
+#include "collie/comm.h"
+
 namespace collie {
 
 std::string_view to_string(OpKind k) {
@@ -18,6 +20,8 @@ std::string_view to_string(OpKind k) {
       return "send/recv";
     case OpKind::split:
       return "split";
+    case OpKind::alltoall:
+      return "alltoall";
   }
   return "unknown op";
 }
@@ -29,7 +33,10 @@ std::string OpDesc::describe() const {
   if (op == OpKind::allreduce || op == OpKind::reduce_scatter)
     s += ", " + std::string(to_string(redop));
   if (op == OpKind::broadcast) s += ", root " + std::to_string(tag);
-  if (op == OpKind::p2p) s += ", tag " + std::to_string(tag);
+  if (op == OpKind::p2p) {
+    s += ", tag " + std::to_string(tag);
+    if (tag == kAlltoallTag) s += ": an alltoall's";  // the front's exchange
+  }
   return s + ")";
 }
 

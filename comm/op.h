@@ -25,7 +25,10 @@ enum class OpKind : uint8_t {
   barrier,
   p2p,
   split,
+  alltoall,  // equal blocks, where the backend runs it (Backend::runs_alltoall)
 };
+// The last kind: a header naming a larger one is not collie's (comm/tcp).
+inline constexpr OpKind kLastOpKind = OpKind::alltoall;
 std::string_view to_string(OpKind k);
 
 struct OpDesc {

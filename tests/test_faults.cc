@@ -292,6 +292,30 @@ TEST(Faults, AnAlltoallWithDifferentCountsOnOneRankFailsEveryRank) {
   });
 }
 
+// An all-to-all on one rank where its peers all-gather: a mismatch naming
+// both calls on every rank. Where the backend runs the all-to-all as one
+// collective (shm, mpi) its arrival says so at once.
+TEST(Faults, AnAlltoallWhereThePeersAllgatherFailsEveryRankNamingIt) {
+  auto out = run_ranks(
+      3,
+      [&](int rank, Options opt) {
+        auto c = connect(opt);
+        std::vector<float> in(6, 1.0f), out(18);
+        if (rank == 1)
+          c->alltoall(view_of(in.data(), 6), view_of(out.data(), 6)).wait();
+        else
+          c->allgather(view_of(in.data(), 6), view_of(out.data(), 18)).wait();
+        return std::string("completed");
+      },
+      20s);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(out[r].hung) << describe(out);
+    EXPECT_EQ(out[r].code(), "mismatch") << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "alltoall")) << describe(out);
+    EXPECT_TRUE(contains(out[r].message(), "allgather")) << describe(out);
+  }
+}
+
 TEST(Faults, StalledRankTimesOutItsPartnerNamingIt) {
   auto out = run_ranks(2,
                        [](int rank, Options opt) {

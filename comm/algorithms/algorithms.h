@@ -15,6 +15,9 @@
 //   chain_broadcast       pipelined chain, for bandwidth.
 //   tree_broadcast        binomial tree, for latency.
 //   dissemination_barrier log2(n) rounds of 1-byte messages.
+//   pairwise_alltoall     a send to and a receive from every peer, all
+//                         posted at once (each pair has its own connection),
+//                         empty blocks too: one message per peer.
 //
 // run_collective() is the one place that picks among them (choose.h).
 #pragma once
@@ -64,6 +67,9 @@ void ring_allgather(const Ctx& c, const void* in, void* out, size_t block_bytes)
 void ring_reduce_scatter(const Ctx& c, const void* in, void* out, size_t count, DType t,
                          ReduceOp op);
 void dissemination_barrier(const Ctx& c);
+// in and out hold size() blocks of `block_bytes`: block j of `in` goes to
+// rank j, block q of `out` comes from rank q.
+void pairwise_alltoall(const Ctx& c, const void* in, void* out, size_t block_bytes);
 
 // Runs collective `op` (not send/recv) over c.transport with the algorithm
 // the cost model picks for these sizes (or the one `tuning` forces).

@@ -53,6 +53,10 @@ void run_collective(const Ctx& c, const Op& op, const config::TcpTuning& tuning)
       trace::algorithm(op, "dissemination");
       dissemination_barrier(c);
       return;
+    case OpKind::alltoall:
+      trace::algorithm(op, n == 1 ? "local" : "pairwise");
+      pairwise_alltoall(c, in.data, out.data, in.nbytes() / static_cast<size_t>(n));
+      return;
     case OpKind::p2p:
     case OpKind::split:
       break;

@@ -71,6 +71,7 @@ class Staged final : public Backend {
   ~Staged() override { stop_thread(); }
 
   std::string name() const override { return inner_->name(); }
+  bool runs_alltoall() const override { return inner_->runs_alltoall(); }
   // CUDA tensors where a device can be used (asked once, at the first).
   bool accepts(const Device& d) const override {
     if (d.is_cpu()) return inner_->accepts(d);

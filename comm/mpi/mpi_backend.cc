@@ -437,6 +437,8 @@ class MpiRunner final : public HostRunner {
 
   MPI_Comm comm() const { return data_; }
 
+  bool runs_alltoall() const override { return true; }
+
   void run_collective(const Op& op, Deadline dl) override {
     const OpDesc& d = op.desc;
     // The check's round trip overlaps the op's own (see Check).
@@ -518,6 +520,15 @@ class MpiRunner final : public HostRunner {
         }
         if (tmp) std::memcpy(op.out.data, tmp.get(), op.out.nbytes());
         if (d.redop == ReduceOp::avg) kernels::divide(t, op.out.data, op.out.data, d.count, n_);
+        break;
+      }
+      case OpKind::alltoall: {
+        trace::algorithm(op, "MPI_Ialltoall");
+        const int n = int_count(d, op.in.numel / static_cast<size_t>(n_));
+        run(d, dl, c, [&](MPI_Request* r) {
+          auto lk = proc_.lock();
+          return MPI_Ialltoall(op.in.data, n, type, op.out.data, n, type, data_, r);
+        });
         break;
       }
       case OpKind::barrier:

@@ -396,7 +396,9 @@ class State : public std::enable_shared_from_this<State> {
         if (Result end = api.group_end(); !r.failed()) r = end;
         break;
       case OpKind::split:
-        throw Error(ErrorCode::internal, "split reached the NCCL launch path");
+      case OpKind::alltoall:  // host memory only (runs_alltoall is false)
+        throw Error(ErrorCode::internal,
+                    std::string(to_string(d.op)) + " reached the NCCL launch path");
     }
     r = settle(api, comm_, r, Clock::now() + timeout_);
     if (!r.ok())

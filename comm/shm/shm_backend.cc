@@ -51,6 +51,8 @@ class ShmRunner final : public HostRunner {
  private:
   // ---- collectives -------------------------------------------------------
 
+  bool runs_alltoall() const override { return true; }
+
   void run_collective(const Op& op, Deadline dl) override {
     const OpDesc& d = op.desc;
     const What what(d);
@@ -66,6 +68,8 @@ class ShmRunner final : public HostRunner {
       case OpKind::barrier:
         trace::algorithm(op, "flags");
         return arrive(d, what, dl);
+      case OpKind::alltoall:
+        return alltoall(op, what, dl);
       case OpKind::p2p:
       case OpKind::split:
         break;
@@ -482,6 +486,84 @@ class ShmRunner final : public HostRunner {
       seg_.wait_all(what, dl);
       for (int k = 0; k < n_; ++k) srcs_[k] = seg_.big(k, b) + me_ * m * es;
       reduce_into(out + off * es, srcs_, m, t, d.redop);
+      seg_.advance();
+    }
+  }
+
+  // Block k of each rank's input goes to rank k's output, at the sender's
+  // place. Direct: every rank reads its block of each peer's input from
+  // the peer's memory. Rounds: each rank puts a piece of every block in its
+  // buffer, and every rank takes its own piece from each; double-buffered
+  // as allgather's rounds.
+  // The smallest go as all-reduce's do: the whole input in the rank's
+  // descriptor (inline) or its small slot (one_step), one arrival.
+  void alltoall(const Op& op, const What& what, Deadline dl) {
+    const OpDesc& d = op.desc;
+    const size_t bytes = op.in.nbytes(), block = bytes / static_cast<size_t>(n_);
+    const auto* in = static_cast<const uint8_t*>(op.in.data);
+    auto* out = static_cast<uint8_t*>(op.out.data);
+    const size_t mine = static_cast<size_t>(me_) * block;
+    // Rank k's block for this rank, from where k put its whole input.
+    auto take = [&](auto&& input_of) {
+      for (int k = 0; k < n_; ++k)
+        if (k != me_) std::memcpy(out + static_cast<size_t>(k) * block, input_of(k) + mine, block);
+    };
+    if (n_ == 1 || bytes == 0) {
+      trace::algorithm(op, "local");
+      arrive(d, what, dl);
+      if (block) std::memcpy(out, in, block);
+      return;
+    }
+    if (bytes <= std::min(tuning_.small_bytes, sizeof(DescSlot::inline_data))) {
+      trace::algorithm(op, "inline");
+      DescSlot& s = seg_.desc(me_, d.seq);
+      std::memcpy(s.inline_data, in, bytes);
+      announce(d);
+      s.ready.store(d.seq, std::memory_order_release);
+      seg_.advance();
+      seg_.wait_all_ready(d.seq, what, dl);
+      verify(d, what);
+      std::memcpy(out + mine, in + mine, block);
+      take([&](int k) { return static_cast<const uint8_t*>(seg_.desc(k, d.seq).inline_data); });
+      return;
+    }
+    if (bytes <= std::min(tuning_.small_bytes, seg_.layout().small)) {
+      trace::algorithm(op, "one_step");
+      std::memcpy(seg_.small_slot(me_, d.seq), in, bytes);
+      arrive(d, what, dl);
+      std::memcpy(out + mine, in + mine, block);
+      take([&](int k) { return static_cast<const uint8_t*>(seg_.small_slot(k, d.seq)); });
+      return;
+    }
+    const bool direct = offer_direct(op, bytes);
+    arrive_large(d, what, dl, nullptr, direct ? &op : nullptr);
+    std::memcpy(out + mine, in + mine, block);
+    if (direct && everyone_direct(op.desc.seq)) {
+      trace::algorithm(op, "direct");
+      for (int i = 1; i < n_; ++i) {
+        const int k = (me_ + i) % n_;
+        seg_.read_peer(k, out + static_cast<size_t>(k) * block,
+                       seg_.desc(k, op.desc.seq).large.in_addr + mine, block, what);
+      }
+      seg_.advance();
+      seg_.wait_all(what, dl);
+      return;
+    }
+    trace::algorithm(op, "rounds");
+    const size_t per = std::max<size_t>(seg_.layout().chunk / static_cast<size_t>(n_), 1);
+    for (size_t off = 0, r = 0; off < block; off += per, ++r) {
+      const int b = static_cast<int>(r & 1);
+      const size_t m = std::min(per, block - off);
+      for (int k = 0; k < n_; ++k)
+        if (k != me_)
+          std::memcpy(seg_.big(me_, b) + static_cast<size_t>(k) * m,
+                      in + static_cast<size_t>(k) * block + off, m);
+      seg_.advance();
+      seg_.wait_all(what, dl);
+      for (int k = 0; k < n_; ++k)
+        if (k != me_)
+          std::memcpy(out + static_cast<size_t>(k) * block + off,
+                      seg_.big(k, b) + static_cast<size_t>(me_) * m, m);
       seg_.advance();
     }
   }

@@ -37,7 +37,7 @@ static_assert(sizeof(FrameHeader) == 32);
 
 // Whether `op` names an operation kind a collie rank writes in a header.
 inline bool known_op(uint8_t op) {
-  return op >= static_cast<uint8_t>(OpKind::allreduce) && op <= static_cast<uint8_t>(OpKind::split);
+  return op >= static_cast<uint8_t>(OpKind::allreduce) && op <= static_cast<uint8_t>(kLastOpKind);
 }
 
 // The header of a frame of `kind` for `d` with `bytes` of payload.

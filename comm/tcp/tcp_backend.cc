@@ -211,6 +211,8 @@ class TcpRunner final : public HostRunner {
             ctx.failure, ctx.names) {}
 
  private:
+  bool runs_alltoall() const override { return true; }  // algo::pairwise_alltoall
+
   void run_collective(const Op& op, Deadline deadline) override {
     algo::Ctx c{mesh_, op.desc, tuning_.chunk_bytes, scratch_, deadline};
     algo::run_collective(c, op, tuning_);

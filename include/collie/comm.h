@@ -82,8 +82,12 @@ class Communicator {
   // elements, in rank order from the start of `in`; recv_counts[q] elements
   // come from rank q, in rank order into `out` (the counts must agree with
   // the peers': what q sends this rank is what this rank receives from q).
-  // Run as sends and receives between every pair at once, as NCCL and Gloo
-  // run theirs (their p2p tag is kAlltoallTag, which send/recv refuse).
+  // alltoall in host memory is one collective where the backend has its
+  // own (shm through its segment, tcp one message per peer, mpi as
+  // MPI_Ialltoall); otherwise (hier, nccl), and
+  // alltoallv always, it runs as sends and receives between every pair at
+  // once, as NCCL and Gloo run theirs (their p2p tag is kAlltoallTag, which
+  // send/recv refuse).
   virtual Work alltoall(TensorView in, TensorView out) = 0;
   virtual Work alltoallv(TensorView in, const std::vector<size_t>& send_counts, TensorView out,
                          const std::vector<size_t>& recv_counts) = 0;
@@ -101,7 +105,7 @@ class Communicator {
     reduce_scatter(in, out, op).wait();
   }
   virtual void barrier(Blocking) { barrier().wait(); }
-  void alltoall(TensorView in, TensorView out, Blocking) { alltoall(in, out).wait(); }
+  virtual void alltoall(TensorView in, TensorView out, Blocking) { alltoall(in, out).wait(); }
   // Point to point. Messages between two ranks arrive in the order they were
   // sent; the receiver's count, dtype and tag must match the sender's.
   // Sends and receives issued back to back progress together, so a pairwise
