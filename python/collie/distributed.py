@@ -658,6 +658,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
         if output_split_sizes or input_split_sizes:
             kw = dict(send_counts=counts(input, input_split_sizes, "input"),
                       recv_counts=counts(output, output_split_sizes, "output"))
+            if len(set(kw["send_counts"] + kw["recv_counts"])) == 1:
+                kw = {}  # even splits: collie's alltoall, one collective on shm, tcp and mpi
         if input.device.type == "cpu" and output.device.type == "cpu":
             return _make_work(self._comm.alltoall(input, output, async_op=True, **kw), [output])
         # collie's all-to-all moves host memory: device tensors go through it.
@@ -678,10 +680,11 @@ class ProcessGroupCollie(dist.ProcessGroup):
         # One host buffer each way (collie's all-to-all moves host memory).
         flat_in = torch.cat([t.reshape(-1).cpu() for t in input_tensors])
         flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
-        work = self._comm.alltoall(flat_in, flat_out,
-                                   send_counts=[t.numel() for t in input_tensors],
-                                   recv_counts=[t.numel() for t in output_tensors],
-                                   async_op=True)
+        sizes = [t.numel() for t in input_tensors], [t.numel() for t in output_tensors]
+        even = len(set(sizes[0] + sizes[1])) == 1
+        work = (self._comm.alltoall(flat_in, flat_out, async_op=True) if even else
+                self._comm.alltoall(flat_in, flat_out, send_counts=sizes[0], recv_counts=sizes[1],
+                                    async_op=True))
         return _make_work(work, output_tensors, lambda: _unflatten(flat_out, output_tensors))
 
 
