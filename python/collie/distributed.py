@@ -28,6 +28,7 @@ Refused, naming what is missing: the bitwise ops, recv from any source.
 """
 import datetime
 import os
+import sys
 import threading
 import time
 
@@ -305,7 +306,35 @@ def _coalesced(method, outputs, inputs, opts):
 
 
 def _make_work(work, result, after=None):
+    """The Work PyTorch gets for collie's `work`, or for an op that ran to
+    its end in the call (work None: a blocking call, see _async)."""
+    if work is None:
+        if after is not None:
+            after()
+        return _Work(None, result) if ASYNC else _done_work(None, result)
     return _Work(work, result, after) if ASYNC else _done_work(work, result, after)
+
+
+_tls = threading.local()
+
+
+def _async():
+    """Whether the group's op in progress is issued async (async_op for
+    collie's call): not where PyTorch waits for it at once anyway (1.13 to
+    2.1, _done_work) or where the call came from torch.distributed's own
+    function with async_op=False (see _front_waits). A blocking call runs
+    on the calling thread where nothing else is queued: no hand-off to
+    collie's executor and back (a third of a 64 KiB all-reduce's time)."""
+    return ASYNC and not getattr(_tls, "blocking", False)
+
+
+def _front_waits(frame):
+    """Whether `frame`, the caller of a group method, is torch.distributed's
+    Python front (dist.all_reduce, dist.broadcast, ...) called with
+    async_op=False, which waits for the op before it returns."""
+    code = frame.f_code if frame is not None else None
+    return (code is not None and code.co_filename.endswith("distributed_c10d.py")
+            and "async_op" in code.co_varnames and frame.f_locals.get("async_op") is False)
 
 
 # collie's group is a ProcessGroup of its own, standing for every device.
@@ -344,7 +373,12 @@ def _routed(method):
             other = self._cuda_group()
             if other is not None:
                 return getattr(other, name)(*args, **kwargs)
-        return method(self, *args, **kwargs)
+        before = getattr(_tls, "blocking", False)
+        _tls.blocking = ASYNC and _front_waits(sys._getframe(1))
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _tls.blocking = before
     call.__name__, call.__qualname__, call.__doc__ = name, method.__qualname__, method.__doc__
     return call
 
@@ -464,7 +498,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         t = self._tensor(self._one(tensors, "all_reduce"), "all_reduce")
         op = _reduce_op(opts)
-        return _make_work(self._comm.allreduce(t, op=op, async_op=True), [t])
+        return _make_work(self._comm.allreduce(t, op=op, async_op=_async()), [t])
 
     @_routed
     def allreduce_coalesced(self, tensors, opts=None):
@@ -474,20 +508,20 @@ class ProcessGroupCollie(dist.ProcessGroup):
         op = _reduce_op(opts)
         flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
 
-        return _make_work(self._comm.allreduce(flat, op=op, async_op=True), tensors,
+        return _make_work(self._comm.allreduce(flat, op=op, async_op=_async()), tensors,
                           lambda: _unflatten(flat, tensors))
 
     @_routed
     def broadcast(self, tensors, opts):
         t = self._tensor(self._one(tensors, "broadcast"), "broadcast")
         root = opts if isinstance(opts, int) else opts.rootRank
-        return _make_work(self._comm.broadcast(t, root=root, async_op=True), [t])
+        return _make_work(self._comm.broadcast(t, root=root, async_op=_async()), [t])
 
     @_routed
     def _allgather_base(self, output, input, opts=None):
         self._tensor(input, "all_gather_into_tensor")
         self._tensor(output, "all_gather_into_tensor")
-        return _make_work(self._comm.allgather(input, output, async_op=True), [output])
+        return _make_work(self._comm.allgather(input, output, async_op=_async()), [output])
 
     @_routed
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -505,7 +539,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
                                  f"output tensor of {o.numel()} {o.dtype} for an input of "
                                  f"{t.numel()} {t.dtype}")
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype, device=t.device)
-        return _make_work(self._comm.allgather(t, flat, async_op=True), [outs],
+        return _make_work(self._comm.allgather(t, flat, async_op=_async()), [outs],
                           lambda: _unflatten(flat, outs))
 
     @_routed
@@ -513,7 +547,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
         self._tensor(input, "reduce_scatter_tensor")
         self._tensor(output, "reduce_scatter_tensor")
         op = _reduce_op(opts)
-        return _make_work(self._comm.reduce_scatter(input, output, op=op, async_op=True), [output])
+        return _make_work(self._comm.reduce_scatter(input, output, op=op, async_op=_async()), [output])
 
     @_routed
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -528,7 +562,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
                                  "input")
         flat = torch.cat([i.reshape(-1) for i in ins])
         op = _reduce_op(opts)
-        return _make_work(self._comm.reduce_scatter(flat, out, op=op, async_op=True), [out])
+        return _make_work(self._comm.reduce_scatter(flat, out, op=op, async_op=_async()), [out])
 
     @_routed
     def reduce(self, tensors, opts):
@@ -536,9 +570,9 @@ class ProcessGroupCollie(dist.ProcessGroup):
         op = _reduce_op(opts)
         root = opts.rootRank
         if self.rank() == root:
-            return _make_work(self._comm.allreduce(t, op=op, async_op=True), [t])
+            return _make_work(self._comm.allreduce(t, op=op, async_op=_async()), [t])
         scratch = t.clone()  # every rank's result but the root's is left alone
-        return _make_work(self._comm.allreduce(scratch, op=op, async_op=True), [t])
+        return _make_work(self._comm.allreduce(scratch, op=op, async_op=_async()), [t])
 
     @_routed
     def gather(self, output_lists, inputs, opts):
@@ -547,7 +581,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype, device=t.device)
         outs = (self._one_per_rank(output_lists[0], "gather", "output")
                 if self.rank() == root else [])
-        return _make_work(self._comm.allgather(t, flat, async_op=True), output_lists,
+        return _make_work(self._comm.allgather(t, flat, async_op=_async()), output_lists,
                           lambda: _unflatten(flat, outs))
 
     @_routed
@@ -562,10 +596,11 @@ class ProcessGroupCollie(dist.ProcessGroup):
         def after():
             r = self.rank()
             out.copy_(flat[r * out.numel():(r + 1) * out.numel()].view_as(out))
-        return _make_work(self._comm.broadcast(flat, root=root, async_op=True), [out], after)
+        return _make_work(self._comm.broadcast(flat, root=root, async_op=_async()), [out], after)
 
+    @_routed
     def barrier(self, opts=None):
-        return _make_work(self._comm.barrier(async_op=True), [])
+        return _make_work(self._comm.barrier(async_op=_async()), [])
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """Gloo's monitored_barrier: rank 0 waits for every other rank's
@@ -611,12 +646,12 @@ class ProcessGroupCollie(dist.ProcessGroup):
     @_routed
     def send(self, tensors, dst, tag):
         t = self._tensor(self._one(tensors, "send"), "send")
-        return _make_work(self._comm.send(t, dst, tag=tag, async_op=True), [t])
+        return _make_work(self._comm.send(t, dst, tag=tag, async_op=_async()), [t])
 
     @_routed
     def recv(self, tensors, src, tag):
         t = self._tensor(self._one(tensors, "recv"), "recv")
-        return _make_work(self._comm.recv(t, src, tag=tag, async_op=True), [t])
+        return _make_work(self._comm.recv(t, src, tag=tag, async_op=_async()), [t])
 
     # PyTorch 2.x's newer names, which its Python front calls on the group.
     def reduce_scatter_single(self, output, input, opts=None):
@@ -661,10 +696,10 @@ class ProcessGroupCollie(dist.ProcessGroup):
             if len(set(kw["send_counts"] + kw["recv_counts"])) == 1:
                 kw = {}  # even splits: collie's alltoall, one collective on shm, tcp and mpi
         if input.device.type == "cpu" and output.device.type == "cpu":
-            return _make_work(self._comm.alltoall(input, output, async_op=True, **kw), [output])
+            return _make_work(self._comm.alltoall(input, output, async_op=_async(), **kw), [output])
         # collie's all-to-all moves host memory: device tensors go through it.
         host_out = torch.empty(output.shape, dtype=output.dtype)
-        return _make_work(self._comm.alltoall(input.cpu(), host_out, async_op=True, **kw),
+        return _make_work(self._comm.alltoall(input.cpu(), host_out, async_op=_async(), **kw),
                           [output], lambda: output.copy_(host_out))
 
     @_routed
@@ -682,9 +717,9 @@ class ProcessGroupCollie(dist.ProcessGroup):
         flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
         sizes = [t.numel() for t in input_tensors], [t.numel() for t in output_tensors]
         even = len(set(sizes[0] + sizes[1])) == 1
-        work = (self._comm.alltoall(flat_in, flat_out, async_op=True) if even else
+        work = (self._comm.alltoall(flat_in, flat_out, async_op=_async()) if even else
                 self._comm.alltoall(flat_in, flat_out, send_counts=sizes[0], recv_counts=sizes[1],
-                                    async_op=True))
+                                    async_op=_async()))
         return _make_work(work, output_tensors, lambda: _unflatten(flat_out, output_tensors))
 
 
