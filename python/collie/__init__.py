@@ -104,6 +104,13 @@ def _counts(counts, numel, n):
     return (ctypes.c_size_t * n)(*counts)
 
 
+def _value_or_raise(fut):
+    value = fut.value()
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
 class Work:
     """An operation in flight: wait() for it (raises collie.Error if it
     failed), is_completed() without waiting, get_future() for a
@@ -150,14 +157,12 @@ class Work:
         with then(). A thread waits for the op on the future's behalf."""
         import torch
         fut = torch.futures.Future()
-
-        def done(err):
-            if err is None:
-                fut.set_result(self.result())
-            else:
-                fut.set_exception(err)
-        self.on_complete(done)
-        return fut
+        # The error as the value, raised by then(): a Python Future's
+        # set_exception keeps the exception as its value, which PyTorch's
+        # C++ (its DDP's reducer, given this future by a comm hook) read as
+        # the result. then() records a raised error as the future's error.
+        self.on_complete(lambda err: fut.set_result(self.result() if err is None else err))
+        return fut.then(_value_or_raise)
 
     def on_complete(self, fn):
         """Calls fn(None) once the op has ended well, fn(error) if it

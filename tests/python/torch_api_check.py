@@ -7,7 +7,9 @@ PyTorch's own DDP over Gloo (and serial references), on 2 or 3 ranks:
     throw_on_early_termination), and PyTorch's Join driving the wrapper as
     a Joinable, against PyTorch's DDP in PyTorch's Join;
   * Work.get_future(): its value, then() chains, and a comm hook written
-    the way PyTorch's docs write them (an async all-reduce's future);
+    the way PyTorch's docs write them (an async all-reduce's future); a
+    failed op's future handed straight to PyTorch's own DDP raises collie's
+    error from backward;
   * errors: torch.distributed.DistError / DistBackendError where PyTorch
     has them, with collie's message naming the rank;
   * the constructor in PyTorch 2.x's positional order, and the options
@@ -159,6 +161,29 @@ def case_future():
     a.close()
     b.close()
     return "get_future(): value, then(), and a PyTorch-style hook on it"
+
+
+def case_future_error():
+    """PyTorch's own DDP with a comm hook returning collie's future of an
+    op that fails (counts that differ across ranks, on a communicator of
+    its own): backward raises collie's error on every rank. get_future()
+    used to fail its future with set_exception, which a Python Future
+    keeps as its value: PyTorch's C++ reducer read that as tensors
+    ("Unable to cast ..." on 2.15; a SIGSEGV in the backend's twin)."""
+    sub = collie.default_communicator().split(0, RANK)
+
+    def hook(state, bucket):
+        buf = bucket.buffer()
+        part = buf[:buf.numel() - RANK]  # a different count on every rank
+        return sub.allreduce(part, async_op=True).get_future()  # straight to PyTorch's C++
+    net = TorchDDP(mlp())
+    net.register_comm_hook(None, hook)
+    x, y = batch(0, RANK)
+    msg = expect_error(
+        lambda: torch.nn.functional.mse_loss(net(x), y).backward(), ["called allreduce", "rank"],
+        "a hook's failed collie future", (RuntimeError,))
+    check("Unable to cast" not in msg, f"PyTorch read the error as the future's value: {msg}")
+    return f"backward raised: {msg.splitlines()[0][:90]}"
 
 
 def case_errors():
@@ -359,7 +384,7 @@ def case_late_gradient():
     return f"an error naming it: {msg[:100]}"
 
 
-CASES = {"bucket_order": case_bucket_order, "no_gradient": case_no_gradient,
+CASES = {"future_error": case_future_error, "bucket_order": case_bucket_order, "no_gradient": case_no_gradient,
          "late_gradient": case_late_gradient, "join": case_join, "compile": case_compile, "join_throw": case_join_throw, "future": case_future,
          "errors": case_errors, "constructor": case_constructor,
          "model_differs": case_model_differs,
