@@ -306,10 +306,8 @@ class Front final : public Communicator {
     return exchange(what, in, counts, out, counts);
   }
   void alltoall(TensorView in, TensorView out, Blocking) override {
-    const validate::Where what = where("alltoall");
-    if (native_alltoall(in, out, what)) return core_->run(alltoall_op(in, out));
-    std::vector<size_t> counts(static_cast<size_t>(size()), in.numel / size());
-    exchange(what, in, counts, out, counts).wait();
+    if (native_alltoall(in, out, where("alltoall"))) return core_->run(alltoall_op(in, out));
+    alltoall(in, out).wait();
   }
   Work alltoallv(TensorView in, const std::vector<size_t>& send_counts, TensorView out,
                  const std::vector<size_t>& recv_counts) override {

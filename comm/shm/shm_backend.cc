@@ -491,12 +491,12 @@ class ShmRunner final : public HostRunner {
   }
 
   // Block k of each rank's input goes to rank k's output, at the sender's
-  // place. Direct: every rank reads its block of each peer's input from
-  // the peer's memory. Rounds: each rank puts a piece of every block in its
+  // place. The smallest go as all-reduce's do: the whole input in the
+  // rank's descriptor (inline) or its small slot (one_step), one arrival.
+  // Direct: every rank reads its block of each peer's input from the
+  // peer's memory. Rounds: each rank puts a piece of every block in its
   // buffer, and every rank takes its own piece from each; double-buffered
   // as allgather's rounds.
-  // The smallest go as all-reduce's do: the whole input in the rank's
-  // descriptor (inline) or its small slot (one_step), one arrival.
   void alltoall(const Op& op, const What& what, Deadline dl) {
     const OpDesc& d = op.desc;
     const size_t bytes = op.in.nbytes(), block = bytes / static_cast<size_t>(n_);
@@ -508,11 +508,10 @@ class ShmRunner final : public HostRunner {
       for (int k = 0; k < n_; ++k)
         if (k != me_) std::memcpy(out + static_cast<size_t>(k) * block, input_of(k) + mine, block);
     };
+    if (block) std::memcpy(out + mine, in + mine, block);  // this rank's own
     if (n_ == 1 || bytes == 0) {
       trace::algorithm(op, "local");
-      arrive(d, what, dl);
-      if (block) std::memcpy(out, in, block);
-      return;
+      return arrive(d, what, dl);
     }
     if (bytes <= std::min(tuning_.small_bytes, sizeof(DescSlot::inline_data))) {
       trace::algorithm(op, "inline");
@@ -523,7 +522,6 @@ class ShmRunner final : public HostRunner {
       seg_.advance();
       seg_.wait_all_ready(d.seq, what, dl);
       verify(d, what);
-      std::memcpy(out + mine, in + mine, block);
       take([&](int k) { return static_cast<const uint8_t*>(seg_.desc(k, d.seq).inline_data); });
       return;
     }
@@ -531,19 +529,17 @@ class ShmRunner final : public HostRunner {
       trace::algorithm(op, "one_step");
       std::memcpy(seg_.small_slot(me_, d.seq), in, bytes);
       arrive(d, what, dl);
-      std::memcpy(out + mine, in + mine, block);
       take([&](int k) { return static_cast<const uint8_t*>(seg_.small_slot(k, d.seq)); });
       return;
     }
     const bool direct = offer_direct(op, bytes);
     arrive_large(d, what, dl, nullptr, direct ? &op : nullptr);
-    std::memcpy(out + mine, in + mine, block);
-    if (direct && everyone_direct(op.desc.seq)) {
+    if (direct && everyone_direct(d.seq)) {
       trace::algorithm(op, "direct");
       for (int i = 1; i < n_; ++i) {
         const int k = (me_ + i) % n_;
         seg_.read_peer(k, out + static_cast<size_t>(k) * block,
-                       seg_.desc(k, op.desc.seq).large.in_addr + mine, block, what);
+                       seg_.desc(k, d.seq).large.in_addr + mine, block, what);
       }
       seg_.advance();
       seg_.wait_all(what, dl);
