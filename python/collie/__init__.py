@@ -105,6 +105,8 @@ def _counts(counts, numel, n):
 
 
 def _value_or_raise(fut):
+    """fut's value, or the error it holds as its value raised (see
+    Work.get_future; collie.distributed's Work does the same)."""
     value = fut.value()
     if isinstance(value, BaseException):
         raise value

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from . import _lib
 from . import _TORCH_DTYPES as _TORCH_DTYPE_NAMES
+from . import _value_or_raise
 
 __all__ = ["ProcessGroupCollie", "BACKEND", "backend_of", "init_process_group", "launcher_env"]
 
@@ -238,7 +239,7 @@ class _Work(_WorkBase):
                 self._fulfil(fut)
         if hook:
             self._work.on_complete(self._end)
-        return fut.then(_result_or_raise)
+        return fut.then(_value_or_raise)
 
 
 _INFLIGHT = set()  # the _Works whose ops may still run (see _Work)
@@ -260,27 +261,10 @@ def _prune():
 def _future_for(result):
     """A torch Future to hold `result`: one of the CUDA devices its tensors
     are on, if any (PyTorch's CUDA-aware future, as its NCCL group's)."""
-    devices = set()
-
-    def walk(x):
-        if isinstance(x, torch.Tensor):
-            if x.device.type == "cuda":
-                devices.add(x.device)
-        elif isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y)
-    walk(result)
+    devices = {t.device for t in _tensors(result) if t.device.type == "cuda"}
     if devices:
         return torch.futures.Future(devices=sorted(devices, key=lambda d: d.index))
     return torch.futures.Future()
-
-
-def _result_or_raise(fut):
-    """fut's value, or its exception raised (see _Work.get_future)."""
-    value = fut.value()
-    if isinstance(value, BaseException):
-        raise value
-    return value
 
 
 def _done_work(work, result, after=None):
@@ -349,15 +333,13 @@ def _front_waits(frame):
 # hands the CUDA calls to PyTorch's NCCL group (_routed).
 
 
-def _first_tensor(args):
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a
-        if isinstance(a, (list, tuple)):
-            t = _first_tensor(a)
-            if t is not None:
-                return t
-    return None
+def _tensors(x):
+    """The tensors in x, a tensor or (nested) lists and tuples of them."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
 
 
 def _routed(method):
@@ -368,7 +350,7 @@ def _routed(method):
     name = method.__name__
 
     def call(self, *args, **kwargs):
-        t = _first_tensor(args)
+        t = next(_tensors(args), None)
         if t is not None and t.device.type == "cuda":
             other = self._cuda_group()
             if other is not None:
