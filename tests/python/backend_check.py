@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 import check_cases
+from check_cases import Failed, check
 import collie.distributed  # noqa: F401 - registers the backend "collie"
 
 torch.set_num_threads(1)
@@ -42,15 +43,6 @@ GLOO = dist.new_group(backend="gloo")
 TORCH2 = hasattr(dist, "DistError")
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
           torch.uint8]
-
-
-class Failed(AssertionError):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failed(what)
 
 
 def values(rank, n=7, dtype=torch.float32):

@@ -35,7 +35,9 @@ if not torch.cuda.is_available() or torch.__version__.startswith("1."):
 import torch.distributed as dist  # noqa: E402
 
 import check_cases  # noqa: E402
+from check_cases import Failed, check  # noqa: E402
 import collie.distributed  # noqa: E402,F401 - registers "collie"
+from mlp_reference import batch, model, reference_grads  # noqa: E402
 
 BACKEND = sys.argv[1] if len(sys.argv) > 1 else "collie"
 dist.init_process_group(BACKEND)
@@ -44,15 +46,6 @@ DEV = torch.device("cuda", 0)
 torch.cuda.set_device(DEV)
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
           torch.uint8]
-
-
-class Failed(AssertionError):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failed(what)
 
 
 def values(rank, n=7, dtype=torch.float32, device=DEV):
@@ -158,32 +151,6 @@ def case_async():
     return "wait, is_completed, get_future"
 
 
-def model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-
-
-def batch(rank, step):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
-
-
-def reference_grads(weights, step):
-    """The average of every rank's gradient for this step, in float64."""
-    m = model().double()
-    with torch.no_grad():
-        for p, w in zip(m.parameters(), weights):
-            p.copy_(w.double())
-    total = [torch.zeros_like(p) for p in m.parameters()]
-    for r in range(WORLD):
-        m.zero_grad()
-        x, y = batch(r, step)
-        torch.nn.functional.mse_loss(m(x.double()), y.double()).backward()
-        for t, p in zip(total, m.parameters()):
-            t += p.grad
-    return [t / WORLD for t in total]
-
-
 def pytorch_ddp(tol, hook=None, **kw):
     from torch.nn.parallel import DistributedDataParallel as DDP
     net = model().to(DEV)
@@ -197,7 +164,7 @@ def pytorch_ddp(tol, hook=None, **kw):
         x, y = batch(RANK, step)
         opt.zero_grad()
         torch.nn.functional.mse_loss(ddp(x.to(DEV)), y.to(DEV)).backward()
-        for p, r in zip(net.parameters(), reference_grads(before, step)):
+        for p, r in zip(net.parameters(), reference_grads(before, step, WORLD)):
             worst = max(worst, ((p.grad.double().cpu() - r).norm() / r.norm()).item())
         opt.step()
     check(worst <= tol, f"worst relative error of a gradient {worst:.2e} (tolerance {tol:.0e})")

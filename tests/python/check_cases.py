@@ -9,6 +9,15 @@ import torch
 import torch.distributed as dist
 
 
+class Failed(AssertionError):
+    """A case's own check failed (its message says what)."""
+
+
+def check(cond, what):
+    if not cond:
+        raise Failed(what)
+
+
 def run(cases, names, failed_type, rank, world, group=None, destroy=False):
     """Runs cases[name]() for each name: its return value is the ok line's
     text; failed_type (the check's own assertion) fails it with its

@@ -23,32 +23,7 @@ if not torch.cuda.is_available():
 
 import collie  # noqa: E402
 import collie.torch  # noqa: E402
-
-
-def model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-
-
-def batch(rank, step):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
-
-
-def reference_grads(weights, step, world):
-    """The average of every rank's gradient for this step, in float64."""
-    m = model().double()
-    with torch.no_grad():
-        for p, w in zip(m.parameters(), weights):
-            p.copy_(w.double())
-    total = [torch.zeros_like(p) for p in m.parameters()]
-    for r in range(world):
-        m.zero_grad()
-        x, y = batch(r, step)
-        torch.nn.functional.mse_loss(m(x.double()), y.double()).backward()
-        for t, p in zip(total, m.parameters()):
-            t += p.grad
-    return [t / world for t in total]
+from mlp_reference import batch, model, reference_grads  # noqa: E402
 
 
 def run_case(comm, name, tol, **kw):

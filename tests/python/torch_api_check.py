@@ -29,6 +29,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import check_cases
+from check_cases import Failed, check
 import collie
 import collie.torch as ct
 
@@ -36,15 +37,6 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo")
 RANK, WORLD = dist.get_rank(), dist.get_world_size()
 TORCH2 = hasattr(dist, "DistError")
-
-
-class Failed(AssertionError):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Failed(what)
 
 
 def mlp(seed=3, hidden=16):
