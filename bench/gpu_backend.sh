@@ -9,18 +9,8 @@
 # Logs in $OUT.
 #   bench/gpu_backend.sh          (from the repository root, on the GPU machine)
 set -uo pipefail
-OUT=${OUT:-/tmp/gpu_out}
-mkdir -p "$OUT" /tmp/cb
-tar -C /tmp/cb -xJf .gpu/bundle.tar.xz || exit 1
-B=/tmp/cb/build
-libdirs=/tmp/cb/lib
-for l in libnccl.so.2 libcudart.so.13; do
-  f=$(find /usr/local /opt /usr/lib -name "$l" 2>/dev/null | head -1)
-  [ -n "$f" ] && libdirs="$libdirs:$(dirname "$f")"
-done
-export LD_LIBRARY_PATH="$libdirs:$B:${LD_LIBRARY_PATH:-}:/tmp/cb/fallback"
-export COLLIE_LIBRARY=$B/libcollie.so.0 PYTHONPATH=$PWD/python:$PWD/tests/python
-export PYTHONUNBUFFERED=1 COLLIE_TIMEOUT=60
+. bench/gpu_env.sh
+export PYTHONPATH=$PWD/python:$PWD/tests/python COLLIE_TIMEOUT=60
 run=$B/comm/launch/collie-run
 step() { echo; echo "=== $*"; }
 step machine

@@ -7,19 +7,8 @@
 # cudart are the machine's own (PyTorch's wheels). Logs go to $OUT.
 #   bench/gpu_run.sh            (from the repository root, on the GPU machine)
 set -uo pipefail
-OUT=${OUT:-/tmp/gpu_out}
-mkdir -p "$OUT" /tmp/cb
-tar -C /tmp/cb -xJf .gpu/bundle.tar.xz || exit 1
-B=/tmp/cb/build
-libdirs=/tmp/cb/lib
-for l in libnccl.so.2 libcudart.so.13; do
-  f=$(find /usr/local /opt /usr/lib -name "$l" 2>/dev/null | head -1)
-  [ -n "$f" ] && libdirs="$libdirs:$(dirname "$f")"
-done
-# libcrypto last: the machine's own where it has one.
-export LD_LIBRARY_PATH="$libdirs:$B:${LD_LIBRARY_PATH:-}:/tmp/cb/fallback"
-export COLLIE_LIBRARY=$B/libcollie.so.0 PYTHONPATH=$PWD/python
-export PYTHONUNBUFFERED=1
+. bench/gpu_env.sh
+export PYTHONPATH=$PWD/python
 step() { echo; echo "=== $*"; }
 step machine
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
