@@ -5,6 +5,7 @@
 // deterministic and without sockets.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
@@ -201,6 +202,36 @@ TEST(Executor, AContinuationThatWaitsForAnotherOpFinishes) {
   f.runner.open(1);
   chained.wait(5s);
   EXPECT_EQ(f.runner.ran, (std::vector<uint32_t>{1, 2}));
+}
+
+// A continuation that destroys its own communicator drops, with it, the
+// last references to the continuation thread it runs on: the thread's loop
+// must not go on in freed memory (the queue and mutex it looks at next;
+// under ASan the old code was a heap-use-after-free here, and in a Python
+// rank, where the garbage collector may close a communicator on any
+// thread, a rare SIGABRT). The running thread keeps it until its loop ends.
+TEST(Executor, AContinuationThatDropsTheLastReferenceToItsThread) {
+  std::atomic<bool> freed{false};
+  std::promise<void> gone;
+  auto holder = std::make_shared<std::shared_ptr<ContinuationThread>>(
+      std::shared_ptr<ContinuationThread>(new ContinuationThread, [&](ContinuationThread* c) {
+        delete c;
+        freed = true;
+        gone.set_value();
+      }));
+  std::promise<bool> freed_in_continuation;
+  ContinuationThread& thread = **holder;
+  thread.post({[holder, &freed, &freed_in_continuation] {
+    (*holder)->stop();  // on its own thread: detaches
+    holder->reset();    // the last reference but the running thread's
+    freed_in_continuation.set_value(freed.load());
+  }});
+  holder.reset();
+  auto in_continuation = freed_in_continuation.get_future();
+  ASSERT_EQ(in_continuation.wait_for(10s), std::future_status::ready);
+  EXPECT_FALSE(in_continuation.get()) << "freed while its loop still ran";
+  // Freed once its loop has ended (bounded: a leak fails, not hangs).
+  EXPECT_EQ(gone.get_future().wait_for(10s), std::future_status::ready);
 }
 
 TEST(Executor, ShutdownFailsQueuedOpsAndLaterSubmitsAtOnce) {

@@ -17,15 +17,19 @@ namespace collie {
 
 // One thread that runs continuations in the order their operations ended.
 // Started on first use: communicators whose operations nobody chains to
-// never start it.
-class ContinuationThread {
+// never start it. Owned by shared_ptrs only: the running thread holds a
+// reference to it, so that a continuation that drops the last other one
+// (it destroyed its own communicator, and with it the Works that held the
+// dispatch) does not free the queue and mutex its loop is still using.
+class ContinuationThread : public std::enable_shared_from_this<ContinuationThread> {
  public:
   void post(std::vector<std::function<void()>> fns) {
     {
       std::lock_guard lk(mu_);
       if (!stopped_) {
         for (auto& f : fns) q_.push_back(std::move(f));
-        if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+        if (!thread_.joinable())
+          thread_ = std::thread([self = shared_from_this()] { self->loop(); });
         cv_.notify_one();
         return;
       }
