@@ -33,6 +33,7 @@ scripts/build.sh "$BUILD" "${args[@]}" || { echo "0 passed, 1 failed"; exit 1; }
 case $SANITIZE in *address*)
   export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}" ;;
 esac
+rm -f "$BUILD/failed-tests.txt"
 suite_args=()
 [ -n "${SUITE:-}" ] && suite_args=(--suite "$SUITE")
 [ -n "${NO_SUITE:-}" ] && suite_args+=(--no-suite "$NO_SUITE")
@@ -40,13 +41,20 @@ suite_args=()
 [ -n "${TESTS:-}" ] && suite_args+=(${TESTS})
 meson test -C "$BUILD" --print-errorlogs "${suite_args[@]}" 2>&1 | tail -n 60
 python3 - "$BUILD/meson-logs/testlog.json" <<'PY'
-import json, sys
+import json, os, sys
 passed = failed = skipped = 0
+tails = []  # the end of each failed test's output, for CI's last lines
 for line in open(sys.argv[1]):
-    r = json.loads(line)["result"]
+    t = json.loads(line)
+    r = t["result"]
     if r in ("OK", "EXPECTEDFAIL"): passed += 1
     elif r == "SKIP": skipped += 1
-    else: failed += 1
+    else:
+        failed += 1
+        out = (t.get("stdout") or "").rstrip().splitlines()[-20:]
+        tails.append(f"--- {t['name']}: {r}, its last lines\n" + "\n".join(out) + "\n")
+with open(os.path.join(os.path.dirname(sys.argv[1]), "..", "failed-tests.txt"), "w") as f:
+    f.writelines(tails)
 print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
 sys.exit(1 if failed or passed == 0 else 0)
 PY
