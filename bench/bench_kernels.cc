@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "comm/core/reduce.h"
+#include "base/reduce.h"
 #include "hooks/powersgd.h"
 
 namespace {

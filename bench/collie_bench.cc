@@ -37,12 +37,12 @@
 #include <string>
 #include <vector>
 
+#include "base/config.h"
+#include "base/cuda_api.h"
+#include "base/element.h"
+#include "base/reduce.h"
+#include "base/topology.h"
 #include "collie/comm.h"
-#include "comm/config/config.h"
-#include "comm/core/element.h"
-#include "comm/core/reduce.h"
-#include "comm/core/topology.h"
-#include "comm/cuda/cuda_api.h"
 #include "schedule.h"
 
 namespace {

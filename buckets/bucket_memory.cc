@@ -4,8 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include "base/cuda_api.h"
 #include "collie/error.h"
-#include "comm/cuda/cuda_api.h"
 
 namespace collie {
 

@@ -33,7 +33,7 @@ class BucketAllocator {
 };
 
 // The default: zeroed, 64-byte aligned host memory, or zeroed CUDA memory
-// through collie's CUDA API (comm/cuda/cuda_api.h) for a CUDA device.
+// through collie's CUDA API (base/cuda_api.h) for a CUDA device.
 std::shared_ptr<BucketAllocator> host_bucket_allocator();
 
 class BucketMemory {

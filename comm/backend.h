@@ -1,10 +1,10 @@
 // comm/backend.h: the plug-in point for collie's backends.
 //
 // A backend moves bytes; everything else a communicator does lives once, in
-// the front (comm/front.cc): argument checks, operation numbering and order,
+// the front (comm/front/front.cc): argument checks, operation numbering and order,
 // the cached first failure, split's bookkeeping, shutdown. A backend is:
 //
-//  * a registry entry (comm/registry.cc): its name, whether this build has
+//  * a registry entry (comm/front/registry.cc): its name, whether this build has
 //    it and why not, whether it can serve these ranks, and how to create it
 //    from a BackendContext (the resolved launch settings and the rendezvous
 //    store, made once by connect() for every backend);
@@ -17,7 +17,7 @@
 // operation itself, and keeps continuations off the thread that moves bytes.
 // A device backend (nccl) returns completions of its own (CUDA events).
 //
-// Adding one is a folder (comm/<name>/) and a line in comm/registry.cc: see
+// Adding one is a folder (comm/<name>/) and a line in comm/front/registry.cc: see
 // "How to add a backend" in docs/architecture.md.
 #pragma once
 
@@ -30,16 +30,16 @@
 #include <string>
 #include <vector>
 
+#include "base/config.h"
+#include "base/op.h"
 #include "collie/store.h"
 #include "collie/work.h"
-#include "comm/config/config.h"
-#include "comm/op.h"
 #include "comm/stall_inspector.h"
 
 namespace collie {
 
 namespace trace {
-class Sink;  // comm/core/trace.h
+class Sink;  // base/trace.h
 }
 
 // A communicator's first failure: set once, read by the front (which fails
@@ -90,6 +90,7 @@ class RankNames {
 };
 
 class Backend;
+class HostRunner;  // comm/host_executor.h
 
 // What a backend is created from.
 struct BackendContext {
@@ -99,7 +100,7 @@ struct BackendContext {
   std::string key;                   // unique per communicator: prefix store keys with it
   std::string listen_host;           // the address this rank's peers reach it on
   std::shared_ptr<FailureLatch> failure;
-  config::Env env;  // for the backend's own settings, read through comm/config
+  config::Env env;  // for the backend's own settings, read through base/config.h
   RankNames names;  // for messages
   // Where every rank is when an op times out (null without a store, or
   // with one rank): the front reports issues, the executor completions.
@@ -183,6 +184,9 @@ struct BackendEntry {
   bool needs_store = true;
   // Whether `auto` may pick it (nccl moves CUDA tensors only: not on its own).
   bool automatic = true;
+  // A host backend's runner alone, for a backend built of others' (hier of
+  // shm's and tcp's): null for the others.
+  std::unique_ptr<HostRunner> (*make_runner)(const BackendContext& ctx) = nullptr;
 };
 
 // Every backend collie knows of, in the order `auto` prefers them.
@@ -191,5 +195,10 @@ const std::vector<BackendEntry>& backend_registry();
 // The entry for `requested` ("auto" or a name), or an error that says why
 // it cannot be had (unknown, not built, not usable for these ranks).
 const BackendEntry& pick_backend(const std::string& requested, const config::Launch& launch);
+
+// The runner of host backend `name` for `ctx`: how a backend built of
+// others' (hier) gets them without naming their folders. The registry's
+// (comm/front/registry.cc), which alone knows every backend.
+std::unique_ptr<HostRunner> make_host_runner(const std::string& name, const BackendContext& ctx);
 
 }  // namespace collie

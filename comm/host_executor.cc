@@ -2,8 +2,8 @@
 
 #include <time.h>
 
-#include "comm/core/log.h"
-#include "comm/core/trace.h"
+#include "base/log.h"
+#include "base/trace.h"
 
 namespace collie {
 

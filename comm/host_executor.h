@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/continuations.h"
 #include "comm/backend.h"
-#include "comm/core/continuations.h"
 #include "comm/transport.h"
 
 namespace collie {

@@ -2,8 +2,8 @@
 // backends' own rendezvous (tcp's addresses, shm's segment).
 #include <algorithm>
 
+#include "base/log.h"
 #include "comm/backend.h"
-#include "comm/core/log.h"
 
 namespace collie {
 

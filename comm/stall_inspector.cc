@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "base/log.h"
 #include "comm/backend.h"
-#include "comm/core/log.h"
 
 namespace collie {
 

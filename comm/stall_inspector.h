@@ -22,9 +22,9 @@
 #include <string>
 #include <thread>
 
+#include "base/op.h"
 #include "collie/error.h"
 #include "collie/store.h"
-#include "comm/op.h"
 
 namespace collie {
 

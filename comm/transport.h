@@ -25,7 +25,7 @@
 #include <cstddef>
 #include <functional>
 
-#include "comm/op.h"
+#include "base/op.h"
 
 namespace collie {
 

@@ -1,13 +1,12 @@
 // hooks/comm_hook.cc: the hook registry, the spec parser, and the built-in
 // hooks that exist so far: allreduce (the default), noop, fp16 and bf16
 // compression, and the fp16_wrap:/bf16_wrap: wrappers.
-#include "hooks/comm_hook.h"
-
 #include <mutex>
 #include <vector>
 
-#include "comm/core/reduce.h"
-#include "comm/cuda/cuda_api.h"
+#include "base/cuda_api.h"
+#include "base/reduce.h"
+#include "hooks/comm_hook.h"
 #include "hooks/post_local_sgd.h"
 #include "hooks/powersgd.h"
 #include "hooks/stream_scope.h"

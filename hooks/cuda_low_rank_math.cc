@@ -10,9 +10,9 @@
 #include <mutex>
 #include <vector>
 
+#include "base/blas_api.h"
+#include "base/cuda_api.h"
 #include "collie/comm.h"
-#include "comm/cuda/blas_api.h"
-#include "comm/cuda/cuda_api.h"
 #include "hooks/powersgd.h"
 
 namespace collie {

@@ -8,10 +8,10 @@
 #include <cerrno>
 #include <cstring>
 
-#include "comm/config/config.h"
-#include "comm/core/fingerprint.h"
-#include "comm/core/state_bytes.h"
-#include "comm/core/topology.h"
+#include "base/config.h"
+#include "base/fingerprint.h"
+#include "base/state_bytes.h"
+#include "base/topology.h"
 
 namespace collie {
 

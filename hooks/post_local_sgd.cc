@@ -5,7 +5,7 @@
 #include <charconv>
 #include <limits>
 
-#include "comm/core/fingerprint.h"
+#include "base/fingerprint.h"
 #include "hooks/model_averager.h"
 
 namespace collie {

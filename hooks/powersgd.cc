@@ -10,15 +10,14 @@
 //    of the bucket);
 //  - batched: the error is kept for the bucket, not for its zero padding
 //    (PyTorch also feeds back what the approximation put in the padding).
-#include "hooks/powersgd.h"
-
 #include <cmath>
 #include <random>
 
+#include "base/cuda_api.h"
+#include "base/fingerprint.h"
+#include "base/state_bytes.h"
 #include "collie_build_config.h"
-#include "comm/core/fingerprint.h"
-#include "comm/core/state_bytes.h"
-#include "comm/cuda/cuda_api.h"
+#include "hooks/powersgd.h"
 #include "hooks/stream_scope.h"
 #if COLLIE_HAVE_BLAS
 #include <cblas.h>

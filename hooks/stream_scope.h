@@ -1,12 +1,12 @@
 // hooks/stream_scope.h: a hook step's CUDA stream and device (internal: not
-// installed, as it needs comm/cuda/).
+// installed, as it needs base/cuda_api.h).
 #pragma once
 
 #include <memory>
 #include <optional>
 
+#include "base/cuda_api.h"
 #include "collie/comm.h"
-#include "comm/cuda/cuda_api.h"
 
 namespace collie {
 

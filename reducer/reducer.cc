@@ -6,13 +6,12 @@
 #include <map>
 #include <mutex>
 
-#include "comm/config/config.h"
-#include "comm/core/fingerprint.h"
-#include "comm/core/log.h"
-#include "comm/core/state_bytes.h"
-#include "comm/core/trace.h"
-#include "comm/cuda/cuda_api.h"
-#include "comm/front.h"
+#include "base/config.h"
+#include "base/cuda_api.h"
+#include "base/fingerprint.h"
+#include "base/log.h"
+#include "base/state_bytes.h"
+#include "base/trace.h"
 
 namespace collie {
 

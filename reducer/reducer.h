@@ -62,7 +62,7 @@
 namespace collie {
 
 namespace trace {
-class Track;  // comm/core/trace.h
+class Track;  // base/trace.h
 }
 
 struct ReducerOptions {

@@ -2,7 +2,7 @@
 """The repository's documents stand alone: no tracked file points at a path
 above the repository, every relative markdown link resolves inside it, and
 every path a document names in backticks that starts with one of the
-repository's top-level folders (`bench/RESULTS.md`, `comm/front.cc`) exists.
+repository's top-level folders (`bench/RESULTS.md`, `comm/front/front.cc`) exists.
 Prints what is wrong and exits 1; 77 (skipped) outside a git checkout.
 
   check_docs.py [REPO_ROOT]

@@ -7,9 +7,9 @@
 #include <new>
 #include <tuple>
 
+#include "base/op.h"
+#include "base/reduce.h"
 #include "collie/error.h"
-#include "comm/core/reduce.h"
-#include "comm/op.h"
 
 namespace collie::fake {
 

@@ -31,8 +31,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/cuda/blas_api.h"
-#include "comm/cuda/cuda_api.h"
+#include "base/blas_api.h"
+#include "base/cuda_api.h"
 #include "comm/nccl/nccl_api.h"
 
 namespace collie::fake {

@@ -10,9 +10,9 @@
 #include <random>
 #include <vector>
 
+#include "base/element.h"
+#include "base/reduce.h"
 #include "collie/types.h"
-#include "comm/core/element.h"
-#include "comm/core/reduce.h"
 
 namespace collie::testing {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "base/cuda_api.h"
 #include "collie/comm.h"
-#include "comm/cuda/cuda_api.h"
 #include "hooks/comm_hook.h"
 
 namespace collie::testing {

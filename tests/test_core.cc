@@ -16,15 +16,15 @@
 #include <sstream>
 #include <thread>
 
+#include "base/config.h"
+#include "base/reduce.h"
+#include "base/spin.h"
+#include "base/topology.h"
+#include "base/trace.h"
 #include "collie/work.h"
 #include "collie_build_config.h"
 #include "comm/backend.h"
-#include "comm/config/config.h"
-#include "comm/core/reduce.h"
-#include "comm/core/spin.h"
-#include "comm/core/topology.h"
-#include "comm/core/trace.h"
-#include "comm/front.h"
+#include "comm/front/front.h"
 #include "mp_common.h"
 
 namespace collie {
@@ -477,7 +477,7 @@ TEST(Registry, AutoPicksByLaunchAndAskingForAMissingBackendSaysWhy) {
   EXPECT_PRED2(has, why("gloo", hosts), "invalid_argument: unknown backend 'gloo'");
 }
 
-// collie-run's own settings come through comm/config like everything else.
+// collie-run's own settings come through base/config.h like everything else.
 TEST(Config, LauncherSettingsAndTheirBadValues) {
   auto l = config::launcher_settings(fake({}));
   EXPECT_EQ(l.grace_seconds, 5);

@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/config.h"
 #include "collie/comm.h"
-#include "comm/config/config.h"
 #include "comm/net/socket.h"
 #include "mp_test.h"
 #include "reducer/reducer.h"

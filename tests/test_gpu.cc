@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "base/blas_api.h"
+#include "base/cuda_api.h"
+#include "base/reduce.h"
 #include "collie/comm.h"
-#include "comm/core/reduce.h"
-#include "comm/cuda/blas_api.h"
-#include "comm/cuda/cuda_api.h"
 #include "comm/nccl/nccl_api.h"
 #include "hooks/comm_hook.h"
 #include "kernels/kernels.h"

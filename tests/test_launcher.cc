@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/core/topology.h"
+#include "base/topology.h"
 #include "comm/net/socket.h"
 
 namespace {

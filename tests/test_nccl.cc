@@ -16,13 +16,13 @@
 #include <thread>
 #include <vector>
 
+#include "base/config.h"
+#include "base/reduce.h"
+#include "base/trace.h"
 #include "collie/collie.h"
 #include "collie/comm.h"
-#include "comm/config/config.h"
-#include "comm/core/reduce.h"
-#include "comm/core/trace.h"
 #include "comm/cuda/staged_backend.h"
-#include "comm/front.h"
+#include "comm/front/front.h"
 #include "comm/nccl/nccl_backend.h"
 #include "fake_device.h"
 #include "reducer/reducer.h"

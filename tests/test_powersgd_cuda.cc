@@ -22,10 +22,10 @@
 #include <random>
 #include <thread>
 
+#include "base/blas_api.h"
+#include "base/cuda_api.h"
+#include "base/reduce.h"
 #include "collie/comm.h"
-#include "comm/core/reduce.h"
-#include "comm/cuda/blas_api.h"
-#include "comm/cuda/cuda_api.h"
 #include "fake_device.h"
 #include "hooks/comm_hook.h"
 #include "hooks/powersgd.h"

@@ -21,8 +21,8 @@
 #include <string>
 #include <thread>
 
+#include "base/cuda_api.h"
 #include "collie/comm.h"
-#include "comm/cuda/cuda_api.h"
 #include "fake_device.h"
 #include "mp_common.h"
 #include "mp_test.h"

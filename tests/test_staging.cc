@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/cuda_api.h"
 #include "collie/comm.h"
-#include "comm/cuda/cuda_api.h"
 #include "fake_device.h"
 #include "mp_test.h"
 

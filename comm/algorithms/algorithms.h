@@ -26,8 +26,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "comm/config/config.h"
-#include "comm/op.h"
+#include "base/config.h"
+#include "base/op.h"
 #include "comm/transport.h"
 
 namespace collie::algo {

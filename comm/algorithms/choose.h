@@ -9,7 +9,7 @@
 
 #include <cstddef>
 
-#include "comm/config/config.h"
+#include "base/config.h"
 
 namespace collie::algo {
 

@@ -4,8 +4,8 @@
 // partner below p first and get the result back last.
 #include <cstring>
 
+#include "base/reduce.h"
 #include "comm/algorithms/algorithms.h"
-#include "comm/core/reduce.h"
 
 namespace collie::algo {
 

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "base/reduce.h"
 #include "comm/algorithms/algorithms.h"
-#include "comm/core/reduce.h"
 
 namespace collie::algo {
 

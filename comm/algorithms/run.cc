@@ -2,10 +2,10 @@
 // model picks (choose.h), after the cases that need no messages at all.
 #include <cstring>
 
+#include "base/reduce.h"
+#include "base/trace.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/choose.h"
-#include "comm/core/reduce.h"
-#include "comm/core/trace.h"
 
 namespace collie::algo {
 

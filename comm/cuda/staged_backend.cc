@@ -8,8 +8,8 @@
 #include <optional>
 #include <thread>
 
+#include "base/trace.h"
 #include "collie/comm.h"
-#include "comm/core/trace.h"
 
 namespace collie::cuda {
 

@@ -27,8 +27,8 @@
 #include <functional>
 #include <memory>
 
+#include "base/cuda_api.h"
 #include "comm/backend.h"
-#include "comm/cuda/cuda_api.h"
 
 namespace collie::cuda {
 

@@ -11,12 +11,10 @@
 #include <thread>
 #include <utility>
 
-#include "comm/core/reduce.h"
-#include "comm/core/topology.h"
-#include "comm/core/trace.h"
+#include "base/reduce.h"
+#include "base/topology.h"
+#include "base/trace.h"
 #include "comm/host_executor.h"
-#include "comm/shm/shm_backend.h"
-#include "comm/tcp/tcp_backend.h"
 
 namespace collie::hier {
 
@@ -151,17 +149,17 @@ class HierRunner final : public HostRunner {
     if (hosts_.count > 1) {
       std::vector<int> all(n_);
       for (int q = 0; q < n_; ++q) all[q] = q;
-      flat_ = tcp::make_runner(part(ctx, "flat", me_, all));
+      flat_ = make_host_runner("tcp", part(ctx, "flat", me_, all));
     }
     if (hosts_.count == 1 || (L > 1 && hosts_.even)) {
-      local_ = shm::make_runner(
-          part(ctx, "h" + std::to_string(hosts_.index), hosts_.local_index, hosts_.local));
+      local_ = make_host_runner(
+          "shm", part(ctx, "h" + std::to_string(hosts_.index), hosts_.local_index, hosts_.local));
       local_name_ = "inside host " + std::to_string(hosts_.index) + " (ranks " +
                     ctx.names.list(hosts_.local) + ")";
     }
     if (local_ && flat_) {
-      across_ = tcp::make_runner(
-          part(ctx, "x" + std::to_string(hosts_.local_index), hosts_.index, hosts_.across));
+      across_ = make_host_runner(
+          "tcp", part(ctx, "x" + std::to_string(hosts_.local_index), hosts_.index, hosts_.across));
       across_name_ = "across hosts (ranks " + ctx.names.list(hosts_.across) + ")";
     }
   }

@@ -67,10 +67,10 @@
 #include <utility>
 #include <vector>
 
+#include "base/config.h"
+#include "base/log.h"
+#include "base/topology.h"
 #include "collie/store.h"
-#include "comm/config/config.h"
-#include "comm/core/log.h"
-#include "comm/core/topology.h"
 #include "comm/net/socket.h"
 
 namespace {
@@ -126,7 +126,7 @@ struct Args {
   bool prefix = true;
   std::string log_dir;
   std::vector<std::string> prog;
-  collie::config::LauncherSettings env;  // what the environment says (comm/config)
+  collie::config::LauncherSettings env;  // what the environment says (base/config.h)
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {

@@ -23,13 +23,13 @@
 #include <thread>
 #include <vector>
 
-#include "comm/config/config.h"
-#include "comm/core/fingerprint.h"
-#include "comm/core/log.h"
-#include "comm/core/reduce.h"
-#include "comm/core/shared_file.h"
-#include "comm/core/topology.h"
-#include "comm/core/trace.h"
+#include "base/config.h"
+#include "base/fingerprint.h"
+#include "base/log.h"
+#include "base/reduce.h"
+#include "base/shared_file.h"
+#include "base/topology.h"
+#include "base/trace.h"
 #include "comm/host_executor.h"
 
 namespace collie::mpi {

@@ -1,6 +1,6 @@
 // comm/nccl/nccl_api.h: every NCCL call collie makes, behind one interface.
 //
-// As comm/cuda/cuda_api.h does for the CUDA runtime: the NCCL backend's
+// As base/cuda_api.h does for the CUDA runtime: the NCCL backend's
 // logic is written against this, CI runs it against a fake
 // (tests/fake_device.h) and the GPU machine against library() below. The
 // types are collie's (DType, ReduceOp) and handles are opaque, so that
@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
+#include "base/cuda_api.h"
 #include "collie/types.h"
-#include "comm/cuda/cuda_api.h"
 
 namespace collie::nccl {
 

@@ -10,11 +10,11 @@
 #include <thread>
 #include <utility>
 
+#include "base/continuations.h"
+#include "base/log.h"
+#include "base/trace.h"
 #include "collie/comm.h"
 #include "collie_build_config.h"
-#include "comm/core/continuations.h"
-#include "comm/core/log.h"
-#include "comm/core/trace.h"
 
 namespace collie::nccl {
 

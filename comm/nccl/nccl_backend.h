@@ -31,8 +31,8 @@
 
 #include <memory>
 
+#include "base/cuda_api.h"
 #include "comm/backend.h"
-#include "comm/cuda/cuda_api.h"
 #include "comm/nccl/nccl_api.h"
 
 namespace collie::nccl {

@@ -11,8 +11,8 @@
 // it has every entry point collie calls, else the toolkit's beside it
 // (RTLD_LOCAL: its symbols stay collie's), and says why when neither will
 // do. COLLIE_NCCL_LIBRARY names another file to try first.
+#include "base/installed.h"
 #include "collie_build_config.h"
-#include "comm/core/installed.h"
 #include "comm/nccl/nccl_api.h"
 
 #if COLLIE_HAVE_NCCL

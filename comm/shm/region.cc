@@ -7,7 +7,7 @@
 #include <map>
 #include <mutex>
 
-#include "comm/core/shared_file.h"
+#include "base/shared_file.h"
 
 namespace collie::shm {
 

@@ -19,9 +19,9 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/core/log.h"
-#include "comm/core/shared_file.h"
-#include "comm/core/topology.h"
+#include "base/log.h"
+#include "base/shared_file.h"
+#include "base/topology.h"
 
 namespace collie::shm {
 

@@ -53,9 +53,9 @@
 #include <string>
 #include <vector>
 
+#include "base/config.h"
+#include "base/spin.h"
 #include "comm/backend.h"
-#include "comm/config/config.h"
-#include "comm/core/spin.h"
 #include "comm/transport.h"
 
 namespace collie::shm {

@@ -16,9 +16,9 @@
 #include <deque>
 #include <map>
 
-#include "comm/core/reduce.h"
-#include "comm/core/shared_file.h"
-#include "comm/core/trace.h"
+#include "base/reduce.h"
+#include "base/shared_file.h"
+#include "base/trace.h"
 #include "comm/host_executor.h"
 #include "comm/shm/region.h"
 #include "comm/shm/segment.h"
@@ -777,8 +777,11 @@ std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
 }
 
 BackendEntry backend_entry() {
-  return {"shm", true, "", &unusable,
-          [](const BackendContext& ctx) { return make_host_backend("shm", &make_runner, ctx); }};
+  BackendEntry e{"shm", true, "", &unusable, [](const BackendContext& ctx) {
+                   return make_host_backend("shm", &make_runner, ctx);
+                 }};
+  e.make_runner = &make_runner;
+  return e;
 }
 
 }  // namespace collie::shm

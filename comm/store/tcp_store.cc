@@ -38,8 +38,8 @@
 #include <mutex>
 #include <thread>
 
+#include "base/log.h"
 #include "collie/store.h"
-#include "comm/core/log.h"
 #include "comm/net/auth.h"
 #include "comm/net/socket.h"
 #include "comm/store/parse_int.h"

@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "base/op.h"
 #include "collie/error.h"
-#include "comm/op.h"
 
 namespace collie::tcp {
 

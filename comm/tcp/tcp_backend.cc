@@ -9,9 +9,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/log.h"
+#include "base/topology.h"
 #include "comm/algorithms/algorithms.h"
-#include "comm/core/log.h"
-#include "comm/core/topology.h"
 #include "comm/host_executor.h"
 #include "comm/net/auth.h"
 #include "comm/net/socket.h"
@@ -266,8 +266,11 @@ std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
 }
 
 BackendEntry backend_entry() {
-  return {"tcp", true, "", nullptr,
-          [](const BackendContext& ctx) { return make_host_backend("tcp", &make_runner, ctx); }};
+  BackendEntry e{"tcp", true, "", nullptr, [](const BackendContext& ctx) {
+                   return make_host_backend("tcp", &make_runner, ctx);
+                 }};
+  e.make_runner = &make_runner;
+  return e;
 }
 
 }  // namespace collie::tcp

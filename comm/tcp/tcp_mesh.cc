@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "comm/core/log.h"
+#include "base/log.h"
 #include "comm/tcp/frame.h"
 
 namespace collie::tcp {

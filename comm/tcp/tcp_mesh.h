@@ -18,7 +18,7 @@
 //
 // Sockets are non-blocking; run() moves all of them on one thread, spinning
 // briefly on the sockets before sleeping in poll() (for a budget that adapts:
-// comm/core/spin.h), and watches every other
+// base/spin.h), and watches every other
 // peer's socket for hang-ups, so that a dead rank is reported by every
 // survivor, not only by its neighbours. Per peer, sends go out and receives
 // are filled in the order they were posted.
@@ -33,10 +33,10 @@
 #include <string>
 #include <vector>
 
+#include "base/config.h"
+#include "base/spin.h"
 #include "collie/error.h"
 #include "comm/backend.h"
-#include "comm/config/config.h"
-#include "comm/core/spin.h"
 #include "comm/net/socket.h"
 #include "comm/transport.h"
 

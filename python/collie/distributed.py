@@ -707,7 +707,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
 
 # Launchers whose ranks PyTorch's env:// cannot find by itself: their rank,
 # world size and local world size variables, and the job id both sides
-# derive a port from (as collie's own connect() does, comm/config).
+# derive a port from (as collie's own connect() does, base/config.h).
 _LAUNCHERS = (
     ("mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid"),
@@ -742,7 +742,7 @@ def launcher_env(environ=None):
             if not environ.get(job):
                 raise _lib.error("invalid_argument", f"the collie backend under {name}: no "
                                  f"{job} to derive a port from; set MASTER_PORT")
-            h = 1469598103934665603  # FNV-1a, as comm/config's port_from_job_id
+            h = 1469598103934665603  # FNV-1a, as base/config.h's port_from_job_id
             for b in environ[job].encode():
                 h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
             # One above collie's own store port for this job, so that both may

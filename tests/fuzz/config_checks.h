@@ -1,4 +1,4 @@
-// tests/fuzz/config_checks.h: every setting comm/config reads, from a given
+// tests/fuzz/config_checks.h: every setting base/config.h reads, from a given
 // environment, each checked against its contract: what fuzz_launch_env (a
 // fuzzed environment) and fuzz_tuning_file (the settings of a fuzzed tuning
 // file) both run.
@@ -19,7 +19,7 @@
 #include <optional>
 #include <string>
 
-#include "comm/config/config.h"
+#include "base/config.h"
 #include "tests/fuzz/fuzz.h"
 
 namespace collie::fuzz {
@@ -215,7 +215,7 @@ inline void check_tuning(const config::Env& env) {
     FUZZ_CHECK(piece >= 4096 && piece <= (size_t{1} << 30), "hier piece");
 }
 
-// Everything else comm/config reads.
+// Everything else base/config.h reads.
 inline void check_other_settings(const config::Env& env) {
   size_t chunk = 0;
   if (accepted([&] { chunk = config::cuda_chunk_bytes(env); }))

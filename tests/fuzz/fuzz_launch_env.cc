@@ -1,10 +1,10 @@
 // tests/fuzz/fuzz_launch_env.cc: the launch variables and tuning knobs
-// (comm/config/config.cc), read from a fuzzed environment.
+// (base/config.cc), read from a fuzzed environment.
 //
 // Input: NAME=value lines, an environment as a launcher (collie-run,
 // torchrun, mpirun, srun) or a user leaves it (a name without '=' is set to
 // ""; a value ends at a NUL byte, as in a real environment). Every setting
-// comm/config reads is resolved from it and checked against its contract
+// base/config.h reads is resolved from it and checked against its contract
 // (tests/fuzz/config_checks.h). COLLIE_TUNING_FILE is left out: it names a
 // file, whose contents fuzz_tuning_file covers.
 #include <map>

@@ -1,5 +1,5 @@
 // tests/fuzz/fuzz_tuning_file.cc: the tuning profile that COLLIE_TUNING_FILE
-// names (`collie-bench --tune` writes it), as comm/config parses it.
+// names (`collie-bench --tune` writes it), as base/config.h parses it.
 //
 // Input: the file's contents. Contract: it is refused with an
 // invalid_argument error naming the file and the line, or its settings are

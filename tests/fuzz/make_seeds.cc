@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/core/state_bytes.h"
+#include "base/state_bytes.h"
 #include "comm/store/store_protocol.h"
 #include "comm/tcp/frame.h"
 #include "comm/tcp/handshake.h"

@@ -1,0 +1,552 @@
+#include "base/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string_view>
+
+namespace collie::config {
+
+Env process_env() {
+  return [](const char* name) -> const char* { return std::getenv(name); };
+}
+
+namespace {
+
+Error bad(const std::string& msg) {
+  return Error(ErrorCode::invalid_argument, msg);
+}
+
+// The most ranks (and ranks on one host) a job may have.
+constexpr long long kMaxRanks = 1 << 20;
+
+std::optional<long long> parse_int(const char* name, const char* value) {
+  if (!value) return std::nullopt;
+  std::string_view v(value);
+  if (v.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(value, &end, 10);
+  if (*end != '\0' || errno == ERANGE)
+    throw bad(std::string(name) + "='" + value + "' is not an integer; set it to a whole number");
+  return x;
+}
+
+// A size in bytes: a whole number with an optional K, M or G (1K = 1024),
+// as collie-bench's sizes are written: 262144 or 256K.
+std::optional<long long> parse_bytes(const char* name, const char* value) {
+  if (!value || !*value) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(value, &end, 10);
+  int shift = 0;
+  if (end != value) {
+    switch (*end) {
+      case 'K':
+      case 'k':
+        shift = 10;
+        break;
+      case 'M':
+      case 'm':
+        shift = 20;
+        break;
+      case 'G':
+      case 'g':
+        shift = 30;
+        break;
+      default:
+        break;
+    }
+    if (shift) ++end;
+  }
+  if (end == value || *end != '\0' || errno == ERANGE ||
+      (shift && (x < 0 || x > (LLONG_MAX >> shift))))
+    throw bad(std::string(name) + "='" + value +
+              "' is not a size; set it to a whole number of bytes, with an optional K, M or G "
+              "(262144 or 256K)");
+  return x << shift;
+}
+
+std::optional<double> parse_double(const char* name, const char* value) {
+  if (!value || !*value) return std::nullopt;
+  char* end = nullptr;
+  double x = std::strtod(value, &end);
+  if (*end != '\0' || !std::isfinite(x))
+    throw bad(std::string(name) + "='" + value + "' is not a number");
+  return x;
+}
+
+// One launcher's names for the same four integers and the rendezvous.
+struct Source {
+  const char* label;
+  const char* rank;
+  const char* world;
+  const char* local_rank;
+  const char* local_world;
+  const char* addr;
+  const char* port;
+};
+
+constexpr Source kSources[] = {
+    {"collie", "COLLIE_RANK", "COLLIE_WORLD_SIZE", "COLLIE_LOCAL_RANK", "COLLIE_LOCAL_WORLD_SIZE",
+     "COLLIE_MASTER_ADDR", "COLLIE_MASTER_PORT"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+     "MASTER_PORT"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr, nullptr},
+    {"SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, nullptr, nullptr},
+};
+
+// The first source (in order) that defines `field`, with its variable name.
+template <typename Field>
+std::optional<std::pair<long long, std::string>> first_int(const Env& env, Field field) {
+  for (const Source& s : kSources) {
+    const char* name = s.*field;
+    if (!name) continue;
+    if (auto v = parse_int(name, env(name))) return std::make_pair(*v, std::string(name));
+  }
+  return std::nullopt;
+}
+
+// A port both sides can compute when mpirun/srun give no MASTER_PORT: derived
+// from the job id, so that two jobs on one host are unlikely to collide, and
+// below Linux's ephemeral ports (32768 up), where any connection's local
+// port could already hold it (seen in CI: "port 36304 is already in use"
+// under mpirun). 20000 + the job id's hash mod kJobPorts.
+constexpr unsigned long long kJobPorts = 32768 - 20000;
+
+std::optional<int> port_from_job_id(const Env& env) {
+  for (const char* name : {"OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_JOBID"}) {
+    if (const char* v = env(name); v && *v) {
+      unsigned long long h = 1469598103934665603ull;
+      for (const char* p = v; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+      return 20000 + static_cast<int>(h % kJobPorts);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// What tells this job apart from another that reaches the same store or
+// mesh: the launcher's job id where it gives one (COLLIE_JOB_ID, torchrun's
+// run id, Open MPI's and SLURM's job ids), and always the world size. Sent
+// in clear and compared before the secret, so that a rank of another job is
+// told "another job" rather than "wrong secret", and refused even when
+// neither job set a secret.
+std::string job_identity(const Env& env, int world_size) {
+  std::string id;
+  for (const char* name :
+       {"COLLIE_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"})
+    if (const char* v = env(name); v && *v) {
+      id = std::string(name) + "=" + std::string(v).substr(0, 200);
+      if (std::string_view(name) == "SLURM_JOB_ID")
+        if (const char* step = env("SLURM_STEP_ID"); step && *step)
+          id += "." + std::string(step).substr(0, 32);
+      id += ", ";
+      break;
+    }
+  return id + std::to_string(world_size) + (world_size == 1 ? " rank" : " ranks");
+}
+
+// COLLIE_TIMEOUT, when set.
+static std::optional<std::chrono::milliseconds> timeout(const Env& env) {
+  auto t = parse_double("COLLIE_TIMEOUT", env("COLLIE_TIMEOUT"));
+  if (!t) return std::nullopt;
+  // At least a millisecond, which is the unit it is kept in (less would
+  // round to no deadline at all), and at most 1e9 seconds (about 31 years):
+  // deadlines are now + twice the timeout on a nanosecond clock, which a
+  // larger one would overflow.
+  if (!(*t >= 0.001 && *t <= 1e9))
+    throw bad("COLLIE_TIMEOUT=" + std::string(env("COLLIE_TIMEOUT")) +
+              " is not a number of seconds from 0.001 to 1e9");
+  return std::chrono::milliseconds(static_cast<long long>(*t * 1000.0 + 0.5));
+}
+
+Launch resolve_launch(const Options& o, const Env& env) {
+  Launch l;
+  auto rank = first_int(env, &Source::rank);
+  auto world = first_int(env, &Source::world);
+  std::string rank_name = o.rank >= 0 ? "Options::rank" : rank ? rank->second : "RANK";
+  std::string world_name = o.world_size >= 0 ? "Options::world_size"
+                           : world           ? world->second
+                                             : "WORLD_SIZE";
+
+  // Compared as the numbers written, and only then narrowed to int: a
+  // RANK of 4294967296 must be refused, not read as rank 0.
+  const long long rank_v = o.rank >= 0 ? o.rank : rank ? rank->first : 0;
+  const long long world_v = o.world_size >= 0 ? o.world_size : world ? world->first : 1;
+
+  bool have_rank = o.rank >= 0 || rank;
+  bool have_world = o.world_size >= 0 || world;
+  if (have_rank && !have_world)
+    throw bad(rank_name +
+              " is set but no world size is: set WORLD_SIZE (or COLLIE_WORLD_SIZE) "
+              "to the number of ranks");
+  if (have_world && !have_rank)
+    throw bad(world_name + " is set but no rank is: set RANK (or COLLIE_RANK) to 0 .. " +
+              world_name + "-1");
+  if (world && o.world_size < 0 && (world->first < 1 || world->first > kMaxRanks))
+    throw bad(world->second + "=" + std::to_string(world->first) +
+              " is not a valid world size; it must be 1 to " + std::to_string(kMaxRanks));
+  if (world_v < 1) throw bad(world_name + " must be at least 1");
+  if (rank_v < 0 || rank_v >= world_v)
+    throw bad(rank_name + "=" + std::to_string(rank_v) + " is not below " + world_name + "=" +
+              std::to_string(world_v) + ": ranks count from 0 to " + std::to_string(world_v - 1));
+  l.rank = static_cast<int>(rank_v);
+  l.world_size = static_cast<int>(world_v);
+  l.source = o.rank >= 0 ? "options"
+             : rank      ? rank->second.substr(0, rank->second.find('_'))
+                         : "none";
+
+  auto local_rank = first_int(env, &Source::local_rank);
+  auto local_world = first_int(env, &Source::local_world);
+  const long long local_rank_v = o.local_rank >= 0 ? o.local_rank
+                                 : local_rank      ? local_rank->first
+                                                   : l.rank;
+  const long long local_world_v = o.local_world_size >= 0 ? o.local_world_size
+                                  : local_world           ? local_world->first
+                                                          : l.world_size;
+  if (local_world_v < 1 || local_world_v > kMaxRanks || local_rank_v < 0 ||
+      local_rank_v >= local_world_v)
+    throw bad("local rank " + std::to_string(local_rank_v) + " is not below the local world size " +
+              std::to_string(local_world_v) + " (at most " + std::to_string(kMaxRanks) +
+              "): check LOCAL_RANK / LOCAL_WORLD_SIZE");
+  l.local_rank = static_cast<int>(local_rank_v);
+  l.local_world_size = static_cast<int>(local_world_v);
+
+  // Rendezvous address.
+  l.master_addr = o.master_addr;
+  for (const Source& s : kSources)
+    if (l.master_addr.empty() && s.addr)
+      if (const char* v = env(s.addr); v && *v) l.master_addr = v;
+  l.master_port = o.master_port;
+  for (const Source& s : kSources)
+    if (l.master_port < 0 && s.port)
+      if (auto v = parse_int(s.port, env(s.port))) {
+        if (*v < 1 || *v > 65535)
+          throw bad(std::string(s.port) + "=" + std::to_string(*v) +
+                    " is not a TCP port; use a number in 1..65535");
+        l.master_port = static_cast<int>(*v);
+        // torchrun's agent already serves its own store on MASTER_PORT;
+        // collie's rank 0 then serves on the next port (every rank agrees).
+        const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
+        if (std::string_view(s.port) == "MASTER_PORT" && agent && std::string_view(agent) == "True")
+          l.master_port = l.master_port == 65535 ? l.master_port - 1 : l.master_port + 1;
+      }
+  if (auto fd = parse_int("COLLIE_STORE_FD", env("COLLIE_STORE_FD"))) {
+    if (*fd < 0 || *fd > INT_MAX)
+      throw bad("COLLIE_STORE_FD=" + std::to_string(*fd) +
+                " is not a file descriptor (collie-run sets it for rank 0; unset it)");
+    l.store_fd = static_cast<int>(*fd);
+  }
+  if (const char* v = env("COLLIE_LAUNCHER_STORE"); v && std::string_view(v) == "1")
+    l.launcher_store = true;
+  if (const char* v = env("COLLIE_STORE_PREFIX"); v && *v) l.store_prefix = v;
+  if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;
+  if (l.world_size > 1 && !o.store && l.store_file.empty()) {
+    if (l.master_addr.empty()) {
+      if (l.local_world_size == l.world_size)
+        l.master_addr = "127.0.0.1";
+      else
+        l.no_rendezvous =
+            "no rendezvous address: set MASTER_ADDR to rank 0's host name or address "
+            "(the ranks span several hosts)";
+    }
+    if (l.master_port < 0) {
+      if (auto p = port_from_job_id(env))
+        l.master_port = *p;
+      else if (l.store_fd < 0 && l.no_rendezvous.empty())
+        l.no_rendezvous =
+            "no rendezvous port: set MASTER_PORT (e.g. MASTER_PORT=29500), or launch with "
+            "collie-run, which picks a free one";
+    }
+  }
+
+  l.secret = o.secret;
+  if (l.secret.empty())
+    if (const char* v = env("COLLIE_JOB_SECRET")) l.secret = v;
+  l.job = job_identity(env, l.world_size);
+
+  if (o.timeout.count() > 0)
+    l.timeout = o.timeout;
+  else if (auto t = timeout(env))
+    l.timeout = *t;
+  return l;
+}
+
+// COLLIE_SPIN_US, which both host backends read; -1 when unset (auto).
+static int spin_us(const Env& env) {
+  auto v = parse_int("COLLIE_SPIN_US", env("COLLIE_SPIN_US"));
+  if (!v) return -1;
+  if (*v < 0 || *v > 1000000)
+    throw bad("COLLIE_SPIN_US=" + std::to_string(*v) +
+              " is not 0 to 1000000 (microseconds of busy-polling before sleeping)");
+  return static_cast<int>(*v);
+}
+
+std::map<std::string, std::string> parse_tuning_file(std::istream& f, const std::string& path) {
+  static const char* const kNames[] = {
+      "COLLIE_TCP_LATENCY_US",  "COLLIE_TCP_GBPS",      "COLLIE_REDUCE_GBPS",
+      "COLLIE_TCP_CHUNK_BYTES", "COLLIE_SOCKET_BUFFER", "COLLIE_SPIN_US",
+      "COLLIE_SHM_CHUNK",       "COLLIE_SHM_SMALL",     "COLLIE_HIER_PIECE",
+      "COLLIE_ALLREDUCE_ALGO",  "COLLIE_TCP_SOCKETS",   "COLLIE_TCP_SOCKET_MIN_BYTES"};
+  std::map<std::string, std::string> values;
+  auto trim = [](std::string s) {
+    s.erase(0, s.find_first_not_of(" \t\r"));
+    s.erase(s.find_last_not_of(" \t\r") + 1);
+    return s;
+  };
+  std::string line;
+  for (int no = 1; std::getline(f, line); ++no) {
+    line = trim(line.substr(0, line.find('#')));
+    if (line.empty()) continue;
+    auto eq = line.find('=');
+    std::string where = path + ":" + std::to_string(no);
+    if (eq == std::string::npos)
+      throw bad("COLLIE_TUNING_FILE " + where + ": '" + line + "' is not NAME=value");
+    std::string name = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+    if (std::find(std::begin(kNames), std::end(kNames), name) == std::end(kNames))
+      throw bad("COLLIE_TUNING_FILE " + where + ": " + name +
+                " is not a tuning setting (COLLIE_TCP_LATENCY_US, COLLIE_TCP_GBPS, "
+                "COLLIE_REDUCE_GBPS, COLLIE_TCP_CHUNK_BYTES, ...)");
+    if (name != "COLLIE_ALLREDUCE_ALGO") {
+      char* end = nullptr;
+      std::strtod(value.c_str(), &end);
+      if (value.empty() || *end)
+        throw bad("COLLIE_TUNING_FILE " + where + ": " + name + "='" + value + "' is not a number");
+    }
+    values[name] = value;
+  }
+  return values;
+}
+
+Env tuned(const Env& env) {
+  const char* path = env("COLLIE_TUNING_FILE");
+  if (!path || !*path) return env;
+  std::ifstream f(path);
+  if (!f)
+    throw bad(std::string("COLLIE_TUNING_FILE='") + path +
+              "' cannot be read; write one with collie-bench --tune, or unset it");
+  auto values = std::make_shared<std::map<std::string, std::string>>(parse_tuning_file(f, path));
+  return [env, values](const char* name) -> const char* {
+    if (const char* v = env(name)) return v;
+    auto it = values->find(name);
+    return it == values->end() ? nullptr : it->second.c_str();
+  };
+}
+
+TcpTuning tcp_tuning(const Env& raw) {
+  const Env env = tuned(raw);
+  TcpTuning t;
+  if (const char* v = env("COLLIE_ALLREDUCE_ALGO"); v && *v) {
+    std::string a(v);
+    if (a != "auto" && a != "ring" && a != "rd")
+      throw bad("COLLIE_ALLREDUCE_ALGO='" + a + "' is not one of auto, ring, rd");
+    t.allreduce_algo = a;
+  }
+  auto positive = [&](const char* name, double fallback) {
+    auto v = parse_double(name, env(name));
+    if (!v) return fallback;
+    if (*v <= 0) throw bad(std::string(name) + " must be positive");
+    return *v;
+  };
+  t.latency_us = positive("COLLIE_TCP_LATENCY_US", t.latency_us);
+  t.bandwidth_gbps = positive("COLLIE_TCP_GBPS", t.bandwidth_gbps);
+  t.reduce_gbps = positive("COLLIE_REDUCE_GBPS", t.reduce_gbps);
+  if (auto v = parse_bytes("COLLIE_TCP_CHUNK_BYTES", env("COLLIE_TCP_CHUNK_BYTES"))) {
+    if (*v < 4096) throw bad("COLLIE_TCP_CHUNK_BYTES must be at least 4096");
+    t.chunk_bytes = static_cast<size_t>(*v);
+  }
+  t.spin_us = spin_us(env);
+  if (auto v = parse_bytes("COLLIE_SOCKET_BUFFER", env("COLLIE_SOCKET_BUFFER"))) {
+    if (*v < 0 || *v > INT_MAX)
+      throw bad("COLLIE_SOCKET_BUFFER=" + std::to_string(*v) +
+                " is not 0 (the kernel's autotuning) to 2147483647 bytes");
+    t.socket_buffer_bytes = static_cast<int>(*v);
+  }
+  if (auto v = parse_int("COLLIE_TCP_SOCKETS", env("COLLIE_TCP_SOCKETS"))) {
+    if (*v < 1 || *v > 16) throw bad("COLLIE_TCP_SOCKETS must be 1 to 16 (connections per peer)");
+    t.sockets_per_peer = static_cast<int>(*v);
+  }
+  if (auto v = parse_bytes("COLLIE_TCP_SOCKET_MIN_BYTES", env("COLLIE_TCP_SOCKET_MIN_BYTES"))) {
+    if (*v < 4096) throw bad("COLLIE_TCP_SOCKET_MIN_BYTES must be at least 4096");
+    t.lane_min_bytes = static_cast<size_t>(*v);
+  }
+  return t;
+}
+
+ShmTuning shm_tuning(const Env& raw) {
+  const Env env = tuned(raw);
+  ShmTuning t;
+  if (auto v = parse_bytes("COLLIE_SHM_CHUNK", env("COLLIE_SHM_CHUNK"))) {
+    if (*v < 4096 || *v > (64 << 20))
+      throw bad("COLLIE_SHM_CHUNK must be between 4096 and 67108864 bytes");
+    t.chunk_bytes = static_cast<size_t>(*v) & ~size_t{63};
+    t.chunk_set = true;
+  }
+  if (auto v = parse_bytes("COLLIE_SHM_SMALL", env("COLLIE_SHM_SMALL"))) {
+    if (*v < 0 || *v > (1 << 20)) throw bad("COLLIE_SHM_SMALL must be between 0 and 1048576 bytes");
+    t.small_bytes = static_cast<size_t>(*v);
+    t.small_set = true;
+  }
+  if (auto v = parse_int("COLLIE_SHM_CMA", env("COLLIE_SHM_CMA"))) {
+    if (*v != 0 && *v != 1)
+      throw bad("COLLIE_SHM_CMA must be 0 or 1 (read peers' memory directly in large collectives)");
+    t.cma = *v == 1;
+  }
+  t.spin_us = spin_us(env);
+  return t;
+}
+
+size_t shm_auto_chunk(size_t l2, int ranks) {
+  if (l2 == 0) return ShmTuning{}.chunk_bytes;
+  constexpr size_t lo = 64 * 1024, hi = 4 << 20, all_rounds = 32 << 20;
+  size_t c = lo;
+  while (c * 2 <= l2 / 2 && c * 2 <= hi) c *= 2;
+  while (c > lo && c * 2 * static_cast<size_t>(std::max(ranks, 1)) > all_rounds) c /= 2;
+  return c;
+}
+
+std::string cuda_route(const Env& env) {
+  const char* v = env("COLLIE_CUDA_BACKEND");
+  std::string r = v && *v ? v : "auto";
+  if (r != "auto" && r != "nccl" && r != "staged")
+    throw bad("COLLIE_CUDA_BACKEND='" + r + "': choose auto, nccl or staged");
+  return r;
+}
+
+size_t cuda_chunk_bytes(const Env& env) {
+  size_t bytes = 4 << 20;
+  if (auto v = parse_bytes("COLLIE_CUDA_CHUNK", env("COLLIE_CUDA_CHUNK"))) {
+    if (*v < 4096 || *v > (1 << 30))
+      throw bad("COLLIE_CUDA_CHUNK must be between 4096 and 1073741824 bytes");
+    bytes = static_cast<size_t>(*v) & ~size_t{255};
+  }
+  return bytes;
+}
+
+// Open MPI's verdict on oversubscription: 1, 0, or -1 when not given.
+static int launcher_oversubscribed(const Env& env) {
+  if (const char* v = env("OMPI_MCA_mpi_oversubscribe"); v && (*v == '0' || *v == '1') && !v[1])
+    return *v - '0';
+  return -1;
+}
+
+MpiSettings mpi_settings(const Env& raw) {
+  const Env env = tuned(raw);
+  MpiSettings m;
+  m.spin_us = spin_us(env);
+  if (auto v = parse_int("COLLIE_MPI_CHECK", env("COLLIE_MPI_CHECK"))) {
+    if (*v < 0 || *v > 2)
+      throw bad(
+          "COLLIE_MPI_CHECK must be 0 (no check), 1 (shared memory on one host) or 2 "
+          "(MPI messages)");
+    m.check = static_cast<int>(*v);
+  }
+  if (auto v = parse_int("COLLIE_MPI_ALGORITHMS", env("COLLIE_MPI_ALGORITHMS"))) {
+    if (*v != 0 && *v != 1) throw bad("COLLIE_MPI_ALGORITHMS must be 0 or 1");
+    m.choose_algorithms = *v == 1;
+  }
+  if (const char* v = env("OMPI_MCA_coll_libnbc_iallreduce_algorithm"); v && *v)
+    m.choose_algorithms = false;
+  if (const char* v = env("OMPI_MCA_btl"); v && *v) {
+    // "a,b": only those; "^a,b": all but those.
+    std::string list = v;
+    const bool exclude = list[0] == '^';
+    bool named = false;
+    std::istringstream in(exclude ? list.substr(1) : list);
+    for (std::string b; std::getline(in, b, ',');)
+      if (b == "vader" || b == "sm") named = true;
+    m.shared_memory_btl = exclude ? !named : named;
+  }
+  return m;
+}
+
+bool ranks_fit_cores(int local_world_size, int usable_cpus, const Env& env) {
+  const int verdict = launcher_oversubscribed(env);
+  return verdict >= 0 ? verdict == 0 : local_world_size <= usable_cpus;
+}
+
+size_t hier_piece_bytes(const Env& raw) {
+  const Env env = tuned(raw);
+  auto v = parse_bytes("COLLIE_HIER_PIECE", env("COLLIE_HIER_PIECE"));
+  if (!v) return size_t{1} << 20;
+  if (*v < 4096 || *v > (1LL << 30))
+    throw bad("COLLIE_HIER_PIECE must be between 4096 and 1073741824 bytes");
+  return static_cast<size_t>(*v);
+}
+
+std::string backend(const Options& o, const Env& env) {
+  if (o.backend != "auto" && !o.backend.empty()) return o.backend;
+  if (const char* v = env("COLLIE_BACKEND"); v && *v) return v;
+  return "auto";
+}
+
+int reducer_log_every(const Env& env) {
+  auto v = parse_int("COLLIE_REDUCER_LOG_EVERY", env("COLLIE_REDUCER_LOG_EVERY"));
+  if (!v) return 100;
+  if (*v < 1 || *v > INT_MAX)
+    throw bad("COLLIE_REDUCER_LOG_EVERY=" + std::to_string(*v) + " is not 1 to 2147483647");
+  return static_cast<int>(*v);
+}
+
+std::string comm_hook(const Env& env) {
+  const char* v = env("COLLIE_COMM_HOOK");
+  return v ? v : "";
+}
+
+std::string hostname_override(const Env& env) {
+  const char* v = env("COLLIE_HOSTNAME");
+  return v ? v : "";
+}
+
+std::string bind(const Env& env) {
+  const char* v = env("COLLIE_BIND");
+  std::string s = v && *v ? v : "none";
+  if (s != "none" && s != "core" && s != "numa")
+    throw bad("COLLIE_BIND='" + s + "' is not one of none, core, numa");
+  return s;
+}
+
+std::string trace(const Env& env) {
+  const char* v = env("COLLIE_TRACE");
+  return v ? v : "";
+}
+
+int log_level(const Env& env) {
+  const char* v = env("COLLIE_DEBUG");
+  if (!v) return 0;
+  std::string s(v);
+  if (s == "INFO" || s == "info") return 1;
+  if (s == "DEBUG" || s == "debug" || s == "TRACE") return 2;
+  return 0;
+}
+
+LauncherSettings launcher_settings(const Env& env) {
+  LauncherSettings l;
+  if (auto g = parse_int("COLLIE_RUN_GRACE", env("COLLIE_RUN_GRACE"))) {
+    if (*g < 0 || *g > 86400)
+      throw bad("COLLIE_RUN_GRACE=" + std::to_string(*g) +
+                " is not a number of seconds in 0..86400 (the time ranks get between SIGTERM "
+                "and SIGKILL)");
+    l.grace_seconds = static_cast<int>(*g);
+  }
+  if (const char* v = env("COLLIE_JOB_SECRET")) l.job_secret = v;
+  auto set = [&](const char* name) {
+    const char* v = env(name);
+    return v && *v;
+  };
+  l.thread_count_set = set("OMP_NUM_THREADS") || set("OPENBLAS_NUM_THREADS");
+  if (auto t = timeout(env)) l.timeout = *t;
+  return l;
+}
+
+}  // namespace collie::config

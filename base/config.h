@@ -1,0 +1,200 @@
+// base/config.h: the one place collie reads environment variables.
+//
+// Launch settings (rank, world size, rendezvous address, secret) resolve in
+// this order: explicit Options; collie's variables (COLLIE_RANK, ...);
+// torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT); Open MPI's (OMPI_COMM_WORLD_*); SLURM's (SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID). Tuning knobs (COLLIE_TIMEOUT,
+// COLLIE_ALLREDUCE_ALGO, ...) are read here too, so that a test can hand in
+// a fake environment.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <iosfwd>
+#include <map>
+#include <string>
+
+#include "collie/comm.h"
+
+namespace collie::config {
+
+// Returns the value of a variable or nullptr; std::getenv by default.
+using Env = std::function<const char*(const char*)>;
+Env process_env();
+
+struct Launch {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;  // empty only when world_size == 1
+  int master_port = -1;
+  // COLLIE_JOB_SECRET or Options::secret ("" when neither): the key of the
+  // handshakes' HMAC, never sent (comm/net/auth.h).
+  std::string secret;
+  // Who the job is ("TORCHELASTIC_RUN_ID=abc, 4 ranks"): compared in clear
+  // at every handshake, so that a rank of another job is refused by name.
+  std::string job;
+  int store_fd = -1;  // listening socket handed down by collie-run (rank 0)
+  // COLLIE_LAUNCHER_STORE=1: the launcher (collie-run on node 0) serves the
+  // store at master_addr:master_port for the job's life, and rank 0 is one
+  // more client, so the store outlives any rank (rank 0 included).
+  bool launcher_store = false;
+  // COLLIE_STORE_PREFIX: every key this rank puts in the store goes under
+  // it. collie-run sets "round<r>/" when the launchers of several nodes
+  // share one store across restarts, so that a round's keys never meet an
+  // earlier round's.
+  std::string store_prefix;
+  std::string store_file;  // COLLIE_STORE_FILE: rendezvous through a shared file instead
+  std::string source;      // which launcher's variables were used, for messages
+  // Why no rendezvous store can be made ("" when one can): an error only
+  // for a backend that needs one (mpi does not).
+  std::string no_rendezvous;
+  std::chrono::milliseconds timeout{300000};
+};
+
+Launch resolve_launch(const Options& options, const Env& env);
+// The job identity a rank of `world_size` ranks resolves from `env`
+// (Launch::job), for a launcher that serves the store.
+std::string job_identity(const Env& env, int world_size);
+
+// The environment with COLLIE_TUNING_FILE's settings under it: a file of
+// NAME=value lines (# comments), written by `collie-bench --tune`, whose
+// names are the tuning variables below (COLLIE_TCP_LATENCY_US, ...). A
+// variable set in the environment wins over the file. An unreadable file,
+// a line that is not NAME=value, or a name that is not a tuning variable is
+// an error naming the file and the line.
+Env tuned(const Env& env);
+// The settings of a tuning file read from `in` (`path` names it in errors),
+// checked as tuned() checks them.
+std::map<std::string, std::string> parse_tuning_file(std::istream& in, const std::string& path);
+
+// Settings of the TCP backend's algorithm choice and progress loop (read
+// through tuned()).
+struct TcpTuning {
+  std::string allreduce_algo = "auto";  // auto | ring | rd (recursive doubling)
+  double latency_us = 20.0;             // cost model: time per message step
+  double bandwidth_gbps = 1.5;          // cost model: per-direction bandwidth
+  double reduce_gbps = 8.0;             // cost model: reduction throughput
+  size_t chunk_bytes = 512 * 1024;      // ring pipelining granularity
+  int spin_us = -1;                     // busy-poll before sleeping; -1: auto
+  int socket_buffer_bytes = 0;          // 0: kernel autotuning
+  // COLLIE_TCP_SOCKETS: connections to each peer (NCCL's
+  // NCCL_NSOCKS_PERTHREAD). A message of at least 2 x lane_min_bytes is cut
+  // into one part per connection, at most, each at least lane_min_bytes.
+  int sockets_per_peer = 1;
+  size_t lane_min_bytes = 64 * 1024;  // COLLIE_TCP_SOCKET_MIN_BYTES
+};
+
+TcpTuning tcp_tuning(const Env& env);
+
+// Settings of the shared-memory backend.
+// Rank 0's chunk and small sizes are every rank's (they set the segment's
+// layout and the algorithm): a rank that sets either to another value is
+// refused when the segment is shared.
+struct ShmTuning {
+  size_t chunk_bytes = 256 * 1024;  // COLLIE_SHM_CHUNK: bytes per rank per round
+  size_t small_bytes = 16 * 1024;   // COLLIE_SHM_SMALL: one-step all-reduce up to here
+  bool chunk_set = false;           // chunk_bytes was given; else shm_auto_chunk decides
+  bool small_set = false;           // small_bytes was given
+  // COLLIE_SHM_CMA=0: large collectives go through the segment even where
+  // a rank may read its peers' memory directly (process_vm_readv).
+  bool cma = true;
+  int spin_us = -1;  // COLLIE_SPIN_US: spin before sleeping; -1: auto
+};
+
+ShmTuning shm_tuning(const Env& env);
+
+// The shm round per rank when COLLIE_SHM_CHUNK is not set, for ranks whose
+// cores have `l2` bytes of L2 each (0: unknown): half of it, a power of two
+// from 64 KiB to 4 MiB, so that a round's slices stay in the L2 of the rank
+// that reduces them; at most 32 MiB of rounds in the whole segment up to
+// 256 ranks (2 per
+// rank); 256 KiB when the L2 is unknown.
+size_t shm_auto_chunk(size_t l2, int ranks);
+
+// COLLIE_CUDA_CHUNK: the piece in which the host backends stage a CUDA
+// tensor's all-reduce and broadcast through pinned host memory (the copy of
+// one piece overlaps the transfer of the one before). Default 4 MiB.
+size_t cuda_chunk_bytes(const Env& env);
+
+// COLLIE_CUDA_BACKEND: how a host communicator moves CUDA tensors:
+// "nccl" (an NCCL communicator beside it, made at the first CUDA tensor),
+// "staged" (through pinned host memory), or "auto" (the default: nccl where
+// this build has it and the rendezvous has a store, else staged).
+std::string cuda_route(const Env& env);
+
+// Settings of the MPI backend.
+struct MpiSettings {
+  int spin_us = -1;  // COLLIE_SPIN_US: test without pausing this long; -1: auto
+  // COLLIE_MPI_CHECK: the cross-rank check of each collective. 1 (the
+  // default): through shared memory when every rank of the communicator
+  // is on one host, else by MPI messages; 2: by MPI messages always (to
+  // compare, and to test that path on one host); 0: no check.
+  int check = 1;
+  // COLLIE_MPI_ALGORITHMS=0: leave Open MPI's non-blocking all-reduce to pick
+  // its own algorithm. Also off when Open MPI's own setting is given
+  // (OMPI_MCA_coll_libnbc_iallreduce_algorithm: the user chose).
+  bool choose_algorithms = true;
+  // Whether Open MPI may use shared memory between ranks of one host: false
+  // when the user's btl list (OMPI_MCA_btl, which `mpirun --mca btl ...`
+  // sets) leaves out vader and sm.
+  bool shared_memory_btl = true;
+};
+
+MpiSettings mpi_settings(const Env& env);
+
+// Whether this host's ranks each have a core, so that waits may spin: Open
+// MPI's own verdict when mpirun gives one (OMPI_MCA_mpi_oversubscribe),
+// else local_world_size against `usable_cpus` (this process's CPUs).
+// mpirun binds each rank to one core, so the CPU count alone said
+// "oversubscribed" for 2 ranks on 2 cores, and tcp, shm and mpi never spun
+// under mpirun.
+bool ranks_fit_cores(int local_world_size, int usable_cpus, const Env& env);
+
+// COLLIE_HIER_PIECE: the hierarchical all-reduce runs in pieces of this many
+// bytes (default 1 MiB), the network stage of one beside the shared-memory
+// stages of the next and the previous.
+size_t hier_piece_bytes(const Env& env);
+
+// COLLIE_BACKEND, when Options::backend is "auto".
+std::string backend(const Options& options, const Env& env);
+
+// COLLIE_REDUCER_LOG_EVERY: with COLLIE_DEBUG=INFO, the reducer prints its
+// timings every this many iterations (default 100).
+int reducer_log_every(const Env& env);
+
+// COLLIE_COMM_HOOK: the reducer's default comm hook spec ("" if unset).
+std::string comm_hook(const Env& env);
+
+// COLLIE_HOSTNAME: the host name that groups ranks by host (host_color, the
+// post_local_sgd hook's default subgroup) instead of gethostname(), so that
+// ranks on one machine can stand for several hosts ("" if unset).
+std::string hostname_override(const Env& env);
+
+// COLLIE_BIND: none (default), core (each local rank on its share of the
+// cores) or numa (each local rank on one NUMA node, round robin).
+std::string bind(const Env& env);
+
+// COLLIE_DEBUG: WARN (default), INFO, DEBUG.
+int log_level(const Env& env);
+
+// COLLIE_TRACE: where each rank writes its timeline ("" if unset: no
+// trace). A path with %r (replaced by the rank), else a prefix that gets
+// ".rank<N>.json" (a trailing ".json" is dropped first); base/trace.h.
+std::string trace(const Env& env);
+
+// What collie-run reads from its own environment.
+struct LauncherSettings {
+  int grace_seconds = 5;          // COLLIE_RUN_GRACE: SIGTERM to SIGKILL, 0..86400
+  std::string job_secret;         // COLLIE_JOB_SECRET ("" when unset)
+  bool thread_count_set = false;  // OMP_NUM_THREADS or OPENBLAS_NUM_THREADS is set
+  // COLLIE_TIMEOUT, as the ranks read it: bounds how long the launchers of
+  // several nodes wait for each other at the end of a round.
+  std::chrono::milliseconds timeout{300000};
+};
+LauncherSettings launcher_settings(const Env& env);
+
+}  // namespace collie::config

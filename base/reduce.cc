@@ -1,0 +1,381 @@
+#include "base/reduce.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+#include "collie/error.h"
+
+namespace collie::kernels {
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);  // inf / nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {
+    // Subnormal half: the value is man * 2^-24; exact in float.
+    float f = static_cast<float>(man) * 0x1p-24f;
+    return sign ? -f : f;
+  }
+  return std::bit_cast<float>(bits);
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) {  // inf or nan (keep nan a quiet nan)
+    return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0);
+  }
+  if (ax >= 0x477ff000u) return sign | 0x7c00;  // rounds to >= 65520: inf
+  if (ax < 0x38800000u) {
+    // Result is subnormal (or zero): scale so that the integer part is the
+    // half mantissa, and let the float unit round to nearest even.
+    float a = std::bit_cast<float>(ax);
+    float scaled = a * 0x1p24f;
+    uint32_t m = static_cast<uint32_t>(scaled);
+    float rem = scaled - static_cast<float>(m);
+    if (rem > 0.5f || (rem == 0.5f && (m & 1))) ++m;
+    return sign | static_cast<uint16_t>(m);
+  }
+  // Normal: rebias the exponent and round the 13 dropped bits to nearest even.
+  uint32_t r = ax + 0xfffu + ((ax >> 13) & 1);
+  r -= 112u << 23;
+  return sign | static_cast<uint16_t>(r >> 13);
+}
+
+float bf16_to_float(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // nan
+  x += 0x7fffu + ((x >> 16) & 1);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+namespace {
+
+// Integers are combined in the unsigned type of their width (widened to at
+// least unsigned int, so that u8 x u8 is not promoted to a signed int), so
+// that sums and products wrap around as two's complement does instead of
+// overflowing, which C++ leaves undefined for signed types.
+template <typename T>
+using Wide = std::common_type_t<std::make_unsigned_t<T>, unsigned>;
+
+struct Sum {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(static_cast<Wide<T>>(a) + static_cast<Wide<T>>(b));
+    else
+      return a + b;
+  }
+};
+struct Prod {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(static_cast<Wide<T>>(a) * static_cast<Wide<T>>(b));
+    else
+      return a * b;
+  }
+};
+// NaN wins from either side (as in torch.minimum), which also keeps min and
+// max commutative: both ranks of a pair then compute the same bits.
+struct Min {
+  template <typename T>
+  static T apply(T a, T b) {
+    if (a != a) return a;
+    if (b != b) return b;
+    return b < a ? b : a;
+  }
+};
+struct Max {
+  template <typename T>
+  static T apply(T a, T b) {
+    if (a != a) return a;
+    if (b != b) return b;
+    return a < b ? b : a;
+  }
+};
+
+template <typename Op, typename T>
+void combine(T* dst, const T* a, const T* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = Op::apply(a[i], b[i]);
+}
+
+template <typename T>
+void sum_div(T* dst, const T* a, const T* b, size_t n, T d) {
+  for (size_t i = 0; i < n; ++i) dst[i] = (a[i] + b[i]) / d;
+}
+
+// Block conversions between 16-bit floats and f32. On x86 with F16C (every
+// x86 server since 2012) the f16 ones use the hardware instructions, chosen
+// at run time, 20-30x faster than the portable bit manipulation.
+void widen_half(const uint16_t* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = half_to_float(s[i]);
+}
+void narrow_half(const float* s, uint16_t* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = float_to_half(s[i]);
+}
+// Inlined into each instruction-set variant below, which the compiler then
+// vectorises for that set.
+[[gnu::always_inline]] inline void widen_bf16_loop(const uint16_t* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t x = static_cast<uint32_t>(s[i]) << 16;
+    std::memcpy(&d[i], &x, sizeof x);
+  }
+}
+// The same rounding as float_to_bf16, written without branches so that the
+// compiler vectorises it (the branchy scalar form ran at ~0.3 GB/s).
+[[gnu::always_inline]] inline void narrow_bf16_loop(const float* s, uint16_t* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, &s[i], sizeof x);
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (x >> 16) | 0x40u;
+    d[i] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+}
+void widen_bf16(const uint16_t* s, float* d, size_t n) {
+  widen_bf16_loop(s, d, n);
+}
+void narrow_bf16(const float* s, uint16_t* d, size_t n) {
+  narrow_bf16_loop(s, d, n);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx,f16c"))) void widen_half_f16c(const uint16_t* s, float* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  widen_half(s + i, d + i, n - i);
+}
+__attribute__((target("avx,f16c"))) void narrow_half_f16c(const float* s, uint16_t* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  narrow_half(s + i, d + i, n - i);
+}
+// F16C is CPUID leaf 1, ECX bit 29, asked directly: clang (14) does not know
+// "f16c" as a __builtin_cpu_supports feature, and the fuzz build is clang's.
+bool cpu_has_f16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+const bool kHasF16C = cpu_has_f16c() && __builtin_cpu_supports("avx");
+// bf16 has no conversion instruction before AVX-512: the same branchless
+// loops, compiled for AVX2 (the baseline build targets SSE2), are chosen at
+// run time.
+__attribute__((target("avx2"))) void widen_bf16_avx2(const uint16_t* s, float* d, size_t n) {
+  widen_bf16_loop(s, d, n);
+}
+__attribute__((target("avx2"))) void narrow_bf16_avx2(const float* s, uint16_t* d, size_t n) {
+  narrow_bf16_loop(s, d, n);
+}
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+#endif
+
+using Widen = void (*)(const uint16_t*, float*, size_t);
+using Narrow = void (*)(const float*, uint16_t*, size_t);
+
+// The fastest conversions this CPU has, chosen once.
+#if defined(__x86_64__)
+const Widen kWidenHalf = kHasF16C ? widen_half_f16c : widen_half;
+const Narrow kNarrowHalf = kHasF16C ? narrow_half_f16c : narrow_half;
+const Widen kWidenBf16 = kHasAvx2 ? widen_bf16_avx2 : widen_bf16;
+const Narrow kNarrowBf16 = kHasAvx2 ? narrow_bf16_avx2 : narrow_bf16;
+#else
+const Widen kWidenHalf = widen_half;
+const Narrow kNarrowHalf = narrow_half;
+const Widen kWidenBf16 = widen_bf16;
+const Narrow kNarrowBf16 = narrow_bf16;
+#endif
+
+// f16/bf16: widen, combine in f32, round once. Done in blocks so that the
+// widened values stay in L1 and the loops vectorise.
+template <typename Op>
+void combine16(Widen widen, Narrow narrow, uint16_t* dst, const uint16_t* a, const uint16_t* b,
+               size_t n, int divisor) {
+  constexpr size_t kBlock = 1024;
+  float fa[kBlock], fb[kBlock];
+  for (size_t base = 0; base < n; base += kBlock) {
+    size_t m = std::min(kBlock, n - base);
+    widen(a + base, fa, m);
+    widen(b + base, fb, m);
+    if (divisor > 0) {
+      float d = static_cast<float>(divisor);
+      for (size_t i = 0; i < m; ++i) fa[i] = (fa[i] + fb[i]) / d;
+    } else {
+      for (size_t i = 0; i < m; ++i) fa[i] = Op::apply(fa[i], fb[i]);
+    }
+    narrow(fa, dst + base, m);
+  }
+}
+
+template <typename Op>
+void dispatch(DType t, void* dst, const void* a, const void* b, size_t n, int divisor) {
+  switch (t) {
+    case DType::f32:
+      if (divisor > 0)
+        return sum_div(static_cast<float*>(dst), static_cast<const float*>(a),
+                       static_cast<const float*>(b), n, static_cast<float>(divisor));
+      return combine<Op>(static_cast<float*>(dst), static_cast<const float*>(a),
+                         static_cast<const float*>(b), n);
+    case DType::f64:
+      if (divisor > 0)
+        return sum_div(static_cast<double*>(dst), static_cast<const double*>(a),
+                       static_cast<const double*>(b), n, static_cast<double>(divisor));
+      return combine<Op>(static_cast<double*>(dst), static_cast<const double*>(a),
+                         static_cast<const double*>(b), n);
+    case DType::f16:
+      return combine16<Op>(kWidenHalf, kNarrowHalf, static_cast<uint16_t*>(dst),
+                           static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n,
+                           divisor);
+    case DType::bf16:
+      return combine16<Op>(kWidenBf16, kNarrowBf16, static_cast<uint16_t*>(dst),
+                           static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n,
+                           divisor);
+    case DType::i32:
+      return combine<Op>(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+                         static_cast<const int32_t*>(b), n);
+    case DType::i64:
+      return combine<Op>(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+                         static_cast<const int64_t*>(b), n);
+    case DType::u8:
+      return combine<Op>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
+                         static_cast<const uint8_t*>(b), n);
+  }
+}
+
+}  // namespace
+
+void reduce(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n, int divisor) {
+  switch (op) {
+    case ReduceOp::sum:
+      return dispatch<Sum>(t, dst, a, b, n, 0);
+    case ReduceOp::avg:
+      if (!is_floating(t))
+        throw Error(ErrorCode::invalid_argument, "avg is not defined on integer tensors");
+      return dispatch<Sum>(t, dst, a, b, n, divisor);
+    case ReduceOp::prod:
+      return dispatch<Prod>(t, dst, a, b, n, 0);
+    case ReduceOp::min:
+      return dispatch<Min>(t, dst, a, b, n, 0);
+    case ReduceOp::max:
+      return dispatch<Max>(t, dst, a, b, n, 0);
+  }
+}
+
+void convert(DType st, const void* src, DType dt, void* dst, size_t n, int divisor) {
+  auto is16or32 = [](DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; };
+  if (!is16or32(st) || !is16or32(dt)) {
+    // f64 on either side: a plain loop (no hook uses it on a hot path).
+    if (!is_floating(st) || !is_floating(dt))
+      throw Error(ErrorCode::invalid_argument, "convert is defined on floating tensors only");
+    for (size_t i = 0; i < n; ++i) {
+      double v;
+      switch (st) {
+        case DType::f64:
+          v = static_cast<const double*>(src)[i];
+          break;
+        case DType::f32:
+          v = static_cast<const float*>(src)[i];
+          break;
+        case DType::f16:
+          v = half_to_float(static_cast<const uint16_t*>(src)[i]);
+          break;
+        default:
+          v = bf16_to_float(static_cast<const uint16_t*>(src)[i]);
+          break;
+      }
+      v /= divisor;
+      switch (dt) {
+        case DType::f64:
+          static_cast<double*>(dst)[i] = v;
+          break;
+        case DType::f32:
+          static_cast<float*>(dst)[i] = static_cast<float>(v);
+          break;
+        case DType::f16:
+          static_cast<uint16_t*>(dst)[i] = float_to_half(static_cast<float>(v));
+          break;
+        default:
+          static_cast<uint16_t*>(dst)[i] = float_to_bf16(static_cast<float>(v));
+          break;
+      }
+    }
+    return;
+  }
+  constexpr size_t kBlock = 1024;
+  float f[kBlock];
+  Widen widen = st == DType::f16 ? kWidenHalf : kWidenBf16;
+  Narrow narrow = dt == DType::f16 ? kNarrowHalf : kNarrowBf16;
+  for (size_t base = 0; base < n; base += kBlock) {
+    size_t m = std::min(kBlock, n - base);
+    const float* in = f;
+    if (st == DType::f32)
+      in = static_cast<const float*>(src) + base;
+    else
+      widen(static_cast<const uint16_t*>(src) + base, f, m);
+    float* out = dt == DType::f32 ? static_cast<float*>(dst) + base : f;
+    if (divisor != 1) {
+      float k = static_cast<float>(divisor);
+      for (size_t i = 0; i < m; ++i) out[i] = in[i] / k;
+    } else if (out != in) {
+      std::memcpy(out, in, m * sizeof(float));
+    }
+    if (dt != DType::f32) narrow(out, static_cast<uint16_t*>(dst) + base, m);
+  }
+}
+
+void divide(DType t, void* dst, const void* src, size_t n, int divisor) {
+  switch (t) {
+    case DType::f32: {
+      auto* d = static_cast<float*>(dst);
+      auto* s = static_cast<const float*>(src);
+      float k = static_cast<float>(divisor);
+      for (size_t i = 0; i < n; ++i) d[i] = s[i] / k;
+      return;
+    }
+    case DType::f64: {
+      auto* d = static_cast<double*>(dst);
+      auto* s = static_cast<const double*>(src);
+      double k = static_cast<double>(divisor);
+      for (size_t i = 0; i < n; ++i) d[i] = s[i] / k;
+      return;
+    }
+    case DType::f16:
+    case DType::bf16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      auto* s = static_cast<const uint16_t*>(src);
+      float k = static_cast<float>(divisor);
+      bool half = t == DType::f16;
+      for (size_t i = 0; i < n; ++i)
+        d[i] =
+            half ? float_to_half(half_to_float(s[i]) / k) : float_to_bf16(bf16_to_float(s[i]) / k);
+      return;
+    }
+    default:
+      throw Error(ErrorCode::invalid_argument, "divide is defined on floating tensors only");
+  }
+}
+
+}  // namespace collie::kernels

@@ -1,0 +1,665 @@
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "base/log.h"
+#include "base/trace.h"
+#include "base/validate.h"
+#include "comm/front/front.h"
+
+namespace collie {
+
+bool FailureLatch::set(const Error& e) {
+  std::lock_guard lk(mu_);
+  if (first_) return false;
+  first_ = e;
+  failed_.store(true, std::memory_order_release);
+  return true;
+}
+
+std::optional<Error> FailureLatch::get() const {
+  if (!failed()) return std::nullopt;
+  std::lock_guard lk(mu_);
+  return first_;
+}
+
+void FailureLatch::lost(int rank) {
+  std::lock_guard lk(mu_);
+  if (std::find(lost_.begin(), lost_.end(), rank) == lost_.end()) lost_.push_back(rank);
+}
+
+std::vector<int> FailureLatch::lost() const {
+  std::lock_guard lk(mu_);
+  return lost_;
+}
+
+namespace {
+
+std::string rank_str(int r) {
+  return "rank " + std::to_string(r);
+}
+
+// The completion of an operation run as several (alltoall: a send and a
+// receive per peer): ended when every part has, with the first part's
+// error in issue order, prefixed with what the whole is. Waiting waits for
+// each part (a host part's waiter may run it itself); a stream waits for
+// every part.
+class AllOf final : public Completion {
+ public:
+  static Work make(std::string what, std::vector<Work> parts, std::chrono::milliseconds timeout) {
+    auto c = std::make_shared<AllOf>(std::move(what), std::move(parts), timeout);
+    c->remaining_.store(c->parts_.size());
+    if (c->parts_.empty()) c->finish(std::nullopt);
+    std::weak_ptr<AllOf> weak = c;
+    for (const Work& p : c->parts_)
+      p.completion()->on_complete([weak] {
+        if (auto self = weak.lock())
+          if (self->remaining_.fetch_sub(1) == 1) self->end();
+      });
+    return Work(c);
+  }
+  AllOf(std::string what, std::vector<Work> parts, std::chrono::milliseconds timeout)
+      : Completion(what, timeout), what_(std::move(what)), parts_(std::move(parts)) {}
+
+  bool query() override {
+    bool all = true;
+    for (const Work& p : parts_) all = p.completion()->query() && all;
+    if (all) end();
+    return all;
+  }
+  bool wait_until(Clock::time_point deadline) override {
+    for (const Work& p : parts_)
+      if (!p.completion()->wait_until(deadline)) return false;
+    end();
+    return true;
+  }
+  bool wait_for(std::chrono::milliseconds timeout) override {
+    return wait_until(Clock::now() + timeout);
+  }
+  void wait_on(void* stream) override {
+    for (const Work& p : parts_) p.completion()->wait_on(stream);
+  }
+  void abort(const Error& e) override {
+    for (const Work& p : parts_) p.completion()->abort(e);
+    end();
+  }
+
+ private:
+  void end() {
+    for (const Work& p : parts_)
+      if (auto e = p.error()) return finish(Error(e->code(), what_ + ": " + e->what()));
+    finish(std::nullopt);
+  }
+  const std::string what_;
+  const std::vector<Work> parts_;
+  std::atomic<size_t> remaining_{0};
+};
+
+// What every handle of one communicator shares: the backend and the state
+// the front keeps for it.
+class Core {
+ public:
+  Core(BackendContext ctx, std::unique_ptr<Backend> backend)
+      : ctx(std::move(ctx)),
+        backend(std::move(backend)),
+        send_seq(static_cast<size_t>(this->ctx.launch.world_size), 0),
+        recv_seq(static_cast<size_t>(this->ctx.launch.world_size), 0),
+        trace(make_track()) {}
+
+  int rank() const { return ctx.launch.rank; }
+  bool runs_alltoall() const { return backend->runs_alltoall(); }
+  int size() const { return ctx.launch.world_size; }
+
+  Work submit(Op op) {
+    std::lock_guard lk(mu);
+    return *issue(op, nullptr);
+  }
+
+  // A blocking call: issued as submit() does, then run on this thread if
+  // the backend can take it now (Backend::claim), else waited for. Throws
+  // the op's error.
+  void run(Op op) {
+    Backend* claimed = nullptr;
+    std::optional<Work> queued;
+    {
+      std::lock_guard lk(mu);
+      queued = issue(op, &claimed);
+    }
+    if (claimed)
+      claimed->run_claimed(op);
+    else
+      queued->wait();
+  }
+
+  // With mu held: refuses, numbers and traces `op`, then starts it; with
+  // `claimed`, a host op the backend can run on the calling thread now is
+  // held for that instead (*claimed: by whom; nothing returned).
+  std::optional<Work> issue(Op& op, Backend** claimed) {
+    // Formatted only for an error: it cost every small op a malloc.
+    auto what = [&] { return op.desc.describe() + " on " + rank_str(rank()); };
+    if (destroyed)
+      return refuse(op, Error(ErrorCode::unavailable,
+                              what() + ": its communicator was destroyed (this call came through "
+                                       "a reference the communicator's owner outlived)"));
+    if (auto first = ctx.failure->get()) return refuse(op, FailureLatch::earlier(*first, what()));
+    // Numbered here, in issue order; the backend receives them in it too.
+    if (op.p2p())
+      op.desc.seq = ++(op.is_send ? send_seq : recv_seq)[op.peer];
+    else
+      op.desc.seq = ++coll_seq;
+    if (ctx.inspector && !op.p2p()) ctx.inspector->issued(op.desc.seq);
+    if (trace) op.trace = trace::issue(trace, op);
+    if (op.in.device.is_cpu() && op.out.device.is_cpu()) {
+      if (claimed && host_path->claim(op)) {
+        *claimed = host_path;
+        return std::nullopt;
+      }
+      return host_path->start(op);
+    }
+    Work w = backend->start(op);
+    host_path = backend->host_path();
+    return w;
+  }
+
+  // Once: the backend stops; later calls through any handle fail at once.
+  void destroy() {
+    {
+      std::lock_guard lk(mu);
+      if (destroyed) return;
+      destroyed = true;
+    }
+    backend->shutdown();
+    if (ctx.inspector) ctx.inspector->stop();
+    // The file is whole when its communicator is gone (base/trace.h).
+    if (trace) trace->sink().flush();
+  }
+
+  Work refuse(const Op& op, const Error& e) {
+    if (trace) trace::refused(trace, op, e);
+    return Work::failed(e);
+  }
+
+  // This communicator's row in COLLIE_TRACE's file, or null.
+  std::shared_ptr<trace::Track> make_track() const {
+    if (!ctx.trace) return nullptr;
+    auto t = ctx.trace->track("collectives " + ctx.key + " (" + backend->name() + ", rank " +
+                              std::to_string(rank()) + " of " + std::to_string(size()) + ")");
+    t->comm = ctx.key;
+    t->backend = backend->name();
+    return t;
+  }
+
+  const BackendContext ctx;
+  const std::unique_ptr<Backend> backend;
+  // Asked once: every host tensor of every call is checked against it.
+  const bool takes_host_memory = backend->accepts(Device::cpu());
+  std::mutex mu;
+  // Where host-memory operations go (Backend::host_path), under mu.
+  Backend* host_path = backend->host_path();
+  uint32_t coll_seq = 0;
+  std::vector<uint32_t> send_seq, recv_seq;
+  int splits = 0;
+  int shrinks = 0;
+  bool destroyed = false;
+  const std::shared_ptr<trace::Track> trace;
+};
+
+class Front final : public Communicator {
+ public:
+  Front(std::shared_ptr<Core> core, bool owner) : core_(std::move(core)), owner_(owner) {}
+  ~Front() override {
+    if (owner_) core_->destroy();
+  }
+
+  int rank() const override { return core_->rank(); }
+  int size() const override { return core_->size(); }
+  std::string backend() const override { return core_->backend->name(); }
+  std::chrono::milliseconds timeout() const override { return core_->ctx.launch.timeout; }
+
+  Op allreduce_op(TensorView in, TensorView out, ReduceOp op) const {
+    const validate::Where what = where("allreduce");
+    check_in_out(in, out, what);
+    validate::op_on(op, in.dtype, what);
+    validate::same_or_disjoint(in, out, what);
+    if (in.numel != out.numel)
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": input has " + std::to_string(in.numel) +
+                      " elements but output has " + std::to_string(out.numel));
+    return make(OpKind::allreduce, in, out, op, 0, in.numel);
+  }
+  Work allreduce(TensorView in, TensorView out, ReduceOp op) override {
+    return core_->submit(allreduce_op(in, out, op));
+  }
+  void allreduce(TensorView in, TensorView out, ReduceOp op, Blocking) override {
+    core_->run(allreduce_op(in, out, op));
+  }
+
+  Op broadcast_op(TensorView buf, int root) const {
+    const validate::Where what = where("broadcast");
+    check(buf, what, "buffer");
+    validate::rank_in(root, size(), what, "root");
+    return make(OpKind::broadcast, buf, buf, ReduceOp::sum, root, buf.numel);
+  }
+  Work broadcast(TensorView buf, int root) override {
+    return core_->submit(broadcast_op(buf, root));
+  }
+  void broadcast(TensorView buf, int root, Blocking) override {
+    core_->run(broadcast_op(buf, root));
+  }
+
+  Op allgather_op(TensorView in, TensorView out) const {
+    const validate::Where what = where("allgather");
+    check_in_out(in, out, what);
+    if (out.numel != in.numel * static_cast<size_t>(size()))
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": output has " + std::to_string(out.numel) +
+                      " elements; it must hold size() x input = " +
+                      std::to_string(in.numel * static_cast<size_t>(size())));
+    TensorView mine = out.slice(in.numel * static_cast<size_t>(rank()), in.numel);
+    validate::same_or_disjoint(in, mine, what);
+    if (in.data != mine.data) validate::same_or_disjoint(in, out, what);
+    return make(OpKind::allgather, in, out, ReduceOp::sum, 0, in.numel);
+  }
+  Work allgather(TensorView in, TensorView out) override {
+    return core_->submit(allgather_op(in, out));
+  }
+  void allgather(TensorView in, TensorView out, Blocking) override {
+    core_->run(allgather_op(in, out));
+  }
+
+  Op reduce_scatter_op(TensorView in, TensorView out, ReduceOp op) const {
+    const validate::Where what = where("reduce_scatter");
+    check_in_out(in, out, what);
+    validate::op_on(op, in.dtype, what);
+    if (in.numel != out.numel * static_cast<size_t>(size()))
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": input has " + std::to_string(in.numel) +
+                      " elements; it must hold size() x output = " +
+                      std::to_string(out.numel * static_cast<size_t>(size())));
+    validate::same_or_disjoint(in.slice(out.numel * static_cast<size_t>(rank()), out.numel), out,
+                               what);
+    return make(OpKind::reduce_scatter, in, out, op, 0, out.numel);
+  }
+  Work reduce_scatter(TensorView in, TensorView out, ReduceOp op) override {
+    return core_->submit(reduce_scatter_op(in, out, op));
+  }
+  void reduce_scatter(TensorView in, TensorView out, ReduceOp op, Blocking) override {
+    core_->run(reduce_scatter_op(in, out, op));
+  }
+
+  static Op barrier_op() {
+    return make(OpKind::barrier, TensorView{nullptr, DType::u8, 1, Device::cpu()}, {},
+                ReduceOp::sum, 0, 1);
+  }
+  Work barrier() override { return core_->submit(barrier_op()); }
+  void barrier(Blocking) override { core_->run(barrier_op()); }
+
+  Work alltoall(TensorView in, TensorView out) override {
+    const validate::Where what = where("alltoall");
+    if (native_alltoall(in, out, what)) return core_->submit(alltoall_op(in, out));
+    std::vector<size_t> counts(static_cast<size_t>(size()), in.numel / size());
+    return exchange(what, in, counts, out, counts);
+  }
+  void alltoall(TensorView in, TensorView out, Blocking) override {
+    if (native_alltoall(in, out, where("alltoall"))) return core_->run(alltoall_op(in, out));
+    alltoall(in, out).wait();
+  }
+  Work alltoallv(TensorView in, const std::vector<size_t>& send_counts, TensorView out,
+                 const std::vector<size_t>& recv_counts) override {
+    return exchange(where("alltoallv"), in, send_counts, out, recv_counts);
+  }
+
+  Work send(TensorView buf, int peer, int tag) override { return p2p(buf, peer, tag, true); }
+  Work recv(TensorView buf, int peer, int tag) override { return p2p(buf, peer, tag, false); }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    const int n = size();
+    int split_no;
+    {
+      std::lock_guard lk(core_->mu);
+      split_no = ++core_->splits;
+    }
+    std::vector<int64_t> all = colors_and_keys(color, key, split_no);
+    SplitPlan plan;
+    plan.color = color;
+    plan.key = key;
+    if (color >= 0) {
+      std::vector<std::pair<int64_t, int>> members;
+      for (int q = 0; q < n; ++q)
+        if (all[2 * q] == color) members.push_back({all[2 * q + 1], q});
+      std::sort(members.begin(), members.end());
+      for (size_t i = 0; i < members.size(); ++i) {
+        plan.members.push_back(members[i].second);
+        if (members[i].second == rank()) plan.new_rank = static_cast<int>(i);
+      }
+      plan.context = core_->ctx;
+      plan.context.launch.rank = plan.new_rank;
+      plan.context.launch.world_size = static_cast<int>(plan.members.size());
+      plan.context.key =
+          core_->ctx.key + "/s" + std::to_string(split_no) + "c" + std::to_string(color);
+      plan.context.failure = std::make_shared<FailureLatch>();
+      plan.context.names = RankNames();  // a new communicator: its own numbers
+      plan.context.inspector =
+          StallInspector::start(plan.context.store, plan.context.key, plan.new_rank,
+                                plan.context.launch.world_size, plan.context.launch.timeout);
+    }
+    auto b = core_->backend->split(plan);
+    if (color < 0) return nullptr;
+    return make_front(plan.context, std::move(b));
+  }
+
+  std::unique_ptr<Communicator> shrink(const std::vector<int>& exclude,
+                                       std::chrono::milliseconds wait) override {
+    const BackendContext& ctx = core_->ctx;
+    const validate::Where what = where("shrink");
+    if (!ctx.store || !ctx.remake)
+      throw Error(ErrorCode::unavailable, what.str() + ": the " + backend() +
+                                              " backend has no rendezvous store to agree through");
+    const int n = size();
+    std::vector<bool> out(static_cast<size_t>(n), false);
+    for (int q : exclude) {
+      validate::rank_in(q, n, what, "excluded rank");
+      if (q == rank())
+        throw Error(ErrorCode::invalid_argument, what.str() + ": this rank excludes itself");
+      out[static_cast<size_t>(q)] = true;
+    }
+    // Ranks this rank saw die (their connections closed, their processes
+    // gone) are left out at once, not waited for.
+    for (int q : ctx.failure->lost())
+      if (q >= 0 && q < n && q != rank()) out[static_cast<size_t>(q)] = true;
+    int no;
+    {
+      std::lock_guard lk(core_->mu);
+      no = ++core_->shrinks;
+    }
+    const std::string prefix = ctx.key + "/shrink" + std::to_string(no);
+    auto alive = [&](int q) { return prefix + "/alive/" + std::to_string(q); };
+    const std::string members_key = prefix + "/members";
+    Store& store = *ctx.store;
+    // Its value: the last collective this rank completed, compared below.
+    const uint32_t done = ctx.inspector ? ctx.inspector->last_completed() : 0;
+    store.set(alive(rank()), to_bytes(std::to_string(done)));
+    if (wait.count() <= 0) wait = std::min(timeout(), std::chrono::milliseconds(10000));
+    std::vector<std::string> others;
+    for (int q = 0; q < n; ++q)
+      if (q != rank() && !out[static_cast<size_t>(q)]) others.push_back(alive(q));
+    // Until every other rank has called, or the survivors have decided
+    // already (a rank that saw more of the deaths proposed first: this one
+    // may have heard of them only through its abort), or `wait` has passed.
+    const auto until = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      if (others.empty() || left.count() <= 0) break;
+      try {
+        store.wait(others, std::min(left, std::chrono::milliseconds(20)));
+        break;
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::timeout) throw;
+      }
+      if (store.check({members_key})) break;
+    }
+    // Propose the ranks seen alive; the first proposal stands for everyone.
+    std::string proposal;
+    for (int q = 0; q < n; ++q)
+      if (q == rank() || (!out[static_cast<size_t>(q)] && store.check({alive(q)})))
+        proposal += std::to_string(q) + " ";
+    const std::string decided = to_string(store.compare_set(members_key, {}, to_bytes(proposal)));
+    std::vector<int> members, left_out;
+    std::istringstream in(decided);
+    for (int q; in >> q;) members.push_back(q);
+    auto pos = std::find(members.begin(), members.end(), rank());
+    for (int q = 0; q < n; ++q)
+      if (std::find(members.begin(), members.end(), q) == members.end()) left_out.push_back(q);
+    if (pos == members.end())
+      throw Error(ErrorCode::peer_lost, what.str() + ": the survivors had agreed on rank" +
+                                            (members.size() > 1 ? "s " : " ") +
+                                            RankNames().list(members) +
+                                            " before this rank called shrink");
+    BackendContext c = ctx;
+    const int new_rank = static_cast<int>(pos - members.begin());
+    c.launch.rank = new_rank;
+    c.launch.world_size = static_cast<int>(members.size());
+    if (ctx.launch.local_world_size == n) {  // one host: every survivor is local
+      c.launch.local_rank = new_rank;
+      c.launch.local_world_size = c.launch.world_size;
+    }
+    c.key = prefix;
+    c.failure = std::make_shared<FailureLatch>();
+    c.names = RankNames();
+    c.inspector = StallInspector::start(c.store, c.key, new_rank, c.launch.world_size, timeout());
+    if (!left_out.empty())
+      log::warn(what.str() + ": going on as rank " + std::to_string(new_rank) + " of " +
+                std::to_string(members.size()) + ", without rank" +
+                (left_out.size() > 1 ? "s " : " ") + RankNames().list(left_out));
+    // A rank that died in the middle of a collective may have given its
+    // part to some survivors and not to others: those completed it, these
+    // failed it, and whatever it updated (a training step) now differs
+    // between them. Nothing can undo it here; say so on every survivor.
+    if (ctx.inspector) {
+      std::vector<std::pair<int, uint32_t>> completed;
+      for (int q : members) {
+        uint32_t v = 0;
+        try {
+          v = static_cast<uint32_t>(std::stoul(to_string(store.get(alive(q), timeout()))));
+        } catch (const std::logic_error&) {  // not a number
+          continue;
+        } catch (const Error&) {  // the store: this check only advises, the shrink stands
+          completed.clear();
+          break;
+        }
+        completed.emplace_back(q, v);
+      }
+      const std::string differ = survivors_disagree(completed);
+      if (!differ.empty())
+        log::warn(what.str() + ": the survivors did not complete the same collectives (" + differ +
+                  "): what the later ones changed differs between the ranks; make them agree "
+                  "(broadcast the model and optimizer state from one rank) before going on");
+    }
+    return make_front(c, c.remake(c));
+  }
+
+  void abort(const std::string& reason) override {
+    Error e(ErrorCode::aborted,
+            "the program aborted the communicator on " + rank_str(rank()) + ": " + reason);
+    if (core_->ctx.failure->set(e)) core_->backend->abort(e);
+  }
+
+  std::optional<Error> error() const override { return core_->ctx.failure->get(); }
+
+  std::shared_ptr<Communicator> share() override { return std::make_shared<Front>(core_, false); }
+  std::shared_ptr<void> allocate(size_t bytes) override { return core_->backend->allocate(bytes); }
+  std::shared_ptr<void> register_memory(TensorView memory) override {
+    return core_->backend->register_memory(memory);
+  }
+  const std::shared_ptr<trace::Sink>& trace_sink() const { return core_->ctx.trace; }
+
+ private:
+  validate::Where where(const char* op) const { return {op, rank()}; }
+
+  // Every rank's (color, key), by an all-gather; through the store where
+  // the backend moves device memory only (nccl).
+  std::vector<int64_t> colors_and_keys(int color, int key, int split_no) {
+    const size_t n = static_cast<size_t>(size());
+    std::vector<int64_t> mine{color, key}, all(2 * n);
+    Store* store = core_->ctx.store.get();
+    if (core_->takes_host_memory || !store || n == 1) {
+      if (n == 1) return mine;
+      allgather(view_of(mine.data(), 2), view_of(all.data(), all.size())).wait();
+      return all;
+    }
+    const std::string prefix = core_->ctx.key + "/split" + std::to_string(split_no) + "/";
+    store->set(prefix + std::to_string(rank()),
+               to_bytes(std::to_string(color) + " " + std::to_string(key)));
+    for (size_t q = 0; q < n; ++q) {
+      std::string v = to_string(store->get(prefix + std::to_string(q)));
+      long long c = 0, k = 0;
+      if (std::sscanf(v.c_str(), "%lld %lld", &c, &k) != 2)
+        throw Error(ErrorCode::mismatch, "split on " + rank_str(rank()) + ": rank " +
+                                             std::to_string(q) + " published '" + v +
+                                             "' instead of its color and key");
+      all[2 * q] = c;
+      all[2 * q + 1] = k;
+    }
+    return all;
+  }
+
+  void check(const TensorView& t, const validate::Where& what, const char* name) const {
+    validate::tensor(t, what, name);
+    // The backend's name only for the message: a string per check cost
+    // every small op.
+    if (t.device.is_cpu() ? !core_->takes_host_memory : !core_->backend->accepts(t.device))
+      validate::refused_device(t, core_->backend->name(), what, name);
+  }
+  void check_in_out(const TensorView& in, const TensorView& out,
+                    const validate::Where& what) const {
+    check(in, what, "input");
+    check(out, what, "output");
+    validate::same_dtype(in, out, what);
+  }
+
+  static Op make(OpKind kind, TensorView in, TensorView out, ReduceOp redop, int tag,
+                 size_t count) {
+    Op op;
+    op.desc = {kind, in.dtype, redop, 0, tag, count};
+    op.in = in;
+    op.out = out;
+    return op;
+  }
+
+  // Checks an all-to-all of equal blocks; whether it goes to the backend
+  // as one op (a backend with its own, host memory) rather than exchange().
+  bool native_alltoall(TensorView in, TensorView out, const validate::Where& what) {
+    const size_t n = static_cast<size_t>(size());
+    if (in.numel % n != 0)
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": input has " + std::to_string(in.numel) +
+                      " elements, not a multiple of the " + std::to_string(n) + " ranks");
+    if (in.numel != out.numel)
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": input has " + std::to_string(in.numel) +
+                      " elements but output has " + std::to_string(out.numel));
+    if (!in.device.is_cpu() || !out.device.is_cpu() || !core_->runs_alltoall()) return false;
+    check_in_out(in, out, what);
+    validate::disjoint(in, out, what, "an all-to-all cannot run in place");
+    return true;
+  }
+  static Op alltoall_op(TensorView in, TensorView out) {
+    return make(OpKind::alltoall, in, out, ReduceOp::sum, 0, in.numel);
+  }
+
+  // alltoall and alltoallv: a send and a receive with every other rank,
+  // issued back to back under the front's lock (so the backend runs them
+  // as one batch and no other op of this communicator comes between), and
+  // this rank's own block copied.
+  Work exchange(const validate::Where& what, TensorView in, const std::vector<size_t>& send_counts,
+                TensorView out, const std::vector<size_t>& recv_counts) {
+    check_in_out(in, out, what);
+    const size_t n = static_cast<size_t>(size()), me = static_cast<size_t>(rank());
+    auto offsets = [&](const std::vector<size_t>& counts, const TensorView& t, const char* name) {
+      if (counts.size() != n)
+        throw Error(ErrorCode::invalid_argument,
+                    what.str() + ": " + name + " has " + std::to_string(counts.size()) +
+                        " counts; it must have one per rank (" + std::to_string(n) + ")");
+      std::vector<size_t> at(n + 1, 0);
+      for (size_t q = 0; q < n; ++q) at[q + 1] = at[q] + counts[q];
+      if (at[n] != t.numel)
+        throw Error(ErrorCode::invalid_argument,
+                    what.str() + ": " + name + " add up to " + std::to_string(at[n]) +
+                        " elements but the tensor has " + std::to_string(t.numel));
+      return at;
+    };
+    const std::vector<size_t> from = offsets(send_counts, in, "send_counts");
+    const std::vector<size_t> into = offsets(recv_counts, out, "recv_counts");
+    if (send_counts[me] != recv_counts[me])
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": this rank sends itself " + std::to_string(send_counts[me]) +
+                      " elements but receives " + std::to_string(recv_counts[me]));
+    validate::disjoint(in, out, what, "an all-to-all cannot run in place");
+    if (!in.device.is_cpu() || !out.device.is_cpu())
+      throw Error(ErrorCode::unavailable,
+                  what.str() + ": on " + to_string(in.device.is_cpu() ? out.device : in.device) +
+                      ": collie's all-to-all moves host memory only for now");
+    std::vector<Work> parts;
+    parts.reserve(2 * (n - 1));
+    {
+      std::lock_guard lk(core_->mu);
+      // Round k: to rank + k, from rank - k. Every message is sent, the
+      // empty ones too, so that counts that disagree with a peer's are an
+      // error on both ranks instead of a message left over.
+      for (size_t k = 1; k < n; ++k) {
+        const size_t to = (me + k) % n, src = (me + n - k) % n;
+        Op s =
+            p2p_op(in.slice(from[to], send_counts[to]), static_cast<int>(to), kAlltoallTag, true);
+        Op r = p2p_op(out.slice(into[src], recv_counts[src]), static_cast<int>(src), kAlltoallTag,
+                      false);
+        parts.push_back(*core_->issue(s, nullptr));
+        parts.push_back(*core_->issue(r, nullptr));
+      }
+    }
+    if (send_counts[me] > 0)
+      std::memcpy(static_cast<char*>(out.data) + into[me] * dtype_size(out.dtype),
+                  static_cast<const char*>(in.data) + from[me] * dtype_size(in.dtype),
+                  send_counts[me] * dtype_size(in.dtype));
+    const size_t total = in.numel;
+    return AllOf::make(std::string(what.op) + " (" + std::string(to_string(in.dtype)) + " x " +
+                           std::to_string(total) + ") on " + rank_str(rank()),
+                       std::move(parts), OpCompletion::wait_timeout(core_->ctx.launch.timeout));
+  }
+
+  static Op p2p_op(TensorView buf, int peer, int tag, bool is_send) {
+    Op op;
+    op.desc = {OpKind::p2p, buf.dtype, ReduceOp::sum, 0, tag, buf.numel};
+    op.in = op.out = buf;
+    op.peer = peer;
+    op.is_send = is_send;
+    return op;
+  }
+
+  Work p2p(TensorView buf, int peer, int tag, bool is_send) {
+    const validate::Where what = where(is_send ? "send" : "recv");
+    check(buf, what, "buffer");
+    validate::rank_in(peer, size(), what, "peer");
+    if (peer == rank())
+      throw Error(ErrorCode::invalid_argument, what.str() + ": peer is this rank itself");
+    if (tag == kAlltoallTag)
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": tag " + std::to_string(tag) + " is alltoall's own");
+    return core_->submit(p2p_op(buf, peer, tag, is_send));
+  }
+
+  std::shared_ptr<Core> core_;
+  const bool owner_;
+};
+
+}  // namespace
+
+std::string survivors_disagree(const std::vector<std::pair<int, uint32_t>>& completed) {
+  std::map<uint32_t, std::vector<int>> by_seq;
+  for (auto [rank, seq] : completed) by_seq[seq].push_back(rank);
+  if (by_seq.size() < 2) return "";
+  std::string s;
+  for (auto it = by_seq.rbegin(); it != by_seq.rend(); ++it) {
+    const auto& ranks = it->second;
+    s += (s.empty() ? "" : "; ") + std::string(ranks.size() > 1 ? "ranks " : "rank ") +
+         RankNames().list(ranks) + (s.empty() ? " completed up to #" : " up to #") +
+         std::to_string(it->first);
+  }
+  return s;
+}
+
+std::shared_ptr<trace::Sink> trace_sink(const Communicator& comm) {
+  const auto* front = dynamic_cast<const Front*>(&comm);
+  return front ? front->trace_sink() : nullptr;
+}
+
+std::unique_ptr<Communicator> make_front(const BackendContext& ctx,
+                                         std::unique_ptr<Backend> backend) {
+  return std::make_unique<Front>(std::make_shared<Core>(ctx, std::move(backend)), true);
+}
+
+}  // namespace collie
