@@ -1,16 +1,16 @@
-// hooks/comm_hook.cc: the hook registry, the spec parser, and the built-in
-// hooks that exist so far: allreduce (the default), noop, fp16 and bf16
-// compression, and the fp16_wrap:/bf16_wrap: wrappers.
+// hooks/comm_hook.cc: the hook registry (every hook by name, with its
+// parameters), the spec parser ("fp16_wrap:powersgd:rank=2") and the
+// reading of a hook's parameters. The hooks themselves are in their files:
+// builtin_hooks.cc (allreduce, noop, fp16/bf16 and the wrappers),
+// powersgd.cc, post_local_sgd.cc.
+#include "hooks/comm_hook.h"
+
 #include <mutex>
 #include <vector>
 
-#include "base/cuda_api.h"
-#include "base/reduce.h"
-#include "hooks/comm_hook.h"
+#include "hooks/builtin_hooks.h"
 #include "hooks/post_local_sgd.h"
 #include "hooks/powersgd.h"
-#include "hooks/stream_scope.h"
-#include "kernels/kernels.h"
 
 namespace collie {
 
@@ -27,159 +27,6 @@ Error bad_spec(const std::string& msg) {
   return Error(ErrorCode::invalid_argument, "comm hook: " + msg);
 }
 
-// --- arithmetic ------------------------------------------------------------
-
-void check_pair(const TensorView& a, const TensorView& b) {
-  if (a.numel != b.numel) throw bad_spec("compression buffers differ in size");
-  if (!is_floating(a.dtype) || !is_floating(b.dtype))
-    throw bad_spec("compression needs floating-point gradients");
-}
-
-class CpuHookMath final : public HookMath {
- public:
-  void compress(TensorView src, TensorView dst, int divisor) override {
-    check(src, dst);
-    kernels::convert(src.dtype, src.data, dst.dtype, dst.data, src.numel, divisor);
-  }
-  void decompress(TensorView src, TensorView dst) override {
-    check(src, dst);
-    kernels::convert(src.dtype, src.data, dst.dtype, dst.data, src.numel, 1);
-  }
-
- private:
-  static void check(const TensorView& a, const TensorView& b) {
-    check_pair(a, b);
-    if (!a.device.is_cpu() || !b.device.is_cpu())
-      throw Error(ErrorCode::invalid_argument, "comm hook: the CPU hook math got a CUDA buffer");
-  }
-};
-
-// On CUDA buffers, with the kernels (kernels/): queued on the calling
-// thread's current stream, which the collective that follows is ordered
-// after; decompress, the last step, waits for its kernel, so that the
-// bucket holds the result when the hook's Work ends.
-class CudaHookMath final : public HookMath {
- public:
-  void compress(TensorView src, TensorView dst, int divisor) override {
-    check_pair(src, dst);
-    gpu::convert(src.dtype, src.data, dst.dtype, dst.data, src.numel, divisor, cuda_stream());
-  }
-  void decompress(TensorView src, TensorView dst) override {
-    check_pair(src, dst);
-    gpu::convert(src.dtype, src.data, dst.dtype, dst.data, src.numel, 1, cuda_stream());
-    cuda::wait_queued(dst.device);
-  }
-};
-
-// --- built-in hooks ----------------------------------------------------------
-
-class AllreduceHook final : public CommHook {
- public:
-  std::string name() const override { return "allreduce"; }
-  Work run(Communicator& comm, GradBucket& b) override {
-    count_bytes(b.buffer.nbytes());
-    return comm.allreduce(b.buffer, ReduceOp::avg);
-  }
-};
-
-// Sends nothing: each rank keeps its own gradients. For measuring what the
-// communication costs.
-class NoopHook final : public CommHook {
- public:
-  std::string name() const override { return "noop"; }
-  Work run(Communicator&, GradBucket&) override { return Work(); }
-};
-
-// Compress to a 16-bit float type, reduce, decompress into the bucket. On its
-// own (`inner` null) it divides by the world size while compressing and sums
-// in the narrow type (PyTorch's fp16_compress_hook); as a wrapper it hands the
-// compressed bucket to `inner` and decompresses what that leaves.
-class CompressHook final : public CommHook {
- public:
-  CompressHook(DType narrow, std::unique_ptr<CommHook> inner)
-      : narrow_(narrow), inner_(std::move(inner)) {}
-
-  std::string name() const override {
-    std::string n = narrow_ == DType::f16 ? "fp16" : "bf16";
-    return inner_ ? n + "_wrap:" + inner_->name() : n;
-  }
-
-  Work run(Communicator& comm, GradBucket& b) override {
-    TensorView small{scratch(b), narrow_, b.buffer.numel, b.buffer.device};
-    HookMath& math = hook_math_for(b.buffer.device);
-    TensorView full = b.buffer;
-    Work w;
-    if (!inner_) {
-      math.compress(full, small, comm.size());
-      count_bytes(small.nbytes());
-      w = comm.allreduce(small, ReduceOp::sum);
-    } else {
-      math.compress(full, small, 1);
-      GradBucket nb = b;
-      nb.buffer = small;
-      for (auto& g : nb.grads) {
-        size_t off = (static_cast<uint8_t*>(g.data) - static_cast<uint8_t*>(full.data)) /
-                     dtype_size(full.dtype);
-        g = small.slice(off, g.numel);
-      }
-      w = inner_->run(comm, nb);
-    }
-    // The continuation runs on the communicator's continuation thread:
-    // decompress on the stream and device the bucket came with, not that
-    // thread's (the legacy stream of device 0).
-    return w.then([small, full, stream = cuda_stream()](const Work& done) {
-      if (auto e = done.error()) throw *e;
-      StreamScope on(stream, full.device);
-      hook_math_for(full.device).decompress(small, full);
-    });
-  }
-
-  uint64_t bytes_communicated() const override {
-    return CommHook::bytes_communicated() + (inner_ ? inner_->bytes_communicated() : 0);
-  }
-
-  Bytes save_state() const override { return inner_ ? inner_->save_state() : Bytes{}; }
-  void load_state(const Bytes& s) override {
-    if (inner_)
-      inner_->load_state(s);
-    else
-      CommHook::load_state(s);
-  }
-
- private:
-  DType narrow_;
-  std::unique_ptr<CommHook> inner_;
-  // The compressed bucket's memory, per bucket, reused every iteration: on
-  // the bucket's device.
-  void* scratch(const GradBucket& b) {
-    const size_t bytes = b.buffer.numel * 2;
-    if (b.buffer.device.is_cpu()) {
-      auto& buf = scratch_[b.index];
-      buf.resize(bytes);
-      return buf.data();
-    }
-    auto& d = device_scratch_[b.index];
-    if (d.bytes < bytes || !d.mem) {
-      auto api = cuda::device_api();
-      if (!api)
-        throw Error(ErrorCode::unavailable, "comm hook " + name() + ": bucket " +
-                                                std::to_string(b.index) +
-                                                " is on CUDA, and this build has no CUDA");
-      d.mem = std::shared_ptr<void>(api->device_alloc(bytes ? bytes : 1),
-                                    [api](void* p) { api->device_free(p); });
-      d.bytes = bytes;
-    }
-    return d.mem.get();
-  }
-
-  struct DeviceScratch {
-    std::shared_ptr<void> mem;
-    size_t bytes = 0;
-  };
-  std::map<size_t, std::vector<uint8_t>> scratch_;  // per bucket, reused every iteration
-  std::map<size_t, DeviceScratch> device_scratch_;
-};
-
 // --- registry ---------------------------------------------------------------
 
 struct Entry {
@@ -195,12 +42,10 @@ std::mutex& registry_mutex() {
 std::map<std::string, Entry>& registry() {
   static std::map<std::string, Entry> r = [] {
     std::map<std::string, Entry> m;
-    m["allreduce"] = {{}, [](const HookParams&) { return std::make_unique<AllreduceHook>(); }};
-    m["noop"] = {{}, [](const HookParams&) { return std::make_unique<NoopHook>(); }};
-    m["fp16"] = {
-        {}, [](const HookParams&) { return std::make_unique<CompressHook>(DType::f16, nullptr); }};
-    m["bf16"] = {
-        {}, [](const HookParams&) { return std::make_unique<CompressHook>(DType::bf16, nullptr); }};
+    m["allreduce"] = {{}, [](const HookParams&) { return make_allreduce_hook(); }};
+    m["noop"] = {{}, [](const HookParams&) { return make_noop_hook(); }};
+    m["fp16"] = {{}, [](const HookParams&) { return make_compress_hook(DType::f16, nullptr); }};
+    m["bf16"] = {{}, [](const HookParams&) { return make_compress_hook(DType::bf16, nullptr); }};
     m["powersgd"] = {powersgd_param_names(),
                      [](const HookParams& p) { return make_powersgd_hook(p, false); }};
     m["batched_powersgd"] = {powersgd_param_names(),
@@ -267,35 +112,6 @@ bool hook_param_bool(const HookParams& p, const std::string& hook, const std::st
                  "' is not a boolean (1/0, true/false, on/off)");
 }
 
-HookMath& cpu_hook_math() {
-  static CpuHookMath m;
-  return m;
-}
-
-namespace {
-std::atomic<HookMath*> cuda_math_override{nullptr};
-}  // namespace
-
-HookMath& hook_math_for(const Device& d) {
-  static CudaHookMath cuda;
-  if (d.is_cpu()) return cpu_hook_math();
-  HookMath* m = cuda_math_override.load(std::memory_order_acquire);
-  return m ? *m : cuda;
-}
-
-void set_cuda_hook_math(HookMath* math) {
-  cuda_math_override.store(math, std::memory_order_release);
-}
-
-StreamScope::StreamScope(void* stream, Device d) : before_(cuda_stream()) {
-  if (!d.is_cpu() && (api_ = cuda::device_api())) device_.emplace(*api_, d.index);
-  set_cuda_stream(stream);
-}
-
-StreamScope::~StreamScope() {
-  set_cuda_stream(before_);
-}
-
 void register_comm_hook(const std::string& name, std::vector<std::string> params,
                         HookFactory factory) {
   if (name.empty() || name.find_first_of(":,=") != std::string::npos)
@@ -319,8 +135,7 @@ std::unique_ptr<CommHook> make_comm_hook(const std::string& spec) {
     if (rest.empty())
       throw bad_spec("'" + name + "' wraps another hook: write " + name + ":<hook>, e.g. " + name +
                      ":allreduce");
-    return std::make_unique<CompressHook>(name == "fp16_wrap" ? DType::f16 : DType::bf16,
-                                          make_comm_hook(rest));
+    return make_compress_hook(name == "fp16_wrap" ? DType::f16 : DType::bf16, make_comm_hook(rest));
   }
   Entry entry;
   bool found = false;
