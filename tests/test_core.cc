@@ -25,6 +25,7 @@
 #include "collie_build_config.h"
 #include "comm/backend.h"
 #include "comm/front/front.h"
+#include "comm/front/shrink.h"
 #include "mp_common.h"
 
 namespace collie {

@@ -24,10 +24,4 @@ namespace collie {
 std::unique_ptr<Communicator> make_front(const BackendContext& ctx,
                                          std::unique_ptr<Backend> backend);
 
-// shrink's check that the survivors completed the same collectives: for
-// each survivor (its rank, the last collective it completed), "" when they
-// all agree, else which ranks completed up to which collective ("rank 2
-// completed up to #12; ranks 0, 1 up to #11").
-std::string survivors_disagree(const std::vector<std::pair<int, uint32_t>>& completed);
-
 }  // namespace collie
