@@ -239,7 +239,19 @@ TEST(Executor, ShutdownFailsQueuedOpsAndLaterSubmitsAtOnce) {
   Work a = f.collective(1), b = f.collective(2);
   f.runner.wait_started(1);
   std::thread closer([&] { f.ex->shutdown(); });
-  std::this_thread::sleep_for(20ms);
+  // Until shutdown has begun, seen through the executor itself: a submit
+  // then fails at once. (The ones before it queue, and never run either.)
+  bool begun = false;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  for (uint32_t k = 100; !begun && std::chrono::steady_clock::now() < until; ++k) {
+    Work probe = f.collective(k);
+    begun = probe.done();
+    if (begun)
+      EXPECT_NE(std::string(probe.error()->what()).find("destroyed"), std::string::npos);
+    else
+      std::this_thread::yield();
+  }
+  EXPECT_TRUE(begun) << "shutdown never began";
   f.runner.open(1);  // shutdown waits for the running op to end
   closer.join();
   a.wait(5s);

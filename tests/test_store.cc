@@ -191,17 +191,47 @@ void check_semantics(Store& s) {
   EXPECT_TRUE(contains(e.msg, "job7/gone")) << e.msg;
 }
 
-// Another process sets the key a get is waiting for.
+// The state letter of process `pid` ('R', 'S', 'Z', ...; 0 when it is gone),
+// from /proc/<pid>/stat.
+char process_state(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  const auto close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() ? 0 : line[close + 2];
+}
+
+// Another process sets the key a get is waiting for. The order is by
+// signals: the reader says on a socket that its get comes next, the test
+// waits until the reader sleeps in it (or has ended: a get that did not
+// wait fails the reader), and only then starts the writer. (It slept
+// 100 ms instead, and passed even when the writer came first.)
 void get_waits_for_another_process(const std::function<std::unique_ptr<Store>()>& make) {
+  int ready[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, ready), 0);
   pid_t reader = spawn([&] {
+    ::close(ready[0]);
     auto s = make();
+    if (s->check({"late"})) return 2;  // set already: this run shows nothing
+    const char go = 1;
+    if (::write(ready[1], &go, 1) != 1) return 3;
     return to_string(s->get("late", 20s)) == "arrived" ? 0 : 1;
   });
+  ::close(ready[1]);
+  char r = 0;
+  net::read_full(ready[0], &r, 1, net::deadline_after(20s), "the reader's signal");
+  ::close(ready[0]);
+  bool asleep = false;
+  for (const auto until = std::chrono::steady_clock::now() + 10s;
+       !asleep && std::chrono::steady_clock::now() < until;) {
+    const char st = process_state(reader);
+    if (st == 0 || st == 'Z') break;  // it ended without waiting
+    asleep = st == 'S';
+    if (!asleep) std::this_thread::yield();
+  }
+  EXPECT_TRUE(asleep) << "the reader's get did not wait for the key";
   pid_t writer = spawn([&] {
     auto s = make();
-    // Give the reader a moment to start waiting first; correctness does not
-    // depend on who comes first.
-    std::this_thread::sleep_for(100ms);
     s->set("late", to_bytes("arrived"));
     return 0;
   });
