@@ -40,4 +40,11 @@ std::string OpDesc::describe() const {
   return s + ")";
 }
 
+Error collective_mismatch(const std::string& mine, const std::string& peer, const OpDesc& theirs) {
+  return Error(ErrorCode::mismatch, mine + " does not match " + peer + ", which called " +
+                                        theirs.describe() +
+                                        ": every rank must issue the same collectives in the same "
+                                        "order with the same counts, dtypes and ops");
+}
+
 }  // namespace collie

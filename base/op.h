@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "collie/error.h"
 #include "collie/types.h"
 #include "collie/work.h"
 
@@ -40,6 +41,18 @@ struct OpDesc {
   uint64_t count = 0;            // elements as the caller passed them
   std::string describe() const;  // "allreduce #3 (f32 x 1000, sum)"
 };
+
+// The cross-rank "same collective?" check, one for every backend (each
+// carries the other ranks' descriptions its own way: tcp in frame headers,
+// shm in the segment's descriptors, mpi in an all-gather): whether `a` and
+// `b` are the same collective (kind, number, dtype, reduce op, count, tag),
+inline bool same_collective(const OpDesc& a, const OpDesc& b) {
+  return a.op == b.op && a.seq == b.seq && a.dtype == b.dtype && a.redop == b.redop &&
+         a.count == b.count && a.tag == b.tag;
+}
+// and the error when they are not: `mine` names this rank's call ("allreduce
+// #3 (f32 x 1000, sum) on rank 0"), `peer` the rank that called `theirs`.
+Error collective_mismatch(const std::string& mine, const std::string& peer, const OpDesc& theirs);
 
 // The completion of one operation, which names it in messages ("allreduce
 // #3 (f32 x 1000, sum) on rank 2"), formatted only when a message needs it:

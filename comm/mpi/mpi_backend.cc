@@ -903,11 +903,7 @@ class MpiRunner final : public HostRunner {
       theirs.seq = static_cast<uint32_t>(o[3]);
       theirs.count = o[4];
       theirs.tag = static_cast<int32_t>(o[5]);
-      throw Error(ErrorCode::mismatch,
-                  r_.what(d_) + " does not match " + r_.names_(q) + ", which called " +
-                      theirs.describe() +
-                      ": every rank must issue the same collectives in the same order with the "
-                      "same counts, dtypes and ops");
+      throw collective_mismatch(r_.what(d_), r_.names_(q), theirs);
     }
 
     MpiRunner& r_;

@@ -27,7 +27,8 @@ namespace collie::shm {
 
 namespace {
 
-std::string describe(const DescSlot& s) {
+// The collective a rank's descriptor describes.
+OpDesc desc_of(const DescSlot& s) {
   OpDesc d;
   d.op = static_cast<OpKind>(s.op);
   d.dtype = static_cast<DType>(s.dtype);
@@ -35,7 +36,7 @@ std::string describe(const DescSlot& s) {
   d.seq = s.seq;
   d.tag = s.tag;
   d.count = s.count;
-  return d.describe();
+  return d;
 }
 
 class ShmRunner final : public HostRunner {
@@ -96,13 +97,9 @@ class ShmRunner final : public HostRunner {
   void verify(const OpDesc& d, const What& what) {
     for (int r = 0; r < n_; ++r) {
       if (r == me_) continue;
-      const DescSlot& s = seg_.desc(r, d.seq);
-      bool same = s.seq == d.seq && s.op == static_cast<uint8_t>(d.op) &&
-                  s.dtype == static_cast<uint8_t>(d.dtype) && s.count == d.count &&
-                  s.redop == static_cast<uint8_t>(d.redop) && s.tag == d.tag;
-      if (!same)
-        throw Error(ErrorCode::mismatch, names_(me_) + " called " + what.str() + " but " +
-                                             names_(r) + " called " + describe(s));
+      const OpDesc theirs = desc_of(seg_.desc(r, d.seq));
+      if (!same_collective(theirs, d))
+        throw collective_mismatch(what.str() + " on " + names_(me_), names_(r), theirs);
     }
   }
 

@@ -87,10 +87,7 @@ FrameCheck check_frame(const FrameHeader& h, const OpDesc& expected, uint64_t by
   // all-reduce) is none that a rank writes: naming "the same" operation
   // twice would say nothing.
   if (theirs.describe() == expected.describe()) throw not_a_frame;
-  throw Error(ErrorCode::mismatch, expected.describe() + " on " + me + " does not match " + peer +
-                                       ", which called " + theirs.describe() +
-                                       ": every rank must issue the same collectives in the same "
-                                       "order with the same counts, dtypes and ops");
+  throw collective_mismatch(expected.describe() + " on " + me, peer, theirs);
 }
 
 Error abort_error(const FrameHeader& h, const std::string& peer, const std::string& text) {
