@@ -15,14 +15,14 @@ namespace collie {
 
 namespace {
 
-Error bad_spec(const std::string& msg) {
+Error bad_compression(const std::string& msg) {
   return Error(ErrorCode::invalid_argument, "comm hook: " + msg);
 }
 
 void check_pair(const TensorView& a, const TensorView& b) {
-  if (a.numel != b.numel) throw bad_spec("compression buffers differ in size");
+  if (a.numel != b.numel) throw bad_compression("compression buffers differ in size");
   if (!is_floating(a.dtype) || !is_floating(b.dtype))
-    throw bad_spec("compression needs floating-point gradients");
+    throw bad_compression("compression needs floating-point gradients");
 }
 
 class CpuHookMath final : public HookMath {

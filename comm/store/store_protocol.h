@@ -22,7 +22,17 @@
 
 namespace collie::store_detail {
 
-enum Op : uint8_t { kHello = 1, kSet, kGet, kAdd, kWait, kCompareSet, kDelete, kCheck, kProof };
+enum Request : uint8_t {
+  kHello = 1,
+  kSet,
+  kGet,
+  kAdd,
+  kWait,
+  kCompareSet,
+  kDelete,
+  kCheck,
+  kProof
+};
 enum Status : uint8_t { kOk = 0, kFailed = 1, kRefused = 2 };
 
 // The magic names the protocol version too: a client of another version is

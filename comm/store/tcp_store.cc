@@ -442,8 +442,8 @@ class TcpStoreClient final : public TcpStore {
 
   // One request and its reply. Holds the connection for the whole exchange:
   // requests from several threads go one at a time.
-  std::vector<std::string> call(Op op, const std::vector<std::string_view>& fields, Millis timeout,
-                                const std::vector<std::string>& keys) {
+  std::vector<std::string> call(Request op, const std::vector<std::string_view>& fields,
+                                Millis timeout, const std::vector<std::string>& keys) {
     const std::string msg = message(op, fields);
     check_keys(keys, msg.size() - 4);
     Deadline deadline = net::deadline_after(timeout);
@@ -478,7 +478,7 @@ class TcpStoreClient final : public TcpStore {
 
   // The error for a request whose deadline passed; for a wait on several
   // keys, asks the store (on a fresh connection) which are still missing.
-  Error timed_out(Op op, const std::vector<std::string>& keys, Millis timeout) {
+  Error timed_out(Request op, const std::vector<std::string>& keys, Millis timeout) {
     const std::string after = " after " + std::to_string(timeout.count()) + " ms";
     if (op != kGet && op != kWait)
       return Error(ErrorCode::timeout, who_ + ": " + where() + " did not answer a request on '" +
