@@ -3,7 +3,7 @@
 // ranks may share one GPU: each then tells NCCL it is a host of its own
 // through NCCL_HOSTID). Every test skips, with the reason, where this build
 // has no CUDA or NCCL or the machine has no GPU (CI); the GPU machine runs
-// it (docs/architecture.md, "GPUs").
+// it (`comm/nccl/README.md`, "Measuring").
 #include <gtest/gtest.h>
 
 #include <cmath>
