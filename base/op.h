@@ -42,15 +42,16 @@ struct OpDesc {
   std::string describe() const;  // "allreduce #3 (f32 x 1000, sum)"
 };
 
-// The cross-rank "same collective?" check, one for every backend (each
-// carries the other ranks' descriptions its own way: tcp in frame headers,
-// shm in the segment's descriptors, mpi in an all-gather): whether `a` and
-// `b` are the same collective (kind, number, dtype, reduce op, count, tag),
+// The cross-rank "same collective?" comparison of two descriptions (shm's
+// descriptors go through it; tcp compares its frame headers and mpi its
+// fingerprints and all-gathered words, each on its own wire): whether `a`
+// and `b` are the same collective (kind, number, dtype, reduce op, count,
+// tag),
 inline bool same_collective(const OpDesc& a, const OpDesc& b) {
   return a.op == b.op && a.seq == b.seq && a.dtype == b.dtype && a.redop == b.redop &&
          a.count == b.count && a.tag == b.tag;
 }
-// and the error when they are not: `mine` names this rank's call ("allreduce
+// and the error every backend throws when they are not: `mine` names this rank's call ("allreduce
 // #3 (f32 x 1000, sum) on rank 0"), `peer` the rank that called `theirs`.
 Error collective_mismatch(const std::string& mine, const std::string& peer, const OpDesc& theirs);
 

@@ -191,14 +191,18 @@ void check_semantics(Store& s) {
   EXPECT_TRUE(contains(e.msg, "job7/gone")) << e.msg;
 }
 
-// The state letter of process `pid` ('R', 'S', 'Z', ...; 0 when it is gone),
-// from /proc/<pid>/stat.
-char process_state(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+// The state letter ('R', 'S', 'T', 'Z', ...) in a /proc stat file (a
+// process's or a thread's); 0 when it cannot be read (the process is gone).
+char stat_state(const std::string& stat_path) {
+  std::ifstream f(stat_path);
   std::string line;
   if (!std::getline(f, line)) return 0;
   const auto close = line.rfind(')');
   return close == std::string::npos || close + 2 >= line.size() ? 0 : line[close + 2];
+}
+
+char process_state(pid_t pid) {
+  return stat_state("/proc/" + std::to_string(pid) + "/stat");
 }
 
 // Another process sets the key a get is waiting for. The order is by
@@ -305,14 +309,8 @@ bool all_threads_stopped(pid_t pid) {
   const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
   for (int i = 0; i < 1000; ++i) {
     bool all = true;
-    for (const auto& t : fs::directory_iterator(tasks)) {
-      std::ifstream f(t.path() / "stat");
-      std::string line;
-      std::getline(f, line);
-      auto close = line.rfind(')');
-      if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'T')
-        all = false;
-    }
+    for (const auto& t : fs::directory_iterator(tasks))
+      if (stat_state(t.path() / "stat") != 'T') all = false;
     if (all) return true;
     std::this_thread::sleep_for(10ms);
   }
