@@ -51,7 +51,12 @@ for line in open(sys.argv[1]):
     elif r == "SKIP": skipped += 1
     else:
         failed += 1
-        out = (t.get("stdout") or "").rstrip().splitlines()[-20:]
+        # meson keeps a test's stderr apart from its stdout: both, the
+        # last 20 lines of each
+        out = []
+        for stream in ("stdout", "stderr"):
+            lines = (t.get(stream) or "").rstrip().splitlines()[-20:]
+            if lines: out += [f"[{stream}]"] + lines
         tails.append(f"--- {t['name']}: {r}, its last lines\n" + "\n".join(out) + "\n")
 with open(os.path.join(os.path.dirname(sys.argv[1]), "..", "failed-tests.txt"), "w") as f:
     f.writelines(tails)
