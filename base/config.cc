@@ -549,4 +549,33 @@ LauncherSettings launcher_settings(const Env& env) {
   return l;
 }
 
+FakeInjection fake_injection(const Env& env) {
+  FakeInjection f;
+  if (auto v = parse_int("COLLIE_FAKE_SHUFFLE", env("COLLIE_FAKE_SHUFFLE"))) {
+    if (*v < 0) throw bad("COLLIE_FAKE_SHUFFLE must be a seed >= 0 (0: completions in order)");
+    f.shuffle_seed = static_cast<uint64_t>(*v);
+  }
+  if (const char* v = env("COLLIE_FAKE_VANISH"); v && *v) {
+    const std::string s(v);
+    const size_t colon = s.find(':');
+    const auto usage = [&] {
+      return bad("COLLIE_FAKE_VANISH='" + s +
+                 "' is not RANK:POSTS (the rank that vanishes, and at which of its posted "
+                 "messages, from 1)");
+    };
+    if (colon == std::string::npos) throw usage();
+    std::optional<long long> rank, posts;
+    try {
+      rank = parse_int("COLLIE_FAKE_VANISH", s.substr(0, colon).c_str());
+      posts = parse_int("COLLIE_FAKE_VANISH", s.substr(colon + 1).c_str());
+    } catch (const Error&) {
+      throw usage();
+    }
+    if (!rank || !posts || *rank < 0 || *rank >= kMaxRanks || *posts < 1) throw usage();
+    f.vanish_rank = static_cast<int>(*rank);
+    f.vanish_after_posts = static_cast<size_t>(*posts);
+  }
+  return f;
+}
+
 }  // namespace collie::config

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <map>
@@ -196,5 +197,16 @@ struct LauncherSettings {
   std::chrono::milliseconds timeout{300000};
 };
 LauncherSettings launcher_settings(const Env& env);
+
+// The fake backend's failure injection (comm/fake/): COLLIE_FAKE_SHUFFLE=SEED
+// reports completions in a random order (sends late) drawn from SEED;
+// COLLIE_FAKE_VANISH=RANK:POSTS makes rank RANK vanish, as a killed process
+// would, when it posts its POSTS-th message.
+struct FakeInjection {
+  uint64_t shuffle_seed = 0;  // 0: in order
+  int vanish_rank = -1;       // -1: nobody
+  size_t vanish_after_posts = 0;
+};
+FakeInjection fake_injection(const Env& env);
 
 }  // namespace collie::config

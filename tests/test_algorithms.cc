@@ -1,5 +1,5 @@
 // tests/test_algorithms.cc: collie's collective algorithms over the
-// in-process fake transport (tests/fake_transport.h), at every world size
+// in-process fake transport (comm/fake/fake_network.h), at every world size
 // from 1 to 16, against serial float64 references; with completions reported
 // out of order; with a rank that vanishes mid-collective; with ranks that
 // disagree. The multi-process suites run the same algorithms over TCP.
@@ -12,7 +12,7 @@
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/choose.h"
-#include "fake_transport.h"
+#include "fake_ranks.h"
 #include "mp_common.h"
 
 namespace collie {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <climits>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -85,6 +86,26 @@ void make_rendezvous(const Options& options, BackendContext& ctx) {
   }
   if (ctx.store && !options.store && !launch.store_prefix.empty())
     ctx.store = std::make_shared<PrefixStore>(ctx.store, launch.store_prefix);
+}
+
+// Which of this rank's job-wide connects through this store this one is
+// (0, 1, ...): every rank makes the same sequence of them, and the k-th
+// keys its rendezvous apart from the earlier ones, whose keys may still sit
+// in the store (a file store, rank 0's kept server). Counted per rank and
+// per store (the caller's Store object, the file, or the address), so that
+// ranks that are threads of one process (the fake backend's) agree on it as
+// ranks in processes of their own do.
+int connect_number(const Options& options, const config::Launch& launch) {
+  static std::mutex mu;
+  static std::map<std::weak_ptr<Store>, std::map<int, int>, std::owner_less<std::weak_ptr<Store>>>
+      by_store;
+  static std::map<std::string, std::map<int, int>> by_address;
+  std::lock_guard lk(mu);
+  if (options.store) return by_store[options.store][launch.rank]++;
+  const std::string where = !launch.store_file.empty()
+                                ? "file " + launch.store_file
+                                : launch.master_addr + ":" + std::to_string(launch.master_port);
+  return by_address[where][launch.rank]++;
 }
 
 // The backend `entry` makes for `ctx`. A host backend takes CUDA tensors
@@ -215,11 +236,7 @@ std::unique_ptr<Communicator> connect(const Options& options) {
               ", bound to CPUs " +
               topology::bind(how, ctx.launch.local_rank, ctx.launch.local_world_size));
   const BackendEntry& entry = pick_backend(config::backend(options, ctx.env), ctx.launch);
-  // Every rank makes the same sequence of job-wide connects; the k-th keys
-  // its rendezvous apart from the earlier ones, whose keys may still sit in
-  // the store (a file store or rank 0's kept server).
-  static std::atomic<int> connects{0};
-  const int k = connects.fetch_add(1);
+  const int k = connect_number(options, ctx.launch);
   ctx.key = k == 0 ? "collie/world" : "collie/world." + std::to_string(k);
   ctx.failure = std::make_shared<FailureLatch>();
   if (entry.needs_store || options.store) make_rendezvous(options, ctx);

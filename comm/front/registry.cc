@@ -5,6 +5,7 @@
 #include <new>
 
 #include "comm/backend.h"
+#include "comm/fake/fake_backend.h"
 #include "comm/hier/hier_backend.h"
 #include "comm/mpi/mpi_backend.h"
 #include "comm/nccl/nccl_backend.h"
@@ -32,6 +33,8 @@ const std::vector<BackendEntry>& backend_registry() {
       mpi::backend_entry(),
       hier::backend_entry(),
       tcp::backend_entry(),
+      // Every rank a thread of one process, for tests: never `auto`'s.
+      fake::backend_entry(),
   };
   return registry;
 }

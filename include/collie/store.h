@@ -115,6 +115,10 @@ class TcpStore : public Store {
 // processes.
 std::unique_ptr<Store> make_file_store(const std::string& path, Millis timeout);
 
+// A store in this process's memory (PyTorch's HashStore): for ranks that are
+// threads of one process, as the `fake` backend's are. Thread-safe.
+std::unique_ptr<Store> make_memory_store(Millis timeout);
+
 // Keys under a prefix: PrefixStore(s, "comm3/") maps "x" to "comm3/x".
 class PrefixStore : public Store {
  public:

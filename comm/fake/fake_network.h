@@ -1,6 +1,7 @@
-// tests/fake_transport.h: an in-process network of n ranks that implements
-// comm/transport.h, for testing collie's algorithms at any world size in
-// milliseconds, without sockets.
+// comm/fake/fake_network.h: an in-process network of n ranks that
+// implements comm/transport.h: what the algorithms' tests run over at any
+// world size in milliseconds, without sockets, and what the `fake` backend
+// (comm/fake/fake_backend.h) moves a communicator's bytes over.
 //
 // It is stricter than TCP on purpose:
 //  * rendezvous: a send completes only when the receiver has posted the
@@ -14,7 +15,9 @@
 //  * `vanish_rank` disappears after posting `vanish_after_posts` messages, as
 //    a killed process would: every other rank that waits gets peer_lost
 //    naming it, and the vanished rank's own thread gets Vanished.
-// Each rank runs on its own thread and uses its own endpoint.
+// Each rank runs on its own thread and uses its own endpoint. A backend's
+// runner also needs what a real network has: an abort that tells the peers
+// (abort), a wake-up from another thread (wake) and a goodbye (close).
 #pragma once
 
 #include <cstdint>
@@ -24,9 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "collie/error.h"
 #include "comm/transport.h"
 
-namespace collie::testing {
+namespace collie::fake {
 
 struct FakeOptions {
   bool shuffle = false;
@@ -47,6 +51,17 @@ class FakeNetwork {
   Transport& endpoint(int rank);
   int size() const;
 
+  // `rank` ends in `e`: its run in progress (or next) throws it, and its
+  // peers' waits end with it, as TCP's abort frames end theirs. Any thread.
+  void abort(int rank, const Error& e);
+  // Interrupts `rank`'s run in progress: it calls its idle function again
+  // (takes in queued ops). Any thread.
+  void wake(int rank);
+  // `rank` says goodbye: a peer still waiting for it is told it closed.
+  void close(int rank);
+  // The ranks that vanished or closed.
+  std::vector<int> gone() const;
+
   struct State;
 
  private:
@@ -54,17 +69,4 @@ class FakeNetwork {
   std::vector<std::unique_ptr<Transport>> endpoints_;
 };
 
-// What one rank's thread ended with.
-struct RankResult {
-  bool ok = false;
-  bool vanished = false;
-  std::string error;     // "<code>: <message>" when it threw a collie::Error
-  std::string failures;  // what the rank's own checks found wrong ("" when all passed)
-};
-
-// Runs fn(rank, transport) on n threads over one network and returns what
-// each ended with. fn returns its own check failures ("" when none).
-std::vector<RankResult> run_ranks(FakeNetwork& net,
-                                  const std::function<std::string(int, Transport&)>& fn);
-
-}  // namespace collie::testing
+}  // namespace collie::fake

@@ -1,4 +1,7 @@
-#include "fake_transport.h"
+// comm/fake/fake_network.cc: the in-process network: queues of posted
+// sends and receives per pair of ranks, matched in posting order under one
+// lock, completions handed back to each rank's own thread.
+#include "comm/fake/fake_network.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -7,11 +10,10 @@
 #include <mutex>
 #include <optional>
 #include <random>
-#include <thread>
 
 #include "collie/error.h"
 
-namespace collie::testing {
+namespace collie::fake {
 
 namespace {
 
@@ -44,6 +46,8 @@ struct FakeNetwork::State {
         pending(n, 0),
         posts(n, 0),
         dead(n, false),
+        closed(n, false),
+        woken(n, false),
         failed(n),
         aborted(n) {
     for (int r = 0; r < n; ++r) rng.emplace_back(o.seed * 7919 + r);
@@ -59,6 +63,8 @@ struct FakeNetwork::State {
   std::vector<size_t> pending;                          // [rank] posted, callback not run
   std::vector<size_t> posts;
   std::vector<bool> dead;
+  std::vector<bool> closed;                  // said goodbye (FakeNetwork::close)
+  std::vector<bool> woken;                   // FakeNetwork::wake since the rank last looked
   std::vector<std::optional<Error>> failed;  // set by a peer: this rank's next run() throws it
   std::vector<std::optional<Error>>
       aborted;  // what a rank threw (its peers are told, as TCP's abort frames tell them)
@@ -164,6 +170,7 @@ class FakeTransport final : public Transport {
         lk.lock();
         continue;
       }
+      s.woken[rank_] = false;
       if (idle) {
         lk.unlock();
         bool more = idle();
@@ -171,14 +178,19 @@ class FakeTransport final : public Transport {
         if (more) continue;
       }
       if (s.pending[rank_] == 0) return;
+      // A vanished rank fails every waiter (as a killed process's closed
+      // sockets do); one that said goodbye fails only those it owes.
+      auto owes = [&](int q) { return !s.sends[rank_][q].empty() || !s.recvs[rank_][q].empty(); };
       for (int q = 0; q < s.n; ++q)
-        if (s.dead[q])
-          fail(Error(ErrorCode::peer_lost, current_.describe() + " on " + rank_str(rank_) +
-                                               ": lost " + rank_str(q) + " (it vanished)"));
+        if (s.dead[q] || (s.closed[q] && owes(q)))
+          fail(Error(ErrorCode::peer_lost,
+                     current_.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) +
+                         (s.dead[q] ? " (it vanished)" : " (it closed its communicator)")));
       for (int q = 0; q < s.n; ++q)
         if (q != rank_ && s.aborted[q])
           fail(Error(s.aborted[q]->code(),
                      rank_str(q) + " aborted the communicator: " + s.aborted[q]->what()));
+      if (s.woken[rank_]) continue;
       if (s.cv[rank_].wait_until(lk, deadline) == std::cv_status::timeout &&
           s.ready[rank_].empty() && !s.failed[rank_]) {
         std::string who;
@@ -244,27 +256,33 @@ Transport& FakeNetwork::endpoint(int rank) {
   return *endpoints_.at(rank);
 }
 
-std::vector<RankResult> run_ranks(FakeNetwork& net,
-                                  const std::function<std::string(int, Transport&)>& fn) {
-  const int n = net.size();
-  std::vector<RankResult> out(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      RankResult& res = out[r];
-      try {
-        res.failures = fn(r, net.endpoint(r));
-        res.ok = true;
-      } catch (const Vanished&) {
-        res.vanished = true;
-      } catch (const Error& e) {
-        res.error = std::string(to_string(e.code())) + ": " + e.what();
-      } catch (const std::exception& e) {
-        res.error = std::string("other: ") + e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+void FakeNetwork::abort(int rank, const Error& e) {
+  std::lock_guard lk(s_->mu);
+  if (!s_->failed[rank]) s_->failed[rank] = e;
+  if (!s_->aborted[rank]) s_->aborted[rank] = e;
+  s_->purge(rank);
+  s_->wake_all();
+}
+
+void FakeNetwork::wake(int rank) {
+  std::lock_guard lk(s_->mu);
+  s_->woken[rank] = true;
+  s_->cv[rank].notify_one();
+}
+
+std::vector<int> FakeNetwork::gone() const {
+  std::lock_guard lk(s_->mu);
+  std::vector<int> out;
+  for (int q = 0; q < s_->n; ++q)
+    if (s_->dead[q] || s_->closed[q]) out.push_back(q);
   return out;
 }
 
-}  // namespace collie::testing
+void FakeNetwork::close(int rank) {
+  std::lock_guard lk(s_->mu);
+  s_->closed[rank] = true;
+  s_->purge(rank);
+  s_->wake_all();
+}
+
+}  // namespace collie::fake

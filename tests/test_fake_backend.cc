@@ -1,0 +1,546 @@
+// tests/test_fake_backend.cc: the front, the reducer, the hooks and the C
+// ABI over the `fake` backend (comm/fake/): every rank a thread of this
+// process, connected through a memory store, each checking its own results
+// against a serial float64 reference. Milliseconds a case, without
+// collie-run; the multi-process suites keep what only real processes show
+// (sockets, shared memory, signals, launchers).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <latch>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collie/collie.h"
+#include "collie/comm.h"
+#include "collie/store.h"
+#include "hooks/comm_hook.h"
+#include "mp_common.h"
+#include "reducer/reducer.h"
+#include "tiny_mlp.h"
+
+namespace collie {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::combine;
+using testing::exact_value;
+using testing::get;
+using testing::put;
+
+// What each rank's function returned ("" when its checks passed) or the
+// collie::Error it threw ("<code>: <message>").
+struct Ended {
+  std::string failures;
+  std::string error;
+};
+
+// Runs fn(comm) as every rank of an n-rank fake communicator, each on its
+// own thread. `timeout` is the communicator's.
+std::vector<Ended> run_world(int n, const std::function<std::string(Communicator&)>& fn,
+                             milliseconds timeout = milliseconds(20000)) {
+  std::shared_ptr<Store> store = make_memory_store(timeout);
+  std::vector<Ended> out(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Options o;
+        o.rank = r;
+        o.world_size = n;
+        o.backend = "fake";
+        o.store = store;
+        o.timeout = timeout;
+        auto comm = connect(o);
+        out[r].failures = fn(*comm);
+      } catch (const Error& e) {
+        out[r].error = std::string(to_string(e.code())) + ": " + e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// Every rank ended without an error and with its checks passed.
+void expect_all_ok(const std::vector<Ended>& ended, const std::string& what) {
+  for (size_t r = 0; r < ended.size(); ++r) {
+    EXPECT_EQ(ended[r].error, "") << what << ", rank " << r;
+    EXPECT_EQ(ended[r].failures, "") << what << ", rank " << r;
+  }
+}
+
+// An environment variable set for one test (the fake backend's failure
+// injection is read from the process's environment), before any rank starts.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  const char* name_;
+};
+
+const std::vector<size_t> kCounts = {0, 1, 7, 97, 4099};
+constexpr DType kDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32};
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
+                             ReduceOp::prod};
+
+TEST(FakeBackend, IsNeverAutosChoiceAndSaysSoByName) {
+  auto ended = run_world(2, [](Communicator& c) -> std::string {
+    return c.backend() == "fake" ? "" : "backend is " + c.backend();
+  });
+  expect_all_ok(ended, "named");
+  // A world of one asked for nothing in particular does not get it.
+  Options o;
+  o.rank = 0;
+  o.world_size = 1;
+  EXPECT_NE(connect(o)->backend(), "fake");
+}
+
+TEST(FakeBackend, AllreduceEveryDtypeOpAndCountMatchesTheSerialSum) {
+  for (int n : {1, 2, 3, 5}) {
+    auto ended = run_world(n, [n](Communicator& c) {
+      std::string bad;
+      uint64_t salt = 0;
+      for (DType t : kDTypes)
+        for (ReduceOp op : kOps)
+          for (size_t count : kCounts) {
+            if (op == ReduceOp::avg && t == DType::i32) continue;
+            ++salt;
+            std::vector<double> mem(count + 1);
+            void* p = mem.data();
+            for (size_t i = 0; i < count; ++i) put(t, p, i, exact_value(op, c.rank(), i, salt));
+            TensorView v{p, t, count, Device::cpu()};
+            c.allreduce(v, op, blocking);
+            for (size_t i = 0; i < count; ++i) {
+              double want = exact_value(op, 0, i, salt);
+              for (int q = 1; q < n; ++q) want = combine(op, want, exact_value(op, q, i, salt));
+              if (op == ReduceOp::avg) want = testing::rounded(t, want / n);
+              if (get(t, p, i) != want) {
+                bad += std::string(to_string(t)) + " " + std::string(to_string(op)) + " x" +
+                       std::to_string(count) + " element " + std::to_string(i) + "; ";
+                break;
+              }
+            }
+          }
+      return bad;
+    });
+    expect_all_ok(ended, std::to_string(n) + " ranks");
+  }
+}
+
+TEST(FakeBackend, BroadcastAllgatherReduceScatterAlltoallAndP2p) {
+  for (int n : {2, 4}) {
+    auto ended = run_world(n, [n](Communicator& c) {
+      std::string bad;
+      const int r = c.rank();
+      const size_t k = 5;
+      // broadcast from the last rank
+      std::vector<float> b(k, static_cast<float>(r));
+      c.broadcast(view_of(b.data(), k), n - 1, blocking);
+      for (float x : b)
+        if (x != n - 1) bad += "broadcast; ";
+      // allgather: block q holds q's values
+      std::vector<int32_t> mine(k), all(k * n);
+      for (size_t i = 0; i < k; ++i) mine[i] = static_cast<int32_t>(100 * r + i);
+      c.allgather(view_of(mine.data(), k), view_of(all.data(), all.size()), blocking);
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < k; ++i)
+          if (all[q * k + i] != static_cast<int32_t>(100 * q + i)) bad += "allgather; ";
+      // reduce_scatter of sum: block r of the sum over ranks
+      std::vector<double> in(k * n), out(k);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = r + 0.5 * static_cast<double>(i);
+      c.reduce_scatter(view_of(in.data(), in.size()), view_of(out.data(), k), ReduceOp::sum,
+                       blocking);
+      for (size_t i = 0; i < k; ++i) {
+        double want = 0;
+        for (int q = 0; q < n; ++q) want += q + 0.5 * static_cast<double>(r * k + i);
+        if (out[i] != want) bad += "reduce_scatter; ";
+      }
+      // alltoall: rank r sends 1000 r + j to rank j
+      std::vector<int64_t> send(k * n), recv(k * n);
+      for (int j = 0; j < n; ++j)
+        for (size_t i = 0; i < k; ++i) send[j * k + i] = 1000 * r + 10 * j + i;
+      c.alltoall(view_of(send.data(), send.size()), view_of(recv.data(), recv.size()), blocking);
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < k; ++i)
+          if (recv[q * k + i] != static_cast<int64_t>(1000 * q + 10 * r + i)) bad += "alltoall; ";
+      // a ring of sends and receives, both in flight at once
+      std::vector<float> to(k, static_cast<float>(r)), from(k, -1);
+      Work s = c.send(view_of(to.data(), k), (r + 1) % n, 7);
+      Work v = c.recv(view_of(from.data(), k), (r + n - 1) % n, 7);
+      s.wait();
+      v.wait();
+      for (float x : from)
+        if (x != (r + n - 1) % n) bad += "p2p; ";
+      c.barrier(blocking);
+      return bad;
+    });
+    expect_all_ok(ended, std::to_string(n) + " ranks");
+  }
+}
+
+TEST(FakeBackend, AsyncWorkKeepsIssueOrderAndSplitMakesIndependentWorlds) {
+  auto ended = run_world(4, [](Communicator& c) {
+    std::string bad;
+    const int r = c.rank();
+    // Eight all-reduces in flight, waited for in reverse.
+    std::vector<std::vector<float>> bufs(8, std::vector<float>(33));
+    std::vector<Work> works;
+    for (size_t j = 0; j < bufs.size(); ++j) {
+      for (auto& x : bufs[j]) x = static_cast<float>(r + j);
+      works.push_back(c.allreduce(view_of(bufs[j].data(), 33), ReduceOp::sum));
+    }
+    for (size_t j = works.size(); j-- > 0;) works[j].wait();
+    for (size_t j = 0; j < bufs.size(); ++j)
+      if (bufs[j][32] != static_cast<float>(6 + 4 * j)) bad += "async " + std::to_string(j) + "; ";
+    // Even and odd ranks: two communicators of two, numbered by key.
+    auto half = c.split(r % 2, -r);
+    if (!half || half->size() != 2 || half->rank() != (r < 2 ? 1 : 0)) return bad + "split shape";
+    float x = static_cast<float>(r);
+    half->allreduce(view_of(&x, 1), ReduceOp::max, blocking);
+    if (x != (r % 2 == 0 ? 2.f : 3.f)) bad += "split allreduce; ";
+    // The parent still works after its child.
+    float y = 1;
+    c.allreduce(view_of(&y, 1), ReduceOp::sum, blocking);
+    if (y != 4) bad += "parent after split; ";
+    return bad;
+  });
+  expect_all_ok(ended, "async and split");
+}
+
+TEST(FakeBackend, RanksThatCallDifferentCollectivesAreToldWhoDisagrees) {
+  auto ended = run_world(3, [](Communicator& c) -> std::string {
+    std::vector<float> v(16, 1.f);
+    if (c.rank() == 1)
+      c.broadcast(view_of(v.data(), v.size()), 0, blocking);
+    else
+      c.allreduce(view_of(v.data(), v.size()), ReduceOp::sum, blocking);
+    return "returned";
+  });
+  int named = 0;
+  for (size_t r = 0; r < ended.size(); ++r) {
+    EXPECT_EQ(ended[r].failures, "") << "rank " << r << " finished a mismatched collective";
+    EXPECT_NE(ended[r].error, "") << "rank " << r;
+    if (ended[r].error.rfind("mismatch: ", 0) == 0 &&
+        ended[r].error.find("rank ") != std::string::npos)
+      ++named;
+  }
+  // The ranks that meet the odd one out say mismatch; the rest may learn
+  // only that a peer aborted. Nobody hangs, nobody returns.
+  EXPECT_GE(named, 1);
+}
+
+TEST(FakeBackend, ARankThatSkipsACollectiveIsNamedAtTheDeadline) {
+  // Rank 2 stays (its communicator open) until the others have given up:
+  // a rank that closed would be named as lost, not as late.
+  std::latch others_done(2);
+  auto ended = run_world(
+      3,
+      [&](Communicator& c) -> std::string {
+        float x = 1;
+        if (c.rank() == 2) {
+          others_done.wait();
+          return "";
+        }
+        struct Done {
+          std::latch& l;
+          ~Done() { l.count_down(); }
+        } done{others_done};
+        c.allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
+        return "";
+      },
+      milliseconds(300));
+  EXPECT_EQ(ended[2].error, "");
+  for (int r : {0, 1}) {
+    EXPECT_EQ(ended[r].error.rfind("timeout: ", 0), 0u) << ended[r].error;
+    EXPECT_NE(ended[r].error.find("rank 2"), std::string::npos) << ended[r].error;
+  }
+}
+
+TEST(FakeBackend, AVanishedRankIsNamedAndTheSurvivorsShrinkAndGoOn) {
+  // Rank 2 vanishes at its 3rd posted message: in the second all-reduce.
+  ScopedEnv vanish("COLLIE_FAKE_VANISH", "2:3");
+  auto ended = run_world(4, [](Communicator& c) -> std::string {
+    const int r = c.rank();
+    std::vector<float> v(64, 1.f);
+    try {
+      for (int i = 0; i < 4; ++i) c.allreduce(view_of(v.data(), v.size()), ReduceOp::sum, blocking);
+      return "rank " + std::to_string(r) + " finished although rank 2 vanished";
+    } catch (const Error& e) {
+      if (r == 2) {
+        if (std::string(e.what()).find("vanished") == std::string::npos)
+          return std::string("rank 2's own error: ") + e.what();
+        return "";
+      }
+      if (e.code() != ErrorCode::peer_lost && e.code() != ErrorCode::aborted)
+        return std::string("survivor's error: ") + e.what();
+    }
+    // The survivors: a communicator of three, and an all-reduce on it.
+    auto rest = c.shrink({2});
+    if (!rest || rest->size() != 3) return "shrink";
+    float x = static_cast<float>(r);
+    rest->allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
+    return x == 0 + 1 + 3 ? "" : "sum over survivors is " + std::to_string(x);
+  });
+  expect_all_ok(ended, "vanish and shrink");
+}
+
+TEST(FakeBackend, AbortFromAnotherThreadEndsABlockedWaitOnEveryRank) {
+  // Ranks 0 and 1 wait in an all-reduce that rank 2 never joins (it stays
+  // until they are done); a thread of rank 0 aborts, and both waits end
+  // with its reason, well before the 20 s deadline.
+  std::latch others_done(2);
+  auto ended = run_world(3, [&](Communicator& c) -> std::string {
+    float x = 1;
+    if (c.rank() == 2) {
+      others_done.wait();
+      return "";
+    }
+    std::thread aborter;
+    if (c.rank() == 0) aborter = std::thread([&c] { c.abort("the program gave up"); });
+    std::string got;
+    try {
+      c.allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
+    } catch (const Error& e) {
+      got = e.what();
+    }
+    if (aborter.joinable()) aborter.join();
+    others_done.count_down();
+    if (got.find("the program gave up") == std::string::npos) return "error: '" + got + "'";
+    // Every later call fails at once with the first failure.
+    try {
+      c.barrier(blocking);
+      return "barrier after abort returned";
+    } catch (const Error& e) {
+      return std::string(e.what()).find("gave up") == std::string::npos ? e.what() : "";
+    }
+  });
+  expect_all_ok(ended, "abort");
+}
+
+TEST(FakeBackend, CompletionsOutOfOrderStillGiveExactResults) {
+  ScopedEnv shuffle("COLLIE_FAKE_SHUFFLE", "12345");
+  auto ended = run_world(5, [](Communicator& c) {
+    std::string bad;
+    for (size_t count : {size_t(1), size_t(1000), size_t(100003)}) {
+      std::vector<int32_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(c.rank() * 7 + i % 11);
+      c.allreduce(view_of(v.data(), count), ReduceOp::sum, blocking);
+      for (size_t i = 0; i < count; ++i)
+        if (v[i] != static_cast<int32_t>(70 + 5 * (i % 11))) {
+          bad += "x" + std::to_string(count) + "; ";
+          break;
+        }
+    }
+    return bad;
+  });
+  expect_all_ok(ended, "shuffled");
+}
+
+TEST(FakeBackend, ARankInAnotherProcessIsToldItCannotJoin) {
+  // A store shared with a child process: the child, rank 1, finds rank 0's
+  // network named by another process.
+  const std::string path = ::testing::TempDir() + "fake_join_" + std::to_string(::getpid());
+  std::filesystem::remove(path);
+  std::shared_ptr<Store> store = make_file_store(path, milliseconds(20000));
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    std::string msg = "joined";
+    try {
+      Options o;
+      o.rank = 1;
+      o.world_size = 2;
+      o.backend = "fake";
+      o.store = make_file_store(path, milliseconds(20000));
+      connect(o);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    (void)!::write(pipe_fds[1], msg.data(), msg.size());
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::thread rank0([&] {
+    try {
+      Options o;
+      o.rank = 0;
+      o.world_size = 2;
+      o.backend = "fake";
+      o.store = store;
+      o.timeout = milliseconds(500);
+      connect(o)->barrier(blocking);
+    } catch (const Error&) {
+    }
+  });
+  std::string msg;
+  char buf[512];
+  for (ssize_t got; (got = ::read(pipe_fds[0], buf, sizeof buf)) > 0;) msg.append(buf, got);
+  ::close(pipe_fds[0]);
+  rank0.join();
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  std::filesystem::remove(path);
+  EXPECT_NE(msg.find("every rank of a fake communicator must be a thread of one process"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+}
+
+TEST(FakeBackend, BadFailureInjectionIsRefusedByName) {
+  ScopedEnv vanish("COLLIE_FAKE_VANISH", "2");
+  auto ended = run_world(1, [](Communicator&) -> std::string { return "connected"; });
+  EXPECT_NE(ended[0].error.find("COLLIE_FAKE_VANISH='2' is not RANK:POSTS"), std::string::npos)
+      << ended[0].error;
+}
+
+// The reducer: data-parallel training of tests/tiny_mlp.h equals serial
+// float64 training on the whole batch, for every option combination.
+constexpr int kPerRank = 8, kSteps = 4;
+constexpr double kLr = 0.05;
+
+std::vector<std::vector<double>> serial_reference(int total) {
+  auto p = testing::init_params<double>(7);
+  auto data = testing::make_dataset(total, 11);
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<std::vector<double>> g;
+    for (auto& v : p) g.emplace_back(v.size(), 0.0);
+    std::vector<const double*> pp;
+    std::vector<double*> gp;
+    for (size_t i = 0; i < p.size(); ++i) {
+      pp.push_back(p[i].data());
+      gp.push_back(g[i].data());
+    }
+    testing::backward<double>(pp, gp, data, 0, total, total, true, [](size_t) {});
+    for (size_t i = 0; i < p.size(); ++i)
+      for (size_t k = 0; k < p[i].size(); ++k) p[i][k] -= kLr * g[i][k];
+  }
+  return p;
+}
+
+// Trains on this rank's shard; returns the largest relative distance from
+// the reference.
+double train(Communicator& c, const ReducerOptions& opt_in, bool no_sync) {
+  const int r = c.rank(), total = kPerRank * c.size();
+  auto params = testing::init_params<float>(r == 0 ? 7 : 1000 + r);  // rank 0's win
+  auto data = testing::make_dataset(total, 11);
+  std::vector<std::vector<float>> grads;
+  for (auto& v : params) grads.emplace_back(v.size(), 0.0f);
+  std::vector<Parameter> ps;
+  for (size_t i = 0; i < params.size(); ++i)
+    ps.push_back(
+        {view_of(params[i].data(), params[i].size()), view_of(grads[i].data(), grads[i].size())});
+  ReducerOptions opt = opt_in;
+  opt.first_bucket_bytes = 16;
+  opt.bucket_bytes = 32;
+  Reducer red(c, ps, opt);
+  const int micro = no_sync ? 4 : 1;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<float*> g;
+    for (size_t i = 0; i < params.size(); ++i) {
+      TensorView v = red.grad_view(i);
+      std::memset(v.data, 0, v.nbytes());
+      g.push_back(static_cast<float*>(v.data));
+    }
+    std::vector<const float*> pp;
+    for (auto& v : params) pp.push_back(v.data());
+    for (int m = 0; m < micro; ++m) {
+      red.set_no_sync(m + 1 < micro);
+      red.prepare_for_backward(std::vector<bool>(params.size(), true));
+      const int count = kPerRank / micro;
+      testing::backward<float>(pp, g, data, r * kPerRank + m * count, count, kPerRank, true,
+                               [&](size_t i) { red.mark_grad_ready(i); });
+      red.finalize_backward();
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      const float* gv = static_cast<const float*>(red.grad_view(i).data);
+      for (size_t k = 0; k < params[i].size(); ++k) params[i][k] -= static_cast<float>(kLr) * gv[k];
+    }
+  }
+  auto ref = serial_reference(total);
+  double worst = 0;
+  for (size_t i = 0; i < params.size(); ++i)
+    for (size_t k = 0; k < params[i].size(); ++k)
+      worst =
+          std::max(worst, std::abs(params[i][k] - ref[i][k]) / std::max(1.0, std::abs(ref[i][k])));
+  return worst;
+}
+
+TEST(FakeBackend, ReducerTrainsAsSerialFloat64DoesInEveryMode) {
+  for (int mode = 0; mode < 8; ++mode) {
+    ReducerOptions opt;
+    opt.gradient_as_bucket_view = mode & 1;
+    opt.static_graph = mode & 2;
+    const bool no_sync = mode & 4;
+    auto ended = run_world(3, [&](Communicator& c) {
+      const double worst = train(c, opt, no_sync);
+      return worst <= 1e-5 ? "" : "off the reference by " + std::to_string(worst);
+    });
+    expect_all_ok(ended, "mode " + std::to_string(mode));
+  }
+}
+
+TEST(FakeBackend, CompressionHooksStayWithinTheirPrecision) {
+  // fp16 and bf16 halve the bytes; the result stays within the narrow
+  // type's rounding of the reference (11 and 8 significant bits).
+  for (auto [spec, tol] :
+       {std::pair<const char*, double>{"allreduce", 1e-5}, {"fp16", 3e-3}, {"bf16", 2e-2}}) {
+    auto ended = run_world(3, [&](Communicator& c) {
+      ReducerOptions opt;
+      opt.hook = make_comm_hook(spec);
+      const double worst = train(c, opt, false);
+      return worst <= tol ? "" : std::string(spec) + " off by " + std::to_string(worst);
+    });
+    expect_all_ok(ended, spec);
+  }
+}
+
+TEST(FakeBackend, TheCAbiConnectsAndReducesOverIt) {
+  // The C ABI takes its store from the environment: a file store.
+  const std::string path = ::testing::TempDir() + "fake_c_abi_" + std::to_string(::getpid());
+  std::filesystem::remove(path);
+  ScopedEnv file("COLLIE_STORE_FILE", path.c_str());
+  constexpr int n = 3;
+  std::vector<std::string> bad(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      collie_comm_options o;
+      collie_comm_options_init(&o);
+      o.rank = r;
+      o.world_size = n;
+      o.local_world_size = n;
+      o.backend = "fake";
+      o.timeout_seconds = 20;
+      collie_comm* comm = nullptr;
+      if (collie_comm_connect(&o, &comm) != COLLIE_OK) {
+        bad[r] = std::string("connect: ") + collie_last_error();
+        return;
+      }
+      const char* name = nullptr;
+      collie_comm_backend(comm, &name);
+      double v[3] = {1.0 * r, 2.0 * r, 3.0 * r};
+      collie_tensor t{};
+      t.data = v;
+      t.numel = 3;
+      t.dtype = COLLIE_F64;
+      if (collie_comm_allreduce(comm, t, t, COLLIE_SUM, nullptr) != COLLIE_OK)
+        bad[r] = std::string("allreduce: ") + collie_last_error();
+      else if (v[0] != 3 || v[1] != 6 || v[2] != 9 || std::string(name) != "fake")
+        bad[r] = "wrong sum or backend";
+      collie_comm_destroy(comm);
+    });
+  for (auto& t : threads) t.join();
+  std::filesystem::remove(path);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
+}
+
+}  // namespace
+}  // namespace collie
