@@ -33,6 +33,14 @@ std::string rank_str(int r) {
   return "rank " + std::to_string(r);
 }
 
+// A copy of `e` that shares nothing with it. std::runtime_error's copies
+// share one reference-counted message, counted inside libstdc++ where
+// ThreadSanitizer cannot see it; errors that pass between the ranks'
+// threads are copied this way, under the network's lock.
+Error deep(const Error& e) {
+  return Error(e.code(), std::string(e.what()));
+}
+
 }  // namespace
 
 struct FakeNetwork::State {
@@ -84,7 +92,7 @@ struct FakeNetwork::State {
                            " bytes where " + std::to_string(r->bytes) + " were expected"
                      : " does not match " + rank_str(src) + ", which called " + s->desc.describe());
         Error e(ErrorCode::mismatch, what);
-        if (!failed[dst]) failed[dst] = e;
+        if (!failed[dst]) failed[dst] = deep(e);
         if (!failed[src])
           failed[src] = Error(ErrorCode::mismatch, rank_str(dst) + " aborted: " + what);
         wake_all();
@@ -143,14 +151,14 @@ class FakeTransport final : public Transport {
     std::unique_lock lk(s.mu);
     // Whatever ends this rank's run in error also tells the others.
     auto fail = [&](const Error& e) {
-      s.aborted[rank_] = e;
+      s.aborted[rank_] = deep(e);
       s.purge(rank_);
       s.wake_all();
       throw e;
     };
     for (;;) {
       if (s.dead[rank_]) throw Vanished();
-      if (s.failed[rank_]) fail(*s.failed[rank_]);
+      if (s.failed[rank_]) fail(deep(*s.failed[rank_]));
       auto& rd = s.ready[rank_];
       if (!rd.empty()) {
         size_t pick = 0;
@@ -179,18 +187,25 @@ class FakeTransport final : public Transport {
       }
       if (s.pending[rank_] == 0) return;
       // A vanished rank fails every waiter (as a killed process's closed
-      // sockets do); one that said goodbye fails only those it owes.
-      auto owes = [&](int q) { return !s.sends[rank_][q].empty() || !s.recvs[rank_][q].empty(); };
+      // sockets do); an abort comes next (a rank that aborted and then
+      // closed is known by its abort, which TCP's abort frame tells before
+      // the socket closes); one that said goodbye fails only those it owes.
+      auto lost = [&](int q, const char* how) {
+        fail(Error(ErrorCode::peer_lost, current_.describe() + " on " + rank_str(rank_) +
+                                             ": lost " + rank_str(q) + " (" + how + ")"));
+      };
       for (int q = 0; q < s.n; ++q)
-        if (s.dead[q] || (s.closed[q] && owes(q)))
-          fail(Error(ErrorCode::peer_lost,
-                     current_.describe() + " on " + rank_str(rank_) + ": lost " + rank_str(q) +
-                         (s.dead[q] ? " (it vanished)" : " (it closed its communicator)")));
+        if (s.dead[q]) lost(q, "it vanished");
       for (int q = 0; q < s.n; ++q)
         if (q != rank_ && s.aborted[q])
           fail(Error(s.aborted[q]->code(),
                      rank_str(q) + " aborted the communicator: " + s.aborted[q]->what()));
-      if (s.woken[rank_]) continue;
+      auto owes = [&](int q) { return !s.sends[rank_][q].empty() || !s.recvs[rank_][q].empty(); };
+      for (int q = 0; q < s.n; ++q)
+        if (s.closed[q] && owes(q)) lost(q, "it closed its communicator");
+      // idle() ran without the lock: what completed meanwhile is in ready,
+      // and its notification came while nobody waited.
+      if (s.woken[rank_] || !s.ready[rank_].empty()) continue;
       if (s.cv[rank_].wait_until(lk, deadline) == std::cv_status::timeout &&
           s.ready[rank_].empty() && !s.failed[rank_]) {
         std::string who;
@@ -258,8 +273,8 @@ Transport& FakeNetwork::endpoint(int rank) {
 
 void FakeNetwork::abort(int rank, const Error& e) {
   std::lock_guard lk(s_->mu);
-  if (!s_->failed[rank]) s_->failed[rank] = e;
-  if (!s_->aborted[rank]) s_->aborted[rank] = e;
+  if (!s_->failed[rank]) s_->failed[rank] = deep(e);
+  if (!s_->aborted[rank]) s_->aborted[rank] = deep(e);
   s_->purge(rank);
   s_->wake_all();
 }
