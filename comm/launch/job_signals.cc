@@ -1,0 +1,128 @@
+// comm/launch/job_signals.cc: the supervisor's loop: waiting on the ranks'
+// output, signals and deadlines; reaping ranks that ended; stopping the
+// rest (SIGTERM, then SIGKILL after the grace period), by process group.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/config.h"
+#include "base/log.h"
+#include "base/topology.h"
+#include "collie/store.h"
+#include "comm/launch/job.h"
+
+namespace collie::launch {
+
+void Job::wait_and_handle() {
+  std::vector<pollfd> pfds{{sigfd_, POLLIN, 0}};
+  std::vector<std::pair<Rank*, Stream*>> streams;
+  for (Rank& r : ranks_)
+    for (Stream* s : {&r.out, &r.err})
+      if (s->fd >= 0) {
+        pfds.push_back({s->fd, POLLIN, 0});
+        streams.emplace_back(&r, s);
+      }
+  std::optional<Deadline> next = kill_at_;
+  for (const auto& d : {drain_until_, stop_at_, watch_at()})
+    if (d && (!next || *d < *next)) next = d;
+  int timeout = next ? collie::net::poll_timeout_ms(*next) : -1;
+  if (poll(pfds.data(), pfds.size(), timeout) < 0 && errno != EINTR) {
+    std::perror("collie-run: poll");
+    std::exit(1);
+  }
+  // Output first, so that lines written just before a rank exited are
+  // printed before the launcher's word on that exit.
+  for (size_t i = 1; i < pfds.size(); ++i)
+    if (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))
+      relay(*streams[i - 1].first, *streams[i - 1].second);
+  if (pfds[0].revents & POLLIN) handle_signals();
+}
+
+void Job::handle_signals() {
+  signalfd_siginfo info;
+  while (read(sigfd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+    int sig = static_cast<int>(info.ssi_signo);
+    if (sig == SIGCHLD) {
+      reap();
+      continue;
+    }
+    if (!stop_signal_) {
+      stop_signal_ = sig;
+      if (agents() && agent_) publish_stop();
+    }
+    stop_at_.reset();
+    stop_sent_ = true;
+    if (!kill_at_) kill_at_ = Clock::now() + std::chrono::seconds(a_.grace_seconds);
+    signal_ranks(sig);
+  }
+}
+
+// SIGCHLDs coalesce, so every running rank is asked, not just one.
+void Job::reap() {
+  for (Rank& r : ranks_) {
+    int status = 0;
+    if (!r.running || waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+    r.running = false;
+    r.status = status;
+    r.ended_s = std::chrono::duration<double>(Clock::now() - started_).count();
+    r.stopped = stop_sent_;
+    bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    // Once we are stopping the job, exits are our doing, not new failures.
+    if (!failed || stopping()) continue;
+    if (a_.keep_going) {
+      lost_.push_back(static_cast<size_t>(&r - ranks_.data()));
+      bool others = false;
+      for (const Rank& o : ranks_) others = others || o.running;
+      std::fprintf(stderr, "collie-run: rank %d %s%s\n", r.rank, describe(status).c_str(),
+                   others ? "; --keep-going: the other ranks go on" : "");
+      continue;
+    }
+    first_failure_ = status;
+    root_cause_ = static_cast<size_t>(&r - ranks_.data());
+    if (agents()) publish_failure(r);
+    bool others = false;
+    for (const Rank& o : ranks_) others = others || o.running;
+    std::fprintf(stderr, "collie-run: rank %d %s%s\n", r.rank, describe(status).c_str(),
+                 others ? "; stopping the other ranks" : "");
+    // A moment for the others to end on their own, and say why, before
+    // they are stopped: a peer's error (peer_lost, naming this rank) is
+    // worth keeping.
+    if (others) stop_at_ = Clock::now() + kReportWindow;
+  }
+}
+
+// Asks every rank still running to stop, and kills them after the grace
+// period.
+void Job::stop_ranks(int sig) {
+  stop_sent_ = true;
+  kill_at_ = Clock::now() + std::chrono::seconds(a_.grace_seconds);
+  signal_ranks(sig);
+}
+
+// By process group (see exec_rank). A rank that has exited is still
+// signalled while its pipes are open: what holds them is its leftover
+// children, and they keep the group id from being reused.
+void Job::signal_ranks(int sig) {
+  for (const Rank& r : ranks_)
+    if (r.running || r.out.fd >= 0 || r.err.fd >= 0)
+      if (kill(-r.pid, sig) != 0 && r.running) kill(r.pid, sig);
+}
+
+}  // namespace collie::launch
