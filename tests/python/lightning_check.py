@@ -385,7 +385,7 @@ def case_manual():
     return "manual optimization (manual_backward inside training_step): within 1e-5 of ddp's"
 
 
-COLLIE_AVERAGER = "collie.torch.PeriodicModelAverager"
+COLLIE_AVERAGER = "collie.averaging.PeriodicModelAverager"
 
 
 def case_post_local_sgd():
