@@ -22,6 +22,7 @@
 #include "comm/host_executor.h"
 #include "comm/shm/region.h"
 #include "comm/shm/segment.h"
+#include "comm/shm/shm_choose.h"
 
 namespace collie::shm {
 
@@ -39,11 +40,24 @@ OpDesc desc_of(const DescSlot& s) {
   return d;
 }
 
+// What this rank's segment offers the choices (rank 0's settings, the
+// segment's layout, whether every rank may read its peers' memory).
+Offer offer_of(const Segment& seg) {
+  Offer o;
+  o.small_bytes = seg.settings().small_bytes;
+  o.inline_bytes = sizeof(DescSlot::inline_data);
+  o.small_slot = seg.layout().small;
+  o.chunk = seg.layout().chunk;
+  o.reads_peers = seg.can_read_peers();
+  o.crowded = seg.crowded();
+  return o;
+}
+
 class ShmRunner final : public HostRunner {
  public:
   ShmRunner(const BackendContext& ctx, const config::ShmTuning& t, SpinBudget spin)
       : seg_(ctx, t, spin),
-        tuning_(seg_.settings()),
+        offer_(offer_of(seg_)),
         me_(ctx.launch.rank),
         n_(ctx.launch.world_size),
         names_(ctx.names),
@@ -179,14 +193,15 @@ class ShmRunner final : public HostRunner {
     const OpDesc& d = op.desc;
     const DType t = op.in.dtype;
     const size_t es = dtype_size(t), count = op.in.numel, bytes = count * es;
-    if (n_ == 1 || count == 0) {
+    const Path path = small_path(n_, bytes, offer_);
+    if (path == Path::local) {
       trace::algorithm(op, "local");
       arrive(d, what, dl);
       std::vector<const void*> one{op.in.data};
       if (count) reduce_into(op.out.data, one, count, t, d.redop);
       return;
     }
-    if (bytes <= std::min(tuning_.small_bytes, sizeof(DescSlot::inline_data))) {
+    if (path == Path::inline_line) {
       // The smallest: input, call and flag in one line per rank.
       trace::algorithm(op, "inline");
       DescSlot& mine = seg_.desc(me_, d.seq);
@@ -201,7 +216,7 @@ class ShmRunner final : public HostRunner {
       reduce_into(op.out.data, srcs_, count, t, d.redop);
       return;
     }
-    if (bytes <= std::min(tuning_.small_bytes, seg_.layout().small)) {
+    if (path == Path::one_step) {
       // One step: everyone's input in its slot, then every rank reduces
       // every slot into its own output, in rank order (the same bits on
       // every rank).
@@ -255,7 +270,7 @@ class ShmRunner final : public HostRunner {
   // every rank may read every peer's memory, the op is large enough, and
   // the kernel can pin this rank's buffers for the peers' reads.
   bool offer_direct(const Op& op, size_t bytes) {
-    return seg_.can_read_peers() && bytes >= (seg_.crowded() ? kDirectMinCrowded : kDirectMin) &&
+    return direct_size(bytes, offer_) &&
            seg_.pinnable(op.in.data, op.in.nbytes(), op.out.data, op.out.nbytes());
   }
 
@@ -273,7 +288,7 @@ class ShmRunner final : public HostRunner {
     const OpDesc& d = op.desc;
     const DType t = op.in.dtype;
     const size_t es = dtype_size(t);
-    const size_t piece = std::max<size_t>(seg_.layout().chunk / kDirectPieces / es, 1);
+    const size_t piece = direct_piece(offer_, es);
     if (scratch_.size() < piece * es) scratch_.resize(piece * es);
     const auto* own = static_cast<const uint8_t*>(op.in.data) + at * es;
     for (size_t off = 0; off < len; off += piece) {
@@ -397,7 +412,7 @@ class ShmRunner final : public HostRunner {
     const int root = d.tag;
     const size_t bytes = op.in.nbytes(), chunk = seg_.layout().chunk;
     auto* buf = static_cast<uint8_t*>(op.in.data);
-    const bool direct = bytes <= 2 * chunk && offer_direct(op, bytes);
+    const bool direct = broadcast_direct_size(bytes, offer_) && offer_direct(op, bytes);
     arrive_large(d, what, dl, nullptr, direct ? &op : nullptr);
     if (direct && everyone_direct(d.seq)) {
       trace::algorithm(op, "direct");
@@ -506,11 +521,12 @@ class ShmRunner final : public HostRunner {
         if (k != me_) std::memcpy(out + static_cast<size_t>(k) * block, input_of(k) + mine, block);
     };
     if (block) std::memcpy(out + mine, in + mine, block);  // this rank's own
-    if (n_ == 1 || bytes == 0) {
+    const Path path = small_path(n_, bytes, offer_);
+    if (path == Path::local) {
       trace::algorithm(op, "local");
       return arrive(d, what, dl);
     }
-    if (bytes <= std::min(tuning_.small_bytes, sizeof(DescSlot::inline_data))) {
+    if (path == Path::inline_line) {
       trace::algorithm(op, "inline");
       DescSlot& s = seg_.desc(me_, d.seq);
       std::memcpy(s.inline_data, in, bytes);
@@ -522,7 +538,7 @@ class ShmRunner final : public HostRunner {
       take([&](int k) { return static_cast<const uint8_t*>(seg_.desc(k, d.seq).inline_data); });
       return;
     }
-    if (bytes <= std::min(tuning_.small_bytes, seg_.layout().small)) {
+    if (path == Path::one_step) {
       trace::algorithm(op, "one_step");
       std::memcpy(seg_.small_slot(me_, d.seq), in, bytes);
       arrive(d, what, dl);
@@ -569,11 +585,6 @@ class ShmRunner final : public HostRunner {
     uint32_t ack = 0;  // a send handed over by address: done when the tail reaches this
   };
 
-  // A send from here up goes by address where its receiver may read this
-  // rank's memory: one copy instead of two through 64 KiB slots, and no
-  // hand-off per slot.
-  static constexpr size_t kDirectSend = 64 * 1024;
-
   void run_p2p(P2pBatch& batch, Deadline dl) override {
     std::vector<std::deque<Pending>> sends(n_), recvs(n_);
     size_t taken = 0, left = 0;
@@ -601,7 +612,7 @@ class ShmRunner final : public HostRunner {
             if (static_cast<int32_t>(tail.value.load(std::memory_order_acquire) - s.ack) < 0) break;
             finished = true;
           }
-          if (!finished && s.done == 0 && total >= kDirectSend && seg_.reads_peers(p) &&
+          if (!finished && s.done == 0 && send_by_address(total, seg_.reads_peers(p)) &&
               seg_.pinnable(op.in.data, total, op.in.data, total)) {
             const uint32_t h = head.value.load(std::memory_order_relaxed);
             if (h - tail.value.load(std::memory_order_acquire) >= slots) break;
@@ -730,19 +741,7 @@ class ShmRunner final : public HostRunner {
   };
 
   Segment seg_;
-  const config::ShmTuning tuning_;  // rank 0's settings, the segment's
-  // Collectives from here up read peers' memory directly where every rank
-  // may, reductions in pieces of a round / kDirectPieces (2 ranks: an
-  // all-reduce of 32 KiB 8-10% faster than the rounds, 64 KiB 1.3 x, 4-16
-  // MiB 1.8-2 x; the other collectives 1.6-2.1 x up to 16 MiB;
-  // bench/RESULTS.md).
-  static constexpr size_t kDirectMin = 32 * 1024;
-  // With more ranks than CPUs, from 256 KiB: 4 ranks on 2 cores, a 64 KiB
-  // all-reduce read directly (six system calls per rank) was 0.69-0.82 x
-  // the rounds; from 256 KiB about level or faster (bench/RESULTS.md).
-  static constexpr size_t kDirectMinCrowded = 256 * 1024;
-  static constexpr size_t kSharedSlice = 1 << 20;  // allreduce_shared's, per rank
-  static constexpr size_t kDirectPieces = 4;
+  const Offer offer_;  // what the choices depend on (comm/shm/shm_choose.h)
   static constexpr size_t kMaxMapped = 64;
   std::map<std::pair<int, uint64_t>, Mapping> mapped_;  // (rank, region id): peers' buffers
   uint64_t uses_ = 0;
