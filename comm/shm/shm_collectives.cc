@@ -1,0 +1,532 @@
+// comm/shm/shm_collectives.cc: the collectives inside the segment.
+//
+// Phases. Every rank advances its counter the same number of times for a
+// given operation, so a phase number means the same step on every rank.
+// Each collective starts with an arrival: the rank writes what it is calling
+// into its descriptor slot, advances, waits for everyone, and compares (a
+// different call on any rank is a mismatch, before any data moves). An
+// arrival at operation s also proves every rank has finished s - 1, so the
+// data areas are free again without a separate "done reading" phase.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+
+#include "base/reduce.h"
+#include "base/shared_file.h"
+#include "base/trace.h"
+#include "comm/shm/shm_runner.h"
+
+namespace collie::shm {
+
+namespace {
+
+// The collective a rank's descriptor describes.
+OpDesc desc_of(const DescSlot& s) {
+  OpDesc d;
+  d.op = static_cast<OpKind>(s.op);
+  d.dtype = static_cast<DType>(s.dtype);
+  d.redop = static_cast<ReduceOp>(s.redop);
+  d.seq = s.seq;
+  d.tag = s.tag;
+  d.count = s.count;
+  return d;
+}
+
+}  // namespace
+
+void ShmRunner::run_collective(const Op& op, Deadline dl) {
+  const OpDesc& d = op.desc;
+  const What what(d);
+  switch (d.op) {
+    case OpKind::allreduce:
+      return allreduce(op, what, dl);
+    case OpKind::broadcast:
+      return broadcast(op, what, dl);
+    case OpKind::allgather:
+      return allgather(op, what, dl);
+    case OpKind::reduce_scatter:
+      return reduce_scatter(op, what, dl);
+    case OpKind::barrier:
+      trace::algorithm(op, "flags");
+      return arrive(d, what, dl);
+    case OpKind::alltoall:
+      return alltoall(op, what, dl);
+    case OpKind::p2p:
+    case OpKind::split:
+      break;
+  }
+  throw Error(ErrorCode::internal, what.str() + " is not a collective the shm backend runs");
+}
+
+void ShmRunner::announce(const OpDesc& d, const RegionRef* reg) {
+  DescSlot& s = seg_.desc(me_, d.seq);
+  s.reg_id = reg ? reg->id : 0;
+  if (reg) {
+    s.large.reg_bytes = reg->bytes;
+    s.large.reg_offset = reg->offset;
+    s.large.reg_fd = reg->fd;
+  }
+  s.seq = d.seq;
+  s.op = static_cast<uint8_t>(d.op);
+  s.dtype = static_cast<uint8_t>(d.dtype);
+  s.redop = static_cast<uint8_t>(d.redop);
+  s.tag = d.tag;
+  s.count = d.count;
+}
+
+void ShmRunner::verify(const OpDesc& d, const What& what) {
+  for (int r = 0; r < n_; ++r) {
+    if (r == me_) continue;
+    const OpDesc theirs = desc_of(seg_.desc(r, d.seq));
+    if (!same_collective(theirs, d))
+      throw collective_mismatch(what.str() + " on " + names_(me_), names_(r), theirs);
+  }
+}
+
+void ShmRunner::arrive(const OpDesc& d, const What& what, Deadline dl, const RegionRef* reg) {
+  announce(d, reg);
+  seg_.advance();
+  seg_.wait_all(what, dl);
+  verify(d, what);
+}
+
+// The arrival of an op that may read peers' memory directly: says
+// whether this rank offers it (non-null `direct`) and where its buffers
+// are. Only these paths write or read the flag: the small ones leave it
+// alone (touching it there cost an 8 B all-reduce 10-15% here).
+void ShmRunner::arrive_large(const OpDesc& d, const What& what, Deadline dl, const RegionRef* reg,
+                             const Op* direct) {
+  DescSlot& s = seg_.desc(me_, d.seq);
+  s.direct = direct != nullptr;
+  if (direct) {  // the second line only then
+    s.large.in_addr = reinterpret_cast<uint64_t>(direct->in.data);
+    s.large.out_addr = reinterpret_cast<uint64_t>(direct->out.data);
+  }
+  arrive(d, what, dl, reg);
+}
+
+// dst = srcs[0] op srcs[1] op ... in that order (avg divides at the last step).
+void ShmRunner::reduce_into(void* dst, const std::vector<const void*>& srcs, size_t count, DType t,
+                            ReduceOp op) {
+  const int k = static_cast<int>(srcs.size());
+  if (k == 1) {
+    if (op == ReduceOp::avg)
+      kernels::divide(t, dst, srcs[0], count, 1);
+    else if (dst != srcs[0])
+      std::memmove(dst, srcs[0], count * dtype_size(t));
+    return;
+  }
+  for (int i = 1; i < k; ++i) {
+    int divisor = (op == ReduceOp::avg && i == k - 1) ? n_ : 0;
+    kernels::reduce(t, op, dst, i == 1 ? srcs[0] : dst, srcs[i], count, divisor);
+  }
+}
+
+// This rank's term of a one-step reduction from its input, not from the
+// copy it wrote into the segment (the same bits): once the peers have
+// read that line, reading it back here missed the cache (8% of an 8 B
+// all-reduce in perf). Not in place past the first term: reduce_into
+// writes the output before it reads term me_.
+void ShmRunner::own_from_input(const Op& op) {
+  if (op.in.data != op.out.data || me_ == 0) srcs_[me_] = op.in.data;
+}
+
+ShmRunner::Slices ShmRunner::slices(size_t m, size_t es) const {
+  const size_t align = std::max<size_t>(64 / es, 1);
+  const size_t per = (m + n_ - 1) / n_;
+  return {m, (per + align - 1) / align * align};
+}
+
+void ShmRunner::allreduce(const Op& op, const What& what, Deadline dl) {
+  const OpDesc& d = op.desc;
+  const DType t = op.in.dtype;
+  const size_t es = dtype_size(t), count = op.in.numel, bytes = count * es;
+  const Path path = small_path(n_, bytes, offer_);
+  if (path == Path::local) {
+    trace::algorithm(op, "local");
+    arrive(d, what, dl);
+    std::vector<const void*> one{op.in.data};
+    if (count) reduce_into(op.out.data, one, count, t, d.redop);
+    return;
+  }
+  if (path == Path::inline_line) {
+    // The smallest: input, call and flag in one line per rank.
+    trace::algorithm(op, "inline");
+    DescSlot& mine = seg_.desc(me_, d.seq);
+    std::memcpy(mine.inline_data, op.in.data, bytes);
+    announce(d);
+    mine.ready.store(d.seq, std::memory_order_release);
+    seg_.advance();
+    seg_.wait_all_ready(d.seq, what, dl);
+    verify(d, what);
+    for (int r = 0; r < n_; ++r) srcs_[r] = seg_.desc(r, d.seq).inline_data;
+    own_from_input(op);
+    reduce_into(op.out.data, srcs_, count, t, d.redop);
+    return;
+  }
+  if (path == Path::one_step) {
+    // One step: everyone's input in its slot, then every rank reduces
+    // every slot into its own output, in rank order (the same bits on
+    // every rank).
+    trace::algorithm(op, "one_step");
+    std::memcpy(seg_.small_slot(me_, d.seq), op.in.data, bytes);
+    arrive(d, what, dl);
+    for (int r = 0; r < n_; ++r) srcs_[r] = seg_.small_slot(r, d.seq);
+    own_from_input(op);
+    reduce_into(op.out.data, srcs_, count, t, d.redop);
+    return;
+  }
+  // In place over memory every rank's peers can map (Communicator::
+  // allocate): no copies in or out of the segment.
+  const std::optional<RegionRef> reg =
+      op.in.data == op.out.data ? find_region(op.in.data, bytes) : std::nullopt;
+  const bool direct = offer_direct(op, bytes);
+  arrive_large(d, what, dl, reg ? &*reg : nullptr, direct ? &op : nullptr);
+  if (reg && everyone_shared(d.seq)) {
+    trace::algorithm(op, "in_place");
+    return allreduce_shared(op, what, dl);
+  }
+  if (direct && everyone_direct(d.seq)) {
+    trace::algorithm(op, "direct");
+    return allreduce_direct(op, what, dl);
+  }
+  trace::algorithm(op, "rounds");
+  // Rounds of `per_round` elements: copy in, reduce own slice of
+  // everyone's round in place, copy every slice out.
+  const size_t per_round = std::max<size_t>(seg_.layout().chunk / es, 1);
+  const auto* in = static_cast<const uint8_t*>(op.in.data);
+  auto* out = static_cast<uint8_t*>(op.out.data);
+  for (size_t off = 0, r = 0; off < count; off += per_round, ++r) {
+    const int b = static_cast<int>(r & 1);
+    const size_t m = std::min(per_round, count - off);
+    const Slices sl = slices(m, es);
+    std::memcpy(seg_.big(me_, b), in + off * es, m * es);
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    reduce_own_slice([&](int q) { return seg_.big(q, b); }, sl, es, t, d.redop);
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    for (int k = 0; k < n_; ++k) {
+      const size_t klo = sl.lo(k), klen = sl.lo(k + 1) - klo;
+      if (klen) std::memcpy(out + (off + klo) * es, seg_.big(k, b) + klo * es, klen * es);
+    }
+    seg_.advance();
+  }
+}
+
+// Whether this rank offers direct reads for an op moving `bytes` here:
+// every rank may read every peer's memory, the op is large enough, and
+// the kernel can pin this rank's buffers for the peers' reads.
+bool ShmRunner::offer_direct(const Op& op, size_t bytes) {
+  return direct_size(bytes, offer_) &&
+         seg_.pinnable(op.in.data, op.in.nbytes(), op.out.data, op.out.nbytes());
+}
+
+bool ShmRunner::everyone_direct(uint32_t seq) {
+  for (int r = 0; r < n_; ++r)
+    if (!seg_.desc(r, seq).direct) return false;
+  return true;
+}
+
+// dst[0, len) = the elements [at, at + len) of every rank's input reduced,
+// this rank's term first and then the peers' in rank order after it: a
+// piece at a time, each peer's piece read into the scratch buffer (which
+// stays in this rank's cache) and reduced from there.
+void ShmRunner::reduce_from_peers(const Op& op, uint8_t* dst, size_t at, size_t len,
+                                  const What& what) {
+  const OpDesc& d = op.desc;
+  const DType t = op.in.dtype;
+  const size_t es = dtype_size(t);
+  const size_t piece = direct_piece(offer_, es);
+  if (scratch_.size() < piece * es) scratch_.resize(piece * es);
+  const auto* own = static_cast<const uint8_t*>(op.in.data) + at * es;
+  for (size_t off = 0; off < len; off += piece) {
+    seg_.check();  // a peer's abort, before the next piece, not the next wait
+    const size_t m = std::min(piece, len - off);
+    for (int i = 1; i < n_; ++i) {
+      const int q = (me_ + i) % n_;
+      seg_.read_peer(q, scratch_.data(), seg_.desc(q, d.seq).large.in_addr + (at + off) * es,
+                     m * es, what);
+      const int divisor = (d.redop == ReduceOp::avg && i == n_ - 1) ? n_ : 0;
+      kernels::reduce(t, d.redop, dst + off * es, i == 1 ? own + off * es : dst + off * es,
+                      scratch_.data(), m, divisor);
+    }
+  }
+}
+
+// Every rank may read every peer's memory (process_vm_readv, as Open
+// MPI's single copy does): no copy through the segment. Each rank reduces
+// its own 1/n slice of the whole buffer, a piece at a time: it reads each
+// peer's input piece into a scratch buffer that stays in its cache and
+// reduces it into its output; after one wait it reads the others' reduced
+// slices from their outputs into its own. Per rank that is the input and
+// a peer's slice read, the output written, against the segment path's
+// copy in, reduce in place and copy out. Each slice is reduced once, so
+// every rank ends with the same bits. The last wait keeps every buffer
+// unchanged until no rank reads it any more. In place works too: the
+// slice a rank reads from a peer's buffer in the first half is one that
+// peer only writes in the second.
+void ShmRunner::allreduce_direct(const Op& op, const What& what, Deadline dl) {
+  const OpDesc& d = op.desc;
+  const DType t = op.in.dtype;
+  const size_t es = dtype_size(t), count = op.in.numel;
+  const Slices sl = slices(count, es);
+  const size_t lo = sl.lo(me_);
+  auto* out = static_cast<uint8_t*>(op.out.data);
+  reduce_from_peers(op, out + lo * es, lo, sl.lo(me_ + 1) - lo, what);
+  seg_.advance();
+  seg_.wait_all(what, dl);
+  for (int k = 0; k < n_; ++k) {
+    const size_t klo = sl.lo(k), klen = sl.lo(k + 1) - klo;
+    if (k != me_ && klen)
+      seg_.read_peer(k, out + klo * es, seg_.desc(k, d.seq).large.out_addr + klo * es, klen * es,
+                     what);
+  }
+  seg_.advance();
+  seg_.wait_all(what, dl);
+}
+
+bool ShmRunner::everyone_shared(uint32_t seq) {
+  for (int r = 0; r < n_; ++r)
+    if (seg_.desc(r, seq).reg_id == 0) return false;
+  return true;
+}
+
+// Rank r's buffer of this op, mapped here (opened through /proc on the
+// first op that names its region, then kept until the runner goes).
+uint8_t* ShmRunner::peer_buffer(int r, const DescSlot& s, const What& what) {
+  Mapping& m = mapped_[{r, s.reg_id}];
+  m.used = ++uses_;
+  if (!m.base) {
+    // A peer's freed region stays alive while it is mapped here: keep at
+    // most kMaxMapped, dropping the one used longest ago (reopened if it
+    // comes back).
+    if (mapped_.size() > kMaxMapped) {
+      auto old = mapped_.begin();
+      for (auto it = mapped_.begin(); it != mapped_.end(); ++it)
+        if (it->second.used < old->second.used) old = it;
+      mapped_.erase(old);
+    }
+    m.base = static_cast<uint8_t*>(
+        shared_file::open(seg_.info(r).pid, s.large.reg_fd, s.large.reg_bytes, names_(me_),
+                          names_(r) + "'s shared buffer of " + what.str()));
+    m.bytes = s.large.reg_bytes;
+  }
+  return m.base + s.large.reg_offset;
+}
+
+// Every rank's buffer is mapped by every other: in rounds of n slices,
+// each rank reduces its own slice of every rank's buffer
+// into its own buffer, in place, and after one wait copies the others'
+// reduced slices from their buffers into its own while they are still in
+// the shared cache. Each slice is reduced once, so every rank ends with
+// the same bits. The last wait keeps every buffer unchanged until no rank
+// reads it any more.
+void ShmRunner::allreduce_shared(const Op& op, const What& what, Deadline dl) {
+  const OpDesc& d = op.desc;
+  const DType t = op.in.dtype;
+  const size_t es = dtype_size(t), count = op.in.numel;
+  std::vector<uint8_t*> buf(n_);
+  for (int r = 0; r < n_; ++r)
+    buf[r] =
+        r == me_ ? static_cast<uint8_t*>(op.in.data) : peer_buffer(r, seg_.desc(r, d.seq), what);
+  // Slices of 1 MiB per rank per round: no segment space limits them
+  // here, and with 256 KiB slices the waits cost 2 MiB to 256 MiB a fifth
+  // to two fifths of their speed (bench/RESULTS.md). Fixed, not the
+  // segment's round: that follows the L2 now, and this was measured alone.
+  const size_t per_round = std::max<size_t>(kSharedSlice / es, 1) * n_;
+  for (size_t off = 0; off < count; off += per_round) {
+    const Slices sl = slices(std::min(per_round, count - off), es);
+    reduce_own_slice([&](int q) { return buf[q] + off * es; }, sl, es, t, d.redop);
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    for (int k = 0; k < n_; ++k) {
+      const size_t klo = off + sl.lo(k), klen = sl.lo(k + 1) - sl.lo(k);
+      if (k != me_ && klen) std::memcpy(buf[me_] + klo * es, buf[k] + klo * es, klen * es);
+    }
+  }
+  seg_.advance();
+  seg_.wait_all(what, dl);
+}
+
+// Up to two rounds (an L2), where every rank may read every peer's
+// memory: each non-root reads the root's buffer straight into its own
+// (one copy, not two through the segment); the last wait keeps the
+// root's buffer until all have read. Larger, the rounds win: the root's
+// copy into the segment overlaps the others' copies out, where a direct
+// read leaves the root idle (2 ranks: 1 MiB 1.9 x faster direct, 4 MiB
+// 0.8 x, 64 MiB 0.7 x; bench/RESULTS.md).
+void ShmRunner::broadcast(const Op& op, const What& what, Deadline dl) {
+  const OpDesc& d = op.desc;
+  const int root = d.tag;
+  const size_t bytes = op.in.nbytes(), chunk = seg_.layout().chunk;
+  auto* buf = static_cast<uint8_t*>(op.in.data);
+  const bool direct = broadcast_direct_size(bytes, offer_) && offer_direct(op, bytes);
+  arrive_large(d, what, dl, nullptr, direct ? &op : nullptr);
+  if (direct && everyone_direct(d.seq)) {
+    trace::algorithm(op, "direct");
+    if (me_ != root) seg_.read_peer(root, buf, seg_.desc(root, d.seq).large.in_addr, bytes, what);
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    return;
+  }
+  trace::algorithm(op, "rounds");
+  const uint32_t base = seg_.phase();
+  for (size_t off = 0, r = 0; off < bytes; off += chunk, ++r) {
+    const int b = static_cast<int>(r & 1);
+    const size_t m = std::min(chunk, bytes - off);
+    // Phases per round: ready = base + 2r + 1, done = base + 2r + 2.
+    if (me_ == root) {
+      if (r >= 2) seg_.wait_all_at(base + 2 * static_cast<uint32_t>(r - 2) + 2, what, dl);
+      std::memcpy(seg_.big(root, b), buf + off, m);
+      seg_.advance();
+    } else {
+      seg_.advance();
+      seg_.wait_rank(root, seg_.phase(), what, dl);
+      std::memcpy(buf + off, seg_.big(root, b), m);
+    }
+    seg_.advance();
+  }
+}
+
+// Direct: each rank reads every peer's block from its input.
+void ShmRunner::allgather(const Op& op, const What& what, Deadline dl) {
+  const size_t block = op.in.nbytes(), chunk = seg_.layout().chunk;
+  const auto* in = static_cast<const uint8_t*>(op.in.data);
+  auto* out = static_cast<uint8_t*>(op.out.data);
+  const bool direct = offer_direct(op, block * n_);
+  arrive_large(op.desc, what, dl, nullptr, direct ? &op : nullptr);
+  if (direct && everyone_direct(op.desc.seq)) {
+    trace::algorithm(op, "direct");
+    if (in != out + me_ * block) std::memcpy(out + me_ * block, in, block);
+    for (int i = 1; i < n_; ++i) {
+      const int k = (me_ + i) % n_;
+      seg_.read_peer(k, out + k * block, seg_.desc(k, op.desc.seq).large.in_addr, block, what);
+    }
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    return;
+  }
+  trace::algorithm(op, "rounds");
+  for (size_t off = 0, r = 0; off < block; off += chunk, ++r) {
+    const int b = static_cast<int>(r & 1);
+    const size_t m = std::min(chunk, block - off);
+    std::memcpy(seg_.big(me_, b), in + off, m);
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    for (int k = 0; k < n_; ++k) std::memmove(out + k * block + off, seg_.big(k, b), m);
+    seg_.advance();
+  }
+}
+
+// Direct: each rank reduces its own block of every rank's input into its
+// output, a piece at a time through the scratch buffer.
+void ShmRunner::reduce_scatter(const Op& op, const What& what, Deadline dl) {
+  const OpDesc& d = op.desc;
+  const DType t = op.in.dtype;
+  const size_t es = dtype_size(t), cnt = op.out.numel;
+  const size_t per_round = std::max<size_t>(seg_.layout().chunk / (es * n_), 1);
+  const auto* in = static_cast<const uint8_t*>(op.in.data);
+  auto* out = static_cast<uint8_t*>(op.out.data);
+  const bool direct = offer_direct(op, op.in.nbytes());
+  arrive_large(d, what, dl, nullptr, direct ? &op : nullptr);
+  if (direct && everyone_direct(d.seq)) {
+    trace::algorithm(op, "direct");
+    reduce_from_peers(op, out, static_cast<size_t>(me_) * cnt, cnt, what);
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    return;
+  }
+  trace::algorithm(op, "rounds");
+  for (size_t off = 0, r = 0; off < cnt; off += per_round, ++r) {
+    const int b = static_cast<int>(r & 1);
+    const size_t m = std::min(per_round, cnt - off);
+    for (int k = 0; k < n_; ++k)
+      std::memcpy(seg_.big(me_, b) + k * m * es, in + (k * cnt + off) * es, m * es);
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    for (int k = 0; k < n_; ++k) srcs_[k] = seg_.big(k, b) + me_ * m * es;
+    reduce_into(out + off * es, srcs_, m, t, d.redop);
+    seg_.advance();
+  }
+}
+
+// Block k of each rank's input goes to rank k's output, at the sender's
+// place. The smallest go as all-reduce's do: the whole input in the
+// rank's descriptor (inline) or its small slot (one_step), one arrival.
+// Direct: every rank reads its block of each peer's input from the
+// peer's memory. Rounds: each rank puts a piece of every block in its
+// buffer, and every rank takes its own piece from each; double-buffered
+// as allgather's rounds.
+void ShmRunner::alltoall(const Op& op, const What& what, Deadline dl) {
+  const OpDesc& d = op.desc;
+  const size_t bytes = op.in.nbytes(), block = bytes / static_cast<size_t>(n_);
+  const auto* in = static_cast<const uint8_t*>(op.in.data);
+  auto* out = static_cast<uint8_t*>(op.out.data);
+  const size_t mine = static_cast<size_t>(me_) * block;
+  // Rank k's block for this rank, from where k put its whole input.
+  auto take = [&](auto&& input_of) {
+    for (int k = 0; k < n_; ++k)
+      if (k != me_) std::memcpy(out + static_cast<size_t>(k) * block, input_of(k) + mine, block);
+  };
+  if (block) std::memcpy(out + mine, in + mine, block);  // this rank's own
+  const Path path = small_path(n_, bytes, offer_);
+  if (path == Path::local) {
+    trace::algorithm(op, "local");
+    return arrive(d, what, dl);
+  }
+  if (path == Path::inline_line) {
+    trace::algorithm(op, "inline");
+    DescSlot& s = seg_.desc(me_, d.seq);
+    std::memcpy(s.inline_data, in, bytes);
+    announce(d);
+    s.ready.store(d.seq, std::memory_order_release);
+    seg_.advance();
+    seg_.wait_all_ready(d.seq, what, dl);
+    verify(d, what);
+    take([&](int k) { return static_cast<const uint8_t*>(seg_.desc(k, d.seq).inline_data); });
+    return;
+  }
+  if (path == Path::one_step) {
+    trace::algorithm(op, "one_step");
+    std::memcpy(seg_.small_slot(me_, d.seq), in, bytes);
+    arrive(d, what, dl);
+    take([&](int k) { return static_cast<const uint8_t*>(seg_.small_slot(k, d.seq)); });
+    return;
+  }
+  const bool direct = offer_direct(op, bytes);
+  arrive_large(d, what, dl, nullptr, direct ? &op : nullptr);
+  if (direct && everyone_direct(d.seq)) {
+    trace::algorithm(op, "direct");
+    for (int i = 1; i < n_; ++i) {
+      const int k = (me_ + i) % n_;
+      seg_.read_peer(k, out + static_cast<size_t>(k) * block,
+                     seg_.desc(k, d.seq).large.in_addr + mine, block, what);
+    }
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    return;
+  }
+  trace::algorithm(op, "rounds");
+  const size_t per = std::max<size_t>(seg_.layout().chunk / static_cast<size_t>(n_), 1);
+  for (size_t off = 0, r = 0; off < block; off += per, ++r) {
+    const int b = static_cast<int>(r & 1);
+    const size_t m = std::min(per, block - off);
+    for (int k = 0; k < n_; ++k)
+      if (k != me_)
+        std::memcpy(seg_.big(me_, b) + static_cast<size_t>(k) * m,
+                    in + static_cast<size_t>(k) * block + off, m);
+    seg_.advance();
+    seg_.wait_all(what, dl);
+    for (int k = 0; k < n_; ++k)
+      if (k != me_)
+        std::memcpy(out + static_cast<size_t>(k) * block + off,
+                    seg_.big(k, b) + static_cast<size_t>(me_) * m, m);
+    seg_.advance();
+  }
+}
+
+}  // namespace collie::shm
