@@ -37,6 +37,11 @@ OpDesc desc_of(const DescSlot& s) {
 
 }  // namespace
 
+// Every member below is inline, as it was inside the class: an 8 B to 4 KiB
+// op is a few hundred nanoseconds, and out-of-line helpers (arrive,
+// verify, reduce_into, ...) made shm's 512 B all-reduce and all-to-all 8 %
+// slower (bench/RESULTS.md, "The house moved, again"). They are used here
+// only.
 void ShmRunner::run_collective(const Op& op, Deadline dl) {
   const OpDesc& d = op.desc;
   const What what(d);
@@ -61,7 +66,7 @@ void ShmRunner::run_collective(const Op& op, Deadline dl) {
   throw Error(ErrorCode::internal, what.str() + " is not a collective the shm backend runs");
 }
 
-void ShmRunner::announce(const OpDesc& d, const RegionRef* reg) {
+inline void ShmRunner::announce(const OpDesc& d, const RegionRef* reg) {
   DescSlot& s = seg_.desc(me_, d.seq);
   s.reg_id = reg ? reg->id : 0;
   if (reg) {
@@ -77,7 +82,7 @@ void ShmRunner::announce(const OpDesc& d, const RegionRef* reg) {
   s.count = d.count;
 }
 
-void ShmRunner::verify(const OpDesc& d, const What& what) {
+inline void ShmRunner::verify(const OpDesc& d, const What& what) {
   for (int r = 0; r < n_; ++r) {
     if (r == me_) continue;
     const OpDesc theirs = desc_of(seg_.desc(r, d.seq));
@@ -86,7 +91,8 @@ void ShmRunner::verify(const OpDesc& d, const What& what) {
   }
 }
 
-void ShmRunner::arrive(const OpDesc& d, const What& what, Deadline dl, const RegionRef* reg) {
+inline void ShmRunner::arrive(const OpDesc& d, const What& what, Deadline dl,
+                              const RegionRef* reg) {
   announce(d, reg);
   seg_.advance();
   seg_.wait_all(what, dl);
@@ -97,8 +103,8 @@ void ShmRunner::arrive(const OpDesc& d, const What& what, Deadline dl, const Reg
 // whether this rank offers it (non-null `direct`) and where its buffers
 // are. Only these paths write or read the flag: the small ones leave it
 // alone (touching it there cost an 8 B all-reduce 10-15% here).
-void ShmRunner::arrive_large(const OpDesc& d, const What& what, Deadline dl, const RegionRef* reg,
-                             const Op* direct) {
+inline void ShmRunner::arrive_large(const OpDesc& d, const What& what, Deadline dl,
+                                    const RegionRef* reg, const Op* direct) {
   DescSlot& s = seg_.desc(me_, d.seq);
   s.direct = direct != nullptr;
   if (direct) {  // the second line only then
@@ -109,8 +115,8 @@ void ShmRunner::arrive_large(const OpDesc& d, const What& what, Deadline dl, con
 }
 
 // dst = srcs[0] op srcs[1] op ... in that order (avg divides at the last step).
-void ShmRunner::reduce_into(void* dst, const std::vector<const void*>& srcs, size_t count, DType t,
-                            ReduceOp op) {
+inline void ShmRunner::reduce_into(void* dst, const std::vector<const void*>& srcs, size_t count,
+                                   DType t, ReduceOp op) {
   const int k = static_cast<int>(srcs.size());
   if (k == 1) {
     if (op == ReduceOp::avg)
@@ -130,17 +136,17 @@ void ShmRunner::reduce_into(void* dst, const std::vector<const void*>& srcs, siz
 // read that line, reading it back here missed the cache (8% of an 8 B
 // all-reduce in perf). Not in place past the first term: reduce_into
 // writes the output before it reads term me_.
-void ShmRunner::own_from_input(const Op& op) {
+inline void ShmRunner::own_from_input(const Op& op) {
   if (op.in.data != op.out.data || me_ == 0) srcs_[me_] = op.in.data;
 }
 
-ShmRunner::Slices ShmRunner::slices(size_t m, size_t es) const {
+inline ShmRunner::Slices ShmRunner::slices(size_t m, size_t es) const {
   const size_t align = std::max<size_t>(64 / es, 1);
   const size_t per = (m + n_ - 1) / n_;
   return {m, (per + align - 1) / align * align};
 }
 
-void ShmRunner::allreduce(const Op& op, const What& what, Deadline dl) {
+inline void ShmRunner::allreduce(const Op& op, const What& what, Deadline dl) {
   const OpDesc& d = op.desc;
   const DType t = op.in.dtype;
   const size_t es = dtype_size(t), count = op.in.numel, bytes = count * es;
@@ -220,12 +226,12 @@ void ShmRunner::allreduce(const Op& op, const What& what, Deadline dl) {
 // Whether this rank offers direct reads for an op moving `bytes` here:
 // every rank may read every peer's memory, the op is large enough, and
 // the kernel can pin this rank's buffers for the peers' reads.
-bool ShmRunner::offer_direct(const Op& op, size_t bytes) {
+inline bool ShmRunner::offer_direct(const Op& op, size_t bytes) {
   return direct_size(bytes, offer_) &&
          seg_.pinnable(op.in.data, op.in.nbytes(), op.out.data, op.out.nbytes());
 }
 
-bool ShmRunner::everyone_direct(uint32_t seq) {
+inline bool ShmRunner::everyone_direct(uint32_t seq) {
   for (int r = 0; r < n_; ++r)
     if (!seg_.desc(r, seq).direct) return false;
   return true;
@@ -235,8 +241,8 @@ bool ShmRunner::everyone_direct(uint32_t seq) {
 // this rank's term first and then the peers' in rank order after it: a
 // piece at a time, each peer's piece read into the scratch buffer (which
 // stays in this rank's cache) and reduced from there.
-void ShmRunner::reduce_from_peers(const Op& op, uint8_t* dst, size_t at, size_t len,
-                                  const What& what) {
+inline void ShmRunner::reduce_from_peers(const Op& op, uint8_t* dst, size_t at, size_t len,
+                                         const What& what) {
   const OpDesc& d = op.desc;
   const DType t = op.in.dtype;
   const size_t es = dtype_size(t);
@@ -269,7 +275,7 @@ void ShmRunner::reduce_from_peers(const Op& op, uint8_t* dst, size_t at, size_t 
 // unchanged until no rank reads it any more. In place works too: the
 // slice a rank reads from a peer's buffer in the first half is one that
 // peer only writes in the second.
-void ShmRunner::allreduce_direct(const Op& op, const What& what, Deadline dl) {
+inline void ShmRunner::allreduce_direct(const Op& op, const What& what, Deadline dl) {
   const OpDesc& d = op.desc;
   const DType t = op.in.dtype;
   const size_t es = dtype_size(t), count = op.in.numel;
@@ -289,7 +295,7 @@ void ShmRunner::allreduce_direct(const Op& op, const What& what, Deadline dl) {
   seg_.wait_all(what, dl);
 }
 
-bool ShmRunner::everyone_shared(uint32_t seq) {
+inline bool ShmRunner::everyone_shared(uint32_t seq) {
   for (int r = 0; r < n_; ++r)
     if (seg_.desc(r, seq).reg_id == 0) return false;
   return true;
@@ -297,7 +303,7 @@ bool ShmRunner::everyone_shared(uint32_t seq) {
 
 // Rank r's buffer of this op, mapped here (opened through /proc on the
 // first op that names its region, then kept until the runner goes).
-uint8_t* ShmRunner::peer_buffer(int r, const DescSlot& s, const What& what) {
+inline uint8_t* ShmRunner::peer_buffer(int r, const DescSlot& s, const What& what) {
   Mapping& m = mapped_[{r, s.reg_id}];
   m.used = ++uses_;
   if (!m.base) {
@@ -325,7 +331,7 @@ uint8_t* ShmRunner::peer_buffer(int r, const DescSlot& s, const What& what) {
 // the shared cache. Each slice is reduced once, so every rank ends with
 // the same bits. The last wait keeps every buffer unchanged until no rank
 // reads it any more.
-void ShmRunner::allreduce_shared(const Op& op, const What& what, Deadline dl) {
+inline void ShmRunner::allreduce_shared(const Op& op, const What& what, Deadline dl) {
   const OpDesc& d = op.desc;
   const DType t = op.in.dtype;
   const size_t es = dtype_size(t), count = op.in.numel;
@@ -359,7 +365,7 @@ void ShmRunner::allreduce_shared(const Op& op, const What& what, Deadline dl) {
 // copy into the segment overlaps the others' copies out, where a direct
 // read leaves the root idle (2 ranks: 1 MiB 1.9 x faster direct, 4 MiB
 // 0.8 x, 64 MiB 0.7 x; bench/RESULTS.md).
-void ShmRunner::broadcast(const Op& op, const What& what, Deadline dl) {
+inline void ShmRunner::broadcast(const Op& op, const What& what, Deadline dl) {
   const OpDesc& d = op.desc;
   const int root = d.tag;
   const size_t bytes = op.in.nbytes(), chunk = seg_.layout().chunk;
@@ -393,7 +399,7 @@ void ShmRunner::broadcast(const Op& op, const What& what, Deadline dl) {
 }
 
 // Direct: each rank reads every peer's block from its input.
-void ShmRunner::allgather(const Op& op, const What& what, Deadline dl) {
+inline void ShmRunner::allgather(const Op& op, const What& what, Deadline dl) {
   const size_t block = op.in.nbytes(), chunk = seg_.layout().chunk;
   const auto* in = static_cast<const uint8_t*>(op.in.data);
   auto* out = static_cast<uint8_t*>(op.out.data);
@@ -424,7 +430,7 @@ void ShmRunner::allgather(const Op& op, const What& what, Deadline dl) {
 
 // Direct: each rank reduces its own block of every rank's input into its
 // output, a piece at a time through the scratch buffer.
-void ShmRunner::reduce_scatter(const Op& op, const What& what, Deadline dl) {
+inline void ShmRunner::reduce_scatter(const Op& op, const What& what, Deadline dl) {
   const OpDesc& d = op.desc;
   const DType t = op.in.dtype;
   const size_t es = dtype_size(t), cnt = op.out.numel;
@@ -461,7 +467,7 @@ void ShmRunner::reduce_scatter(const Op& op, const What& what, Deadline dl) {
 // peer's memory. Rounds: each rank puts a piece of every block in its
 // buffer, and every rank takes its own piece from each; double-buffered
 // as allgather's rounds.
-void ShmRunner::alltoall(const Op& op, const What& what, Deadline dl) {
+inline void ShmRunner::alltoall(const Op& op, const What& what, Deadline dl) {
   const OpDesc& d = op.desc;
   const size_t bytes = op.in.nbytes(), block = bytes / static_cast<size_t>(n_);
   const auto* in = static_cast<const uint8_t*>(op.in.data);
