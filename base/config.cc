@@ -70,14 +70,15 @@ std::optional<std::pair<long long, std::string>> first_int(const Env& env, Field
 // under mpirun). 20000 + the job id's hash mod kJobPorts.
 constexpr unsigned long long kJobPorts = 32768 - 20000;
 
+int port_from(std::string_view id) {
+  unsigned long long h = 1469598103934665603ull;
+  for (char c : id) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return 20000 + static_cast<int>(h % kJobPorts);
+}
+
 std::optional<int> port_from_job_id(const Env& env) {
-  for (const char* name : {"OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_JOBID"}) {
-    if (const char* v = env(name); v && *v) {
-      unsigned long long h = 1469598103934665603ull;
-      for (const char* p = v; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
-      return 20000 + static_cast<int>(h % kJobPorts);
-    }
-  }
+  for (const char* name : {"OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_JOBID"})
+    if (const char* v = env(name); v && *v) return port_from(v);
   return std::nullopt;
 }
 
@@ -184,10 +185,19 @@ Launch resolve_launch(const Options& o, const Env& env) {
                     " is not a TCP port; use a number in 1..65535");
         l.master_port = static_cast<int>(*v);
         // torchrun's agent already serves its own store on MASTER_PORT;
-        // collie's rank 0 then serves on the next port (every rank agrees).
+        // collie's rank 0 then serves on a port derived from it and the
+        // run id, which every rank of every node derives alike, below the
+        // ephemeral ports. Not MASTER_PORT + 1: PyTorch 2.x's agent binds
+        // MASTER_PORT where the kernel says (37515, odd, as Linux's bind()
+        // prefers), and the port above is then an even ephemeral port, the
+        // kind connect() takes for its local end: any connection may hold it.
         const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
-        if (std::string_view(s.port) == "MASTER_PORT" && agent && std::string_view(agent) == "True")
-          l.master_port = l.master_port == 65535 ? l.master_port - 1 : l.master_port + 1;
+        if (std::string_view(s.port) == "MASTER_PORT" && agent &&
+            std::string_view(agent) == "True") {
+          const char* run = env("TORCHELASTIC_RUN_ID");
+          const int p = port_from("torchrun " + std::to_string(*v) + " " + (run ? run : ""));
+          l.master_port = p == *v ? 20000 + static_cast<int>((p - 20000 + 1) % kJobPorts) : p;
+        }
       }
   if (auto fd = parse_int("COLLIE_STORE_FD", env("COLLIE_STORE_FD"))) {
     if (*fd < 0 || *fd > INT_MAX)

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -71,11 +72,34 @@ TEST(Config, SourcesInPrecedenceOrder) {
   }
 
   // Under torchrun the agent's own store holds MASTER_PORT: collie uses the next.
-  l = config::resolve_launch(none, fake({{"RANK", "1"},
-                                         {"WORLD_SIZE", "2"},
-                                         {"MASTER_PORT", "29500"},
-                                         {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
-  EXPECT_EQ(l.master_port, 29501);
+  // Under torchrun's agent store: a port every rank derives alike from the
+  // agent's and the run id, below Linux's ephemeral ports (32768 up),
+  // where PyTorch 2.x's agent puts MASTER_PORT and where the port above it
+  // may be any connection's local end.
+  auto beside_agent = [&](const char* rank, const char* port, const char* run) {
+    return config::resolve_launch(none, fake({{"RANK", rank},
+                                              {"WORLD_SIZE", "2"},
+                                              {"MASTER_PORT", port},
+                                              {"TORCHELASTIC_RUN_ID", run},
+                                              {"TORCHELASTIC_USE_AGENT_STORE", "True"}}))
+        .master_port;
+  };
+  for (const char* port : {"29500", "37515", "20000", "65535"}) {
+    const int p = beside_agent("1", port, "none");
+    EXPECT_GE(p, 20000) << port;
+    EXPECT_LT(p, 32768) << port;
+    EXPECT_NE(p, std::atoi(port)) << port;
+    EXPECT_EQ(beside_agent("0", port, "none"), p) << port;  // every rank alike
+  }
+  std::set<int> ports;  // other jobs, other ports (their agents' ports differ)
+  for (int agent = 37501; agent < 37521; agent += 2)
+    ports.insert(beside_agent("0", std::to_string(agent).c_str(), "none"));
+  EXPECT_EQ(ports.size(), 10u);
+  EXPECT_NE(beside_agent("0", "29500", "job-a"), beside_agent("0", "29500", "job-b"));
+  // Without the agent store, MASTER_PORT is collie's own.
+  l = config::resolve_launch(none,
+                             fake({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}}));
+  EXPECT_EQ(l.master_port, 29500);
 
   l = config::resolve_launch(none, fake({{"SLURM_PROCID", "5"},
                                          {"SLURM_NTASKS", "6"},
