@@ -47,7 +47,6 @@ constexpr auto kHandshakeTime = std::chrono::seconds(10);
 // the listener stays readable, so polling it would spin.
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 
-
 class Server final : public TcpStoreServer {
  public:
   Server(net::Fd listener, StoreAuth auth)
