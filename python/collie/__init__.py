@@ -9,9 +9,11 @@ Launch with collie-run, torchrun, mpirun or srun, or from Python with
 collie.spawn(fn, nprocs). Errors are collie.Error, whose `code` says what kind
 ("peer_lost", "timeout", "mismatch", "invalid_argument", ...).
 """
+import atexit
 import ctypes
 import itertools
 import threading
+import weakref
 
 from ._lib import Error, lib, check
 from . import _lib
@@ -56,6 +58,33 @@ _callback_keys = itertools.count(1)
 
 _completions = None  # the threads that run completion functions (made at first use)
 _completions_lock = threading.Lock()
+_exiting = False  # set at exit (_close_at_exit): completions are no longer run
+
+# What is still open at exit, closed before the interpreter finalizes: the
+# DDP wrappers (their reducers) first, then the communicators. A collie
+# thread that calls into Python once finalization has begun (a completion
+# dispatched a moment after the program's last wait returned) is ended by
+# Python with pthread_exit, and that forced unwind through collie's C++
+# frames aborts the process ("terminate called without an active
+# exception") after a job that had passed: CI saw it about once in 25 runs
+# of the backend's checks. Closed here, every collie thread is joined
+# while it may still take the GIL.
+_open_wrappers = weakref.WeakSet()
+_open_comms = weakref.WeakSet()
+
+
+def _close_at_exit():
+    global _exiting
+    _exiting = True  # what completes while these close is not run (nobody waits)
+    for group in (_open_wrappers, _open_comms):
+        for obj in list(group):
+            try:
+                obj.close()
+            except Exception:  # noqa: BLE001 - at exit: nobody to raise to
+                pass
+
+
+atexit.register(_close_at_exit)
 
 
 def _dispatch(user, status, message):
@@ -65,7 +94,7 @@ def _dispatch(user, status, message):
     another op and wait for it (PyTorch's PowerSGD hook does), and that
     op's completion needs this thread."""
     entry = _callbacks.pop(user, None)
-    if entry is None:
+    if entry is None or _exiting:
         return
     fn, work = entry
     err = None if status == _lib.OK else _lib.error(
@@ -79,7 +108,10 @@ def _dispatch(user, status, message):
                 # (to this bound) instead of stalling the others.
                 _completions = ThreadPoolExecutor(max_workers=64,
                                                   thread_name_prefix="collie-completion")
-    _completions.submit(_run_completion, fn, err, work)
+    try:
+        _completions.submit(_run_completion, fn, err, work)
+    except RuntimeError:  # the pool has shut down: the interpreter is exiting
+        pass
 
 
 def _run_completion(fn, err, work):  # noqa: ARG001 - work: alive (its buffers too) until fn has run
@@ -198,6 +230,8 @@ class Communicator:
     def __init__(self, handle, owned=True):
         self._h = ctypes.c_void_p(handle)
         self._owned = owned
+        if owned:
+            _open_comms.add(self)
 
     @property
     def handle(self):
@@ -296,6 +330,7 @@ class Communicator:
         if self._owned and self._h:
             check(lib.collie_comm_destroy(self._h))
         self._h = None
+        _open_comms.discard(self)
 
     def __del__(self):
         try:

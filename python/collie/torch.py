@@ -34,7 +34,7 @@ import warnings
 import torch
 from torch.distributed.algorithms.join import Join, Joinable
 
-from . import Communicator, Error, Work, as_tensor, default_communicator
+from . import Communicator, Error, Work, _open_wrappers, as_tensor, default_communicator
 from . import _lib
 from . import distributed as _distributed  # noqa: F401 - registers the backend "collie"
 from ._ddp_parts import (REFUSED_OPTIONS, _DTYPES, _MiB, _TORCH_OF, GradBucket,  # noqa: F401
@@ -143,6 +143,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         check(lib.collie_reducer_create(self._comm.handle, tensors, None, n, ctypes.byref(opts),
                                         ctypes.byref(h)))
         self._h = h
+        _open_wrappers.add(self)  # closed at exit, before the interpreter finalizes
         self._generation = None
         self._views = [None] * n
         if self._bucket_view:
@@ -682,6 +683,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                 h.remove()
             check(lib.collie_reducer_destroy(self._h))
             self._h = None
+            _open_wrappers.discard(self)
             if self._owns_comm:
                 self._comm.close()
 
