@@ -87,6 +87,9 @@ struct TcpTuning {
   // into one part per connection, at most, each at least lane_min_bytes.
   int sockets_per_peer = 1;
   size_t lane_min_bytes = 64 * 1024;  // COLLIE_TCP_SOCKET_MIN_BYTES
+  // COLLIE_TCP_SPLIT_DIRECTIONS: a message of at least lane_min_bytes goes
+  // on connections that carry its direction only (comm/tcp/tcp_mesh.h).
+  bool split_directions = true;
 };
 
 TcpTuning tcp_tuning(const Env& env);

@@ -31,10 +31,11 @@ static int spin_us(const Env& env) {
 
 std::map<std::string, std::string> parse_tuning_file(std::istream& f, const std::string& path) {
   static const char* const kNames[] = {
-      "COLLIE_TCP_LATENCY_US",  "COLLIE_TCP_GBPS",      "COLLIE_REDUCE_GBPS",
-      "COLLIE_TCP_CHUNK_BYTES", "COLLIE_SOCKET_BUFFER", "COLLIE_SPIN_US",
-      "COLLIE_SHM_CHUNK",       "COLLIE_SHM_SMALL",     "COLLIE_HIER_PIECE",
-      "COLLIE_ALLREDUCE_ALGO",  "COLLIE_TCP_SOCKETS",   "COLLIE_TCP_SOCKET_MIN_BYTES"};
+      "COLLIE_TCP_LATENCY_US",      "COLLIE_TCP_GBPS",      "COLLIE_REDUCE_GBPS",
+      "COLLIE_TCP_CHUNK_BYTES",     "COLLIE_SOCKET_BUFFER", "COLLIE_SPIN_US",
+      "COLLIE_SHM_CHUNK",           "COLLIE_SHM_SMALL",     "COLLIE_HIER_PIECE",
+      "COLLIE_ALLREDUCE_ALGO",      "COLLIE_TCP_SOCKETS",   "COLLIE_TCP_SOCKET_MIN_BYTES",
+      "COLLIE_TCP_SPLIT_DIRECTIONS"};
   std::map<std::string, std::string> values;
   auto trim = [](std::string s) {
     s.erase(0, s.find_first_not_of(" \t\r"));
@@ -116,6 +117,13 @@ TcpTuning tcp_tuning(const Env& raw) {
   if (auto v = parse_bytes("COLLIE_TCP_SOCKET_MIN_BYTES", env("COLLIE_TCP_SOCKET_MIN_BYTES"))) {
     if (*v < 4096) throw bad("COLLIE_TCP_SOCKET_MIN_BYTES must be at least 4096");
     t.lane_min_bytes = static_cast<size_t>(*v);
+  }
+  if (auto v = parse_int("COLLIE_TCP_SPLIT_DIRECTIONS", env("COLLIE_TCP_SPLIT_DIRECTIONS"))) {
+    if (*v != 0 && *v != 1)
+      throw bad(
+          "COLLIE_TCP_SPLIT_DIRECTIONS must be 0 (large messages both ways on one "
+          "connection) or 1 (one connection per direction)");
+    t.split_directions = *v == 1;
   }
   return t;
 }

@@ -150,6 +150,15 @@ TEST(Config, BadValuesSayWhatToChange) {
   EXPECT_NE(msg.find("COLLIE_TIMEOUT"), std::string::npos) << msg;
   msg = error_of([&] { config::tcp_tuning(fake({{"COLLIE_ALLREDUCE_ALGO", "fast"}})); });
   EXPECT_NE(msg.find("auto, ring, rd"), std::string::npos) << msg;
+  msg = error_of([&] { config::tcp_tuning(fake({{"COLLIE_TCP_SPLIT_DIRECTIONS", "2"}})); });
+  EXPECT_NE(msg.find("COLLIE_TCP_SPLIT_DIRECTIONS must be 0"), std::string::npos) << msg;
+}
+
+// One connection per direction for large TCP messages unless turned off.
+TEST(Config, TcpSplitsDirectionsUnlessTurnedOff) {
+  EXPECT_TRUE(config::tcp_tuning(fake({})).split_directions);
+  EXPECT_TRUE(config::tcp_tuning(fake({{"COLLIE_TCP_SPLIT_DIRECTIONS", "1"}})).split_directions);
+  EXPECT_FALSE(config::tcp_tuning(fake({{"COLLIE_TCP_SPLIT_DIRECTIONS", "0"}})).split_directions);
 }
 
 // Sizes in bytes take collie-bench's K, M and G (binary) as well as plain

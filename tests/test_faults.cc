@@ -824,9 +824,66 @@ TEST(Faults, DifferentSocketCountsAreNamed) {
       20s);
   for (int r = 0; r < 2; ++r) EXPECT_FALSE(out[r].ok() || out[r].hung) << describe(out);
   EXPECT_EQ(out[0].code(), "invalid_argument") << describe(out);
-  EXPECT_TRUE(contains(out[0].message(), "rank 1 opens 2 connections")) << describe(out);
+  // Two sockets per peer, each doubled: one per direction.
+  EXPECT_TRUE(contains(out[0].message(), "rank 1 opens 4 connections")) << describe(out);
   EXPECT_TRUE(contains(out[0].message(), "COLLIE_TCP_SOCKETS")) << describe(out);
   EXPECT_TRUE(contains(out[1].message(), "COLLIE_TCP_SOCKETS")) << describe(out);
+}
+
+// One connection per direction on one rank, one for both on the other.
+TEST(Faults, DifferentDirectionSplitsAreNamed) {
+  auto out = run_ranks(
+      2,
+      [](int rank, Options opt) {
+        opt.backend = "tcp";
+        setenv("COLLIE_TCP_SOCKETS", "1", 1);
+        setenv("COLLIE_TCP_SPLIT_DIRECTIONS", rank == 1 ? "0" : "1", 1);
+        connect(opt);
+        return std::string("joined");
+      },
+      20s);
+  for (int r = 0; r < 2; ++r) EXPECT_FALSE(out[r].ok() || out[r].hung) << describe(out);
+  EXPECT_EQ(out[0].code(), "invalid_argument") << describe(out);
+  EXPECT_TRUE(contains(out[0].message(), "rank 1 opens 1 connection to each peer and this rank 2"))
+      << describe(out);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(contains(out[r].message(), "COLLIE_TCP_SPLIT_DIRECTIONS")) << describe(out);
+}
+
+// Over TCP a message of 64 KiB or more goes on a connection that carries its
+// direction only, a smaller one on the connection both directions share
+// (comm/tcp/tcp_mesh.h). A receive of another size than the send therefore
+// waits on another connection than the one the message came on: it must
+// still be a mismatch naming the sender, at once, never a wait for the
+// deadline. Every pair of sizes on either side of the cut, both ways.
+TEST(Faults, ASendAndAReceiveOfDifferentSizesAreAMismatchWhateverConnectionEachTakes) {
+  const size_t small = 1024, large = 32 * 1024, larger = 64 * 1024;  // floats
+  const std::pair<size_t, size_t> cases[] = {
+      {large, small}, {small, large}, {large, larger}, {larger, large}};
+  for (auto [sent, expected] : cases) {
+    for (int from : {0, 1}) {
+      auto out = run_ranks(
+          2,
+          [=](int rank, Options opt) {
+            opt.backend = "tcp";
+            auto c = connect(opt);
+            std::vector<float> buf(std::max(sent, expected), 1.0f);
+            if (rank == from)
+              c->send(view_of(buf.data(), sent), 1 - from).wait();
+            else
+              c->recv(view_of(buf.data(), expected), from).wait();
+            return std::string("completed");
+          },
+          30s);
+      const int to = 1 - from;
+      SCOPED_TRACE("rank " + std::to_string(from) + " sends " + std::to_string(sent) +
+                   " floats, rank " + std::to_string(to) + " expects " + std::to_string(expected));
+      EXPECT_FALSE(out[0].hung || out[1].hung) << describe(out);
+      EXPECT_EQ(out[to].code(), "mismatch") << describe(out);
+      EXPECT_TRUE(contains(out[to].message(), "rank " + std::to_string(from))) << describe(out);
+      EXPECT_TRUE(contains(out[to].message(), "x " + std::to_string(sent))) << describe(out);
+    }
+  }
 }
 
 // The shm round and one-step sizes set the segment's layout and the

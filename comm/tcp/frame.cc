@@ -60,17 +60,25 @@ bool known_fields(const FrameHeader& h) {
 }  // namespace
 
 FrameCheck check_frame(const FrameHeader& h, const OpDesc& expected, uint64_t bytes,
-                       const std::string& me, const std::string& peer) {
-  FrameHeader expect = make_header(FrameKind::data, expected, bytes);
+                       const std::string& me, const std::string& peer, FrameKind kind) {
+  FrameHeader expect = make_header(kind, expected, bytes);
   if (std::memcmp(&h, &expect, sizeof h) == 0) return FrameCheck::expected;
-  // The same step of the same operation, of another length: the ranks cut
-  // the operation into steps differently.
-  FrameHeader same_step = make_header(FrameKind::data, expected, h.bytes);
-  if (std::memcmp(&h, &same_step, sizeof h) == 0)
+  // The same step of the same operation, of another length (here, or
+  // announced as going on another connection): the ranks cut the operation
+  // into steps differently.
+  for (FrameKind k : {FrameKind::data, FrameKind::elsewhere}) {
+    FrameHeader same_step = make_header(k, expected, h.bytes);
+    if (h.bytes == bytes || std::memcmp(&h, &same_step, sizeof h) != 0) continue;
+    if (expected.op == OpKind::p2p)
+      throw Error(ErrorCode::mismatch,
+                  expected.describe() + " on " + me + ": " + peer + " sent a message of " +
+                      std::to_string(h.bytes) + " bytes where this rank receives " +
+                      std::to_string(bytes) + ": a send and its receive must have the same size");
     throw Error(ErrorCode::mismatch,
                 expected.describe() + " on " + me + ": " + peer + " sent a step of " +
                     std::to_string(h.bytes) + " bytes where " + std::to_string(bytes) +
                     " were expected: the ranks use different COLLIE_* algorithm settings");
+  }
   const Error not_a_frame(ErrorCode::mismatch,
                           expected.describe() + " on " + me + ": the connection from " + peer +
                               " carried bytes that are not a collie frame (different collie "
@@ -80,7 +88,10 @@ FrameCheck check_frame(const FrameHeader& h, const OpDesc& expected, uint64_t by
   if (h.kind == static_cast<uint8_t>(FrameKind::bye))
     throw Error(ErrorCode::peer_lost, expected.describe() + " on " + me + ": " + peer +
                                           " has already destroyed its communicator (or exited)");
-  if (h.kind != static_cast<uint8_t>(FrameKind::data) || !known_fields(h)) throw not_a_frame;
+  if ((h.kind != static_cast<uint8_t>(FrameKind::data) &&
+       h.kind != static_cast<uint8_t>(FrameKind::elsewhere)) ||
+      !known_fields(h))
+    throw not_a_frame;
   OpDesc theirs = desc_of(h);
   // Another operation, as its description shows. A header that describes
   // the same one and still differs (a reduce op on a broadcast, a tag on an

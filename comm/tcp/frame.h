@@ -4,7 +4,11 @@
 // Every message is a frame: a 32-byte header (what op, which step of the op
 // sequence, dtype, reduce op, tag or root, count, payload length) and a
 // payload. An abort frame carries an error's code and text to the peers; a
-// bye frame says a peer left cleanly. The checks live here, apart from the
+// bye frame says a peer left cleanly. An elsewhere frame has no payload: it
+// says that a message of `bytes` goes on another connection to this peer
+// (comm/tcp/tcp_mesh.h: one connection per direction), so that a receiver
+// that expects another size, and reads the connection where its own size
+// would go, still meets a frame that does not match. The checks live here, apart from the
 // sockets, so that they can be run on any bytes (tests/fuzz/fuzz_frame.cc).
 #pragma once
 
@@ -20,7 +24,7 @@ constexpr uint32_t kFrameMagic = 0x434c4c31;  // "CLL1"
 // An abort frame's text is cut to this; a longer claimed length is not read.
 constexpr size_t kMaxAbortText = 4096;
 
-enum class FrameKind : uint8_t { data = 1, abort = 2, bye = 3 };
+enum class FrameKind : uint8_t { data = 1, abort = 2, bye = 3, elsewhere = 4 };
 
 struct FrameHeader {
   uint32_t magic;
@@ -53,8 +57,8 @@ OpDesc desc_of(const FrameHeader& h);
 // An abort frame's error code (an unknown one reads as internal).
 ErrorCode code_of(uint8_t v);
 
-// What a receiver does with a header that arrived where the data frame of
-// `expected` with `bytes` of payload was due.
+// What a receiver does with a header that arrived where the frame of `kind`
+// (data, or elsewhere) of `expected` with `bytes` was due.
 enum class FrameCheck {
   expected,  // it is that frame: read the payload
   abort,     // the peer's abort frame: read its text (h.bytes, at most
@@ -65,7 +69,8 @@ enum class FrameCheck {
 // both) or peer_lost (the peer said bye). `me` and `peer` name the two ranks
 // in messages ("rank 0").
 FrameCheck check_frame(const FrameHeader& h, const OpDesc& expected, uint64_t bytes,
-                       const std::string& me, const std::string& peer);
+                       const std::string& me, const std::string& peer,
+                       FrameKind kind = FrameKind::data);
 // The error an abort frame from `peer` with `text` carries.
 Error abort_error(const FrameHeader& h, const std::string& peer, const std::string& text);
 

@@ -61,8 +61,9 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
       if (e.code() != ErrorCode::peer_lost) throw e;
       return Error(ErrorCode::invalid_argument,
                    what +
-                       ": it refused the connection (its COLLIE_JOB_SECRET or COLLIE_TCP_SOCKETS "
-                       "differs, or another job is listening at that address)");
+                       ": it refused the connection (its COLLIE_JOB_SECRET, COLLIE_TCP_SOCKETS or "
+                       "COLLIE_TCP_SPLIT_DIRECTIONS differs, or another job is listening at that "
+                       "address)");
     };
     Challenge ch{};
     try {
@@ -175,8 +176,10 @@ std::vector<net::Fd> build_mesh(const BackendContext& s, int lanes) {
           // told so, not refused in silence.
           throw Error(ErrorCode::invalid_argument,
                       who + ": " + names(h.from) + " opens " + std::to_string(h.lanes) +
-                          " connections to each peer and this rank " + std::to_string(lanes) +
-                          ": set the same COLLIE_TCP_SOCKETS on every rank");
+                          (h.lanes == 1 ? " connection" : " connections") +
+                          " to each peer and this rank " + std::to_string(lanes) +
+                          " (COLLIE_TCP_SOCKETS, twice that with COLLIE_TCP_SPLIT_DIRECTIONS=1, "
+                          "the default): set the same on every rank");
         } else if (h.lane < lanes && !peers[h.from * lanes + h.lane].valid()) {
           net::set_nonblocking(p.fd.get(), false);
           net::write_full(p.fd.get(), kAck, 4, deadline, who + ": answering " + names(h.from));
@@ -256,7 +259,7 @@ std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
   // Read once: the connections per peer shape the mesh, and the rest tunes
   // the runner (parsing may read COLLIE_TUNING_FILE).
   const config::TcpTuning tuning = config::tcp_tuning(ctx.env);
-  const int lanes = tuning.sockets_per_peer;
+  const int lanes = Mesh::lanes_per_peer(tuning);
   std::vector<net::Fd> peers;
   if (ctx.launch.world_size > 1)
     peers = build_mesh(ctx, lanes);

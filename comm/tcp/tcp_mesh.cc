@@ -21,6 +21,7 @@ struct Mesh::Lane {
     uint8_t* data;
     size_t bytes;
     Callback on_done;
+    bool announce = false;  // an elsewhere frame saying `bytes` go on another lane
   };
   net::Fd fd;
   bool watch = true;          // report hang-ups while this peer has nothing for us
@@ -41,7 +42,9 @@ Mesh::Mesh(int rank, int size, std::vector<net::Fd> conns, const config::TcpTuni
     : rank_(rank),
       names_(std::move(names)),
       size_(size),
-      lanes_(std::max(tuning.sockets_per_peer, 1)),
+      lanes_(lanes_per_peer(tuning)),
+      parts_(std::max(tuning.sockets_per_peer, 1)),
+      split_(tuning.split_directions),
       conns_(static_cast<size_t>(size * lanes_)),
       tuning_(tuning),
       spin_(SpinBudget::from_setting(tuning.spin_us, spin_allowed)),
@@ -65,6 +68,10 @@ Mesh::Mesh(int rank, int size, std::vector<net::Fd> conns, const config::TcpTuni
 
 Mesh::~Mesh() {
   close();
+}
+
+int Mesh::lanes_per_peer(const config::TcpTuning& tuning) {
+  return std::max(tuning.sockets_per_peer, 1) * (tuning.split_directions ? 2 : 1);
 }
 
 namespace {
@@ -205,22 +212,33 @@ void Mesh::activate(int c, const OpDesc& d) {
   }
 }
 
+void Mesh::queue(bool send, int c, const OpDesc& d, uint8_t* data, size_t bytes, bool announce,
+                 Callback done) {
+  activate(c, d);
+  (send ? conns_[c].sends : conns_[c].recvs).push_back({d, data, bytes, std::move(done), announce});
+}
+
 void Mesh::post(bool send, const OpDesc& d, int q, uint8_t* data, size_t bytes, Callback on_done) {
   const size_t min = std::max<size_t>(tuning_.lane_min_bytes, 1);
-  const size_t parts = lanes_ == 1 || bytes < 2 * min ? 1 : std::min<size_t>(lanes_, bytes / min);
-  auto queue = [&](int c, uint8_t* at, size_t len, Callback done) {
-    activate(c, d);
-    (send ? conns_[c].sends : conns_[c].recvs).push_back({d, at, len, std::move(done)});
+  const size_t parts = parts_ == 1 || bytes < 2 * min ? 1 : std::min<size_t>(parts_, bytes / min);
+  // Lanes [0, parts_) carry the lower rank's large messages to the higher,
+  // [parts_, 2 parts_) the other way; a message from the higher rank there
+  // is announced on lane 0, where a small message would go.
+  const bool upward = (send ? rank_ : q) < (send ? q : rank_);
+  const int first = split_ && bytes >= min && !upward ? parts_ : 0;
+  const size_t items = parts + (first ? 1 : 0);
+  if (items == 1) return queue(send, lane(q, 0), d, data, bytes, false, std::move(on_done));
+  // The message is done when its last item is, on whichever lane.
+  auto left = std::make_shared<std::pair<size_t, Callback>>(items, std::move(on_done));
+  auto one_done = [left] {
+    if (--left->first == 0 && left->second) left->second();
   };
-  if (parts == 1) return queue(lane(q, 0), data, bytes, std::move(on_done));
-  // The message is done when its last part is, on whichever lane.
-  auto left = std::make_shared<std::pair<size_t, Callback>>(parts, std::move(on_done));
+  if (first) queue(send, lane(q, 0), d, nullptr, bytes, true, one_done);
   const size_t per = (bytes + parts - 1) / parts;
   for (size_t i = 0; i < parts; ++i) {
     const size_t lo = i * per;
-    queue(lane(q, static_cast<int>(i)), data + lo, std::min(bytes, lo + per) - lo, [left] {
-      if (--left->first == 0 && left->second) left->second();
-    });
+    queue(send, lane(q, first + static_cast<int>(i)), d, data + lo, std::min(bytes, lo + per) - lo,
+          false, one_done);
   }
 }
 
@@ -245,16 +263,19 @@ bool Mesh::pump_send(int c) {
   }
   while (!p.sends.empty()) {
     Lane::Item& it = p.sends.front();
-    if (p.send_done == 0) p.send_hdr = make_header(FrameKind::data, it.desc, it.bytes);
+    if (p.send_done == 0)
+      p.send_hdr =
+          make_header(it.announce ? FrameKind::elsewhere : FrameKind::data, it.desc, it.bytes);
+    const size_t payload = it.announce ? 0 : it.bytes;
     iovec iov[2];
     int niov = 0;
     if (p.send_done < sizeof(FrameHeader)) {
       iov[niov++] = {reinterpret_cast<uint8_t*>(&p.send_hdr) + p.send_done,
                      sizeof(FrameHeader) - p.send_done};
-      if (it.bytes) iov[niov++] = {it.data, it.bytes};
+      if (payload) iov[niov++] = {it.data, payload};
     } else {
       size_t off = p.send_done - sizeof(FrameHeader);
-      iov[niov++] = {it.data + off, it.bytes - off};
+      iov[niov++] = {it.data + off, payload - off};
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -268,7 +289,7 @@ bool Mesh::pump_send(int c) {
     }
     progressed = true;
     p.send_done += static_cast<size_t>(n);
-    if (p.send_done == sizeof(FrameHeader) + it.bytes) {
+    if (p.send_done == sizeof(FrameHeader) + payload) {
       p.send_done = 0;
       Callback done = std::move(it.on_done);
       p.sends.pop_front();
@@ -297,10 +318,11 @@ bool Mesh::pump_recv(int c) {
       p.recv_hdr_got += static_cast<size_t>(n);
       if (p.recv_hdr_got < sizeof(FrameHeader)) continue;
       const FrameHeader& h = p.recv_hdr;
-      if (check_frame(h, it.desc, it.bytes, names_(rank_), names_(q)) == FrameCheck::abort)
+      if (check_frame(h, it.desc, it.bytes, names_(rank_), names_(q),
+                      it.announce ? FrameKind::elsewhere : FrameKind::data) == FrameCheck::abort)
         throw abort_error(h, names_(q), read_abort_text(p.fd.get(), h.bytes));
     }
-    while (p.recv_got < it.bytes) {
+    while (!it.announce && p.recv_got < it.bytes) {
       ssize_t n = ::recv(p.fd.get(), it.data + p.recv_got, it.bytes - p.recv_got, MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return progressed;
       if (n < 0 && errno == EINTR) continue;

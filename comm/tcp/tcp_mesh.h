@@ -16,6 +16,21 @@
 // put every part on the same lane in the same order, and a size that
 // differs between them still shows up as a frame that does not match.
 //
+// One way per connection (COLLIE_TCP_SPLIT_DIRECTIONS, on by default): a
+// peer has twice the lanes, the first half for messages from the lower rank
+// to the higher, the second half for the other way, and a message of at
+// least COLLIE_TCP_SOCKET_MIN_BYTES goes on the lanes of its direction.
+// Large messages both ways on one socket contend for it: the kernel's
+// socket lock serializes one side's copy into the send queue with the
+// other side's copy out of the receive queue, and 1 MiB each way over one
+// loopback connection takes 200 or 450 us by the sample (median 400) where
+// two one-way connections take 230 steadily (bench/RESULTS.md). Smaller
+// messages stay on lane 0 both ways: there the return traffic carries the
+// acknowledgements, and one-way sockets measured 1 us slower per message.
+// A message on the second half is announced by an elsewhere frame on lane
+// 0 (comm/tcp/frame.h), so a receiver expecting another size still meets a
+// frame that does not match on the lane it reads.
+//
 // Sockets are non-blocking; run() moves all of them on one thread, spinning
 // briefly on the sockets before sleeping in poll() (for a budget that adapts:
 // base/spin.h), and watches every other
@@ -46,11 +61,14 @@ struct FrameHeader;
 
 class Mesh final : public Transport {
  public:
-  // `conns`: tuning.sockets_per_peer connections per peer, peer-major
-  // (peer q's lane l at q x sockets_per_peer + l); none for this rank.
+  // `conns`: lanes_per_peer(tuning) connections per peer, peer-major (peer
+  // q's lane l at q x lanes_per_peer + l); none for this rank.
   Mesh(int rank, int size, std::vector<net::Fd> conns, const config::TcpTuning& tuning,
        bool spin_allowed, std::shared_ptr<FailureLatch> failure, RankNames names = {});
   ~Mesh() override;
+
+  // The connections a rank opens to each peer under `tuning`.
+  static int lanes_per_peer(const config::TcpTuning& tuning);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -75,6 +93,9 @@ class Mesh final : public Transport {
   int lane(int q, int l) const { return q * lanes_ + l; }
   int peer_of(int c) const { return c / lanes_; }
   void post(bool send, const OpDesc& d, int q, uint8_t* data, size_t bytes, Callback on_done);
+  // Queues one item on lane c (`announce`: an elsewhere frame of `bytes`).
+  void queue(bool send, int c, const OpDesc& d, uint8_t* data, size_t bytes, bool announce,
+             Callback done);
   bool pump_send(int c);
   bool pump_recv(int c);
   void activate(int c, const OpDesc& d);
@@ -103,7 +124,9 @@ class Mesh final : public Transport {
   const int rank_;
   const RankNames names_;  // for messages
   const int size_;
-  const int lanes_;  // connections per peer
+  const int lanes_;   // connections per peer
+  const int parts_;   // lanes a message may be cut across (per direction when split_)
+  const bool split_;  // one way per connection for large messages
   std::vector<Lane> conns_;
   config::TcpTuning tuning_;
   SpinBudget spin_;

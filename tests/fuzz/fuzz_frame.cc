@@ -3,7 +3,8 @@
 //
 // Input: 32 bytes from which the receive the rank has posted is made (a
 // header whose op, dtype and reduce op are taken modulo their ranges: the
-// receiver's own operation is always a valid one), then the bytes that
+// receiver's own operation is always a valid one; a kind of `elsewhere`
+// expects that frame, any other a data frame), then the bytes that
 // arrive on the connection: a header and what follows it (an abort frame's
 // text). Contract: the header is taken as the expected frame exactly when it
 // is the header the sender of that operation writes; an abort frame gives
@@ -51,9 +52,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   expected.tag = posted.tag;
   expected.count = posted.count;
   const uint64_t bytes = posted.bytes;
+  // A receive of a data frame, or of an elsewhere frame (its message goes
+  // on another connection).
+  const FrameKind kind = posted.kind == static_cast<uint8_t>(FrameKind::elsewhere)
+                             ? FrameKind::elsewhere
+                             : FrameKind::data;
 
   // What the sender of that operation writes reads back as the operation.
-  const FrameHeader own = make_header(FrameKind::data, expected, bytes);
+  const FrameHeader own = make_header(kind, expected, bytes);
   const OpDesc back = desc_of(own);
   FUZZ_CHECK(back.op == expected.op && back.dtype == expected.dtype &&
                  back.redop == expected.redop && back.seq == expected.seq &&
@@ -69,7 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool ok = fuzz::accepted(
       [&] {
         try {
-          verdict = check_frame(h, expected, bytes, kMe, kPeer);
+          verdict = check_frame(h, expected, bytes, kMe, kPeer, kind);
         } catch (const Error& e) {
           std::string m = e.what();
           FUZZ_CHECK(m.find(kMe) != std::string::npos && m.find(kPeer) != std::string::npos,
@@ -79,9 +85,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             FUZZ_CHECK(theirs != expected.describe(),
                        "a mismatch that names the same operation twice: " + m);
           }
-          if (m.find(" sent a step of ") != std::string::npos)
-            FUZZ_CHECK(between(m, " sent a step of ", " bytes") != std::to_string(bytes),
-                       "a step mismatch that names the same size twice: " + m);
+          for (const char* what : {" sent a step of ", " sent a message of "})
+            if (m.find(what) != std::string::npos)
+              FUZZ_CHECK(between(m, what, " bytes") != std::to_string(bytes),
+                         "a size mismatch that names the same size twice: " + m);
           throw;
         }
       },

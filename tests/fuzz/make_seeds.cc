@@ -80,6 +80,14 @@ void frames() {
             header(make_header(FrameKind::data,
                                op(OpKind::reduce_scatter, DType::f64, ReduceOp::min, 9, 0, 64),
                                512)));
+  // A message from the higher rank on its own connection, announced on the
+  // shared one; a receiver expecting a small message there meets it.
+  const std::string announced = header(make_header(FrameKind::elsewhere, p2p, 1 << 20));
+  write("frame", "elsewhere-expected", announced + announced);
+  write("frame", "elsewhere-where-data-expected",
+        header(make_header(FrameKind::data, p2p, 16)) + announced);
+  write("frame", "data-where-elsewhere-expected",
+        announced + header(make_header(FrameKind::data, p2p, 16)));
   const std::string why = "rank 7: allreduce #3 (f32 x 1000, sum) on rank 7 timed out";
   write("frame", "abort", posted + tcp::last_frame(FrameKind::abort, 1, why));
   write("frame", "abort-cut-off",
