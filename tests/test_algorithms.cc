@@ -268,6 +268,11 @@ std::vector<Case> cases_for(int n, bool every_dtype) {
     v.push_back({Algo::alltoall, DType::f32, ReduceOp::sum, count, false, 0, 16, ++salt});
     v.push_back({Algo::alltoall, DType::u8, ReduceOp::sum, count, false, 0, 16, ++salt});
   }
+  // Blocks of 64 KiB and more: the own block is copied while the transport
+  // waits (or at the end), and each block goes as chunk-sized messages.
+  if (every_dtype)
+    for (size_t chunk : {size_t{4096}, size_t{1} << 20})
+      v.push_back({Algo::alltoall, DType::f32, ReduceOp::sum, 20000, false, 0, chunk, ++salt});
   return v;
 }
 

@@ -17,7 +17,8 @@
 //   dissemination_barrier log2(n) rounds of 1-byte messages.
 //   pairwise_alltoall     a send to and a receive from every peer, all
 //                         posted at once (each pair has its own connection),
-//                         empty blocks too: one message per peer.
+//                         empty blocks too; blocks over the chunk size in
+//                         chunk-sized messages.
 //
 // run_collective() is the one place that picks among them (choose.h).
 #pragma once
