@@ -87,9 +87,11 @@ struct TcpTuning {
   // into one part per connection, at most, each at least lane_min_bytes.
   int sockets_per_peer = 1;
   size_t lane_min_bytes = 64 * 1024;  // COLLIE_TCP_SOCKET_MIN_BYTES
-  // COLLIE_TCP_SPLIT_DIRECTIONS: a message of at least lane_min_bytes goes
-  // on connections that carry its direction only (comm/tcp/tcp_mesh.h).
+  // COLLIE_TCP_SPLIT_DIRECTIONS: a message of at least split_min_bytes
+  // (COLLIE_TCP_SPLIT_MIN_BYTES) goes on connections that carry its
+  // direction only (comm/tcp/tcp_mesh.h).
   bool split_directions = true;
+  size_t split_min_bytes = 512 * 1024;
 };
 
 TcpTuning tcp_tuning(const Env& env);

@@ -30,12 +30,20 @@ static int spin_us(const Env& env) {
 }
 
 std::map<std::string, std::string> parse_tuning_file(std::istream& f, const std::string& path) {
-  static const char* const kNames[] = {
-      "COLLIE_TCP_LATENCY_US",      "COLLIE_TCP_GBPS",      "COLLIE_REDUCE_GBPS",
-      "COLLIE_TCP_CHUNK_BYTES",     "COLLIE_SOCKET_BUFFER", "COLLIE_SPIN_US",
-      "COLLIE_SHM_CHUNK",           "COLLIE_SHM_SMALL",     "COLLIE_HIER_PIECE",
-      "COLLIE_ALLREDUCE_ALGO",      "COLLIE_TCP_SOCKETS",   "COLLIE_TCP_SOCKET_MIN_BYTES",
-      "COLLIE_TCP_SPLIT_DIRECTIONS"};
+  static const char* const kNames[] = {"COLLIE_TCP_LATENCY_US",
+                                       "COLLIE_TCP_GBPS",
+                                       "COLLIE_REDUCE_GBPS",
+                                       "COLLIE_TCP_CHUNK_BYTES",
+                                       "COLLIE_SOCKET_BUFFER",
+                                       "COLLIE_SPIN_US",
+                                       "COLLIE_SHM_CHUNK",
+                                       "COLLIE_SHM_SMALL",
+                                       "COLLIE_HIER_PIECE",
+                                       "COLLIE_ALLREDUCE_ALGO",
+                                       "COLLIE_TCP_SOCKETS",
+                                       "COLLIE_TCP_SOCKET_MIN_BYTES",
+                                       "COLLIE_TCP_SPLIT_DIRECTIONS",
+                                       "COLLIE_TCP_SPLIT_MIN_BYTES"};
   std::map<std::string, std::string> values;
   auto trim = [](std::string s) {
     s.erase(0, s.find_first_not_of(" \t\r"));
@@ -124,6 +132,10 @@ TcpTuning tcp_tuning(const Env& raw) {
           "COLLIE_TCP_SPLIT_DIRECTIONS must be 0 (large messages both ways on one "
           "connection) or 1 (one connection per direction)");
     t.split_directions = *v == 1;
+  }
+  if (auto v = parse_bytes("COLLIE_TCP_SPLIT_MIN_BYTES", env("COLLIE_TCP_SPLIT_MIN_BYTES"))) {
+    if (*v < 1) throw bad("COLLIE_TCP_SPLIT_MIN_BYTES must be at least 1 byte");
+    t.split_min_bytes = static_cast<size_t>(*v);
   }
   return t;
 }

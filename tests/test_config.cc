@@ -159,6 +159,12 @@ TEST(Config, TcpSplitsDirectionsUnlessTurnedOff) {
   EXPECT_TRUE(config::tcp_tuning(fake({})).split_directions);
   EXPECT_TRUE(config::tcp_tuning(fake({{"COLLIE_TCP_SPLIT_DIRECTIONS", "1"}})).split_directions);
   EXPECT_FALSE(config::tcp_tuning(fake({{"COLLIE_TCP_SPLIT_DIRECTIONS", "0"}})).split_directions);
+  EXPECT_EQ(config::tcp_tuning(fake({})).split_min_bytes, size_t{512} << 10);
+  EXPECT_EQ(config::tcp_tuning(fake({{"COLLIE_TCP_SPLIT_MIN_BYTES", "1M"}})).split_min_bytes,
+            size_t{1} << 20);
+  auto msg = error_of([&] { config::tcp_tuning(fake({{"COLLIE_TCP_SPLIT_MIN_BYTES", "0"}})); });
+  EXPECT_NE(msg.find("COLLIE_TCP_SPLIT_MIN_BYTES must be at least 1 byte"), std::string::npos)
+      << msg;
 }
 
 // Sizes in bytes take collie-bench's K, M and G (binary) as well as plain

@@ -50,7 +50,9 @@ Mesh::Mesh(int rank, int size, std::vector<net::Fd> conns, const config::TcpTuni
       spin_(SpinBudget::from_setting(tuning.spin_us, spin_allowed)),
       failure_(std::move(failure)),
       wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-      is_active_(conns_.size(), 0) {
+      is_active_(conns_.size(), 0),
+      announced_send_(static_cast<size_t>(size), ~uint64_t{0}),
+      announced_recv_(static_cast<size_t>(size), ~uint64_t{0}) {
   if (!wake_.valid()) throw system_error(ErrorCode::internal, "eventfd", errno);
   if (conns.size() != conns_.size())
     throw Error(ErrorCode::internal, "tcp mesh on " + names_(rank_) + ": " +
@@ -75,6 +77,16 @@ int Mesh::lanes_per_peer(const config::TcpTuning& tuning) {
 }
 
 namespace {
+
+// A pass of the progress loop writes whole frames of a one-way op to a lane
+// until this much has gone (or the socket is full), then reads. Writing
+// until the socket was full measured as slow over one-way connections as
+// over shared ones (2 ranks, 2 to 32 MiB: 1.1-1.6 x the time), where a rank
+// filled its send queue while the peer's data waited to be read; for other
+// ops the early return cost the ring 5 % at 2 MiB, so they write on.
+constexpr size_t kSendPassBytes = 256 * 1024;
+// An all-gather goes one way from this size of its result.
+constexpr uint64_t kOneWayAllgatherBytes = 4 << 20;
 
 // Reads the text of an abort frame whose header is already consumed.
 std::string read_abort_text(int fd, uint64_t bytes) {
@@ -212,6 +224,17 @@ void Mesh::activate(int c, const OpDesc& d) {
   }
 }
 
+bool Mesh::one_way(const OpDesc& d, size_t bytes) const {
+  if (!split_ || bytes < tuning_.split_min_bytes) return false;
+  // The all-to-all from 2 MiB and the ring all-gather from 8 MiB measured
+  // 1.2-1.8 x faster on one-way connections at 2 ranks; the ring all-reduce
+  // 5-16 % slower, the all-gather of 2 MiB 8 %, the all-to-all of 512 KiB
+  // (256 KiB blocks) 4 % (bench/RESULTS.md).
+  if (d.op == OpKind::alltoall) return true;
+  return d.op == OpKind::allgather &&
+         d.count * dtype_size(d.dtype) * static_cast<uint64_t>(size_) >= kOneWayAllgatherBytes;
+}
+
 void Mesh::queue(bool send, int c, const OpDesc& d, uint8_t* data, size_t bytes, bool announce,
                  Callback done) {
   activate(c, d);
@@ -225,15 +248,26 @@ void Mesh::post(bool send, const OpDesc& d, int q, uint8_t* data, size_t bytes, 
   // [parts_, 2 parts_) the other way; a message from the higher rank there
   // is announced on lane 0, where a small message would go.
   const bool upward = (send ? rank_ : q) < (send ? q : rank_);
-  const int first = split_ && bytes >= min && !upward ? parts_ : 0;
-  const size_t items = parts + (first ? 1 : 0);
-  if (items == 1) return queue(send, lane(q, 0), d, data, bytes, false, std::move(on_done));
+  const int first = one_way(d, bytes) && !upward ? parts_ : 0;
+  // Announced once per op and peer: the header carries the op's count, so
+  // a size that differs shows in its first message (an announce per 512 KiB
+  // chunk measured 9-25 % slower from 2 MiB: it is return traffic on the
+  // shared connection).
+  bool announce = false;
+  if (first) {
+    const uint64_t key = (uint64_t{static_cast<uint8_t>(d.op)} << 32) | d.seq;
+    uint64_t& last = (send ? announced_send_ : announced_recv_)[static_cast<size_t>(q)];
+    announce = last != key;
+    last = key;
+  }
+  const size_t items = parts + (announce ? 1 : 0);
+  if (items == 1) return queue(send, lane(q, first), d, data, bytes, false, std::move(on_done));
   // The message is done when its last item is, on whichever lane.
   auto left = std::make_shared<std::pair<size_t, Callback>>(items, std::move(on_done));
   auto one_done = [left] {
     if (--left->first == 0 && left->second) left->second();
   };
-  if (first) queue(send, lane(q, 0), d, nullptr, bytes, true, one_done);
+  if (announce) queue(send, lane(q, 0), d, nullptr, bytes, true, one_done);
   const size_t per = (bytes + parts - 1) / parts;
   for (size_t i = 0; i < parts; ++i) {
     const size_t lo = i * per;
@@ -253,6 +287,7 @@ void Mesh::post_recv(const OpDesc& d, int q, void* data, size_t bytes, Callback 
 bool Mesh::pump_send(int c) {
   Lane& p = conns_[c];
   bool progressed = false;
+  size_t written = 0;
   // A send to a peer seen gone: its end (or abort) is the error, not the
   // first write, which may still land in the dead socket's buffer.
   // Once: what the peek finds (data ahead, or nothing) stays so.
@@ -289,12 +324,19 @@ bool Mesh::pump_send(int c) {
     }
     progressed = true;
     p.send_done += static_cast<size_t>(n);
+    written += static_cast<size_t>(n);
     if (p.send_done == sizeof(FrameHeader) + payload) {
       p.send_done = 0;
+      const OpDesc done_desc = it.desc;
+      const size_t done_bytes = it.bytes;
       Callback done = std::move(it.on_done);
       p.sends.pop_front();
       --pending_;
       if (done) done();
+      // Back to the receives once a pass has written enough of a one-way
+      // op: both directions then keep flowing (bench/RESULTS.md, "One
+      // connection per direction").
+      if (written >= kSendPassBytes && one_way(done_desc, done_bytes)) break;
     }
   }
   return progressed;

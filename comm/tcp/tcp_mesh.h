@@ -18,18 +18,22 @@
 //
 // One way per connection (COLLIE_TCP_SPLIT_DIRECTIONS, on by default): a
 // peer has twice the lanes, the first half for messages from the lower rank
-// to the higher, the second half for the other way, and a message of at
-// least COLLIE_TCP_SOCKET_MIN_BYTES goes on the lanes of its direction.
-// Large messages both ways on one socket contend for it: the kernel's
-// socket lock serializes one side's copy into the send queue with the
-// other side's copy out of the receive queue, and 1 MiB each way over one
-// loopback connection takes 200 or 450 us by the sample (median 400) where
-// two one-way connections take 230 steadily (bench/RESULTS.md). Smaller
-// messages stay on lane 0 both ways: there the return traffic carries the
+// to the higher, the second half for the other way, and an all-to-all's
+// message of at least COLLIE_TCP_SPLIT_MIN_BYTES (512 KiB) goes on the
+// lanes of its direction, as does an all-gather's of a 4 MiB result or more
+// (Mesh::one_way says which, from what was measured). Large messages both ways on one
+// socket contend for it (we take it to be the socket lock, held by a
+// rank's copy into its send queue while the peer's data waits to be
+// processed; not proven): 1 MiB each way over one loopback connection took
+// 200 or 450 us by the sample (median 400), over two one-way connections a
+// steady 230 (a two-process C program; bench/RESULTS.md). Smaller messages
+// stay on lane 0 both ways: there the return traffic carries the
 // acknowledgements, and one-way sockets measured 1 us slower per message.
-// A message on the second half is announced by an elsewhere frame on lane
-// 0 (comm/tcp/frame.h), so a receiver expecting another size still meets a
-// frame that does not match on the lane it reads.
+// The first message of an op on the second half is announced by an
+// elsewhere frame on lane 0 (comm/tcp/frame.h), so a receiver expecting
+// another size still meets a frame that does not match on the lane it
+// reads; later messages of that op need none, since every header carries
+// the op's count and a count that differs fails the first.
 //
 // Sockets are non-blocking; run() moves all of them on one thread, spinning
 // briefly on the sockets before sleeping in poll() (for a budget that adapts:
@@ -93,6 +97,8 @@ class Mesh final : public Transport {
   int lane(int q, int l) const { return q * lanes_ + l; }
   int peer_of(int c) const { return c / lanes_; }
   void post(bool send, const OpDesc& d, int q, uint8_t* data, size_t bytes, Callback on_done);
+  // Whether a message of `bytes` of op `d` goes on its direction's lanes.
+  bool one_way(const OpDesc& d, size_t bytes) const;
   // Queues one item on lane c (`announce`: an elsewhere frame of `bytes`).
   void queue(bool send, int c, const OpDesc& d, uint8_t* data, size_t bytes, bool announce,
              Callback done);
@@ -139,6 +145,9 @@ class Mesh final : public Transport {
   std::vector<int> active_;
   std::vector<uint8_t> is_active_;
   OpDesc current_;
+  // Per peer, the op (kind << 32 | seq) whose large messages from the
+  // higher rank were last announced, sending and receiving.
+  std::vector<uint64_t> announced_send_, announced_recv_;
 };
 
 }  // namespace collie::tcp

@@ -12,12 +12,20 @@
 #include "tests/fuzz/config_checks.h"
 
 namespace {
-const char* const kTunable[] = {
-    "COLLIE_TCP_LATENCY_US",      "COLLIE_TCP_GBPS",      "COLLIE_REDUCE_GBPS",
-    "COLLIE_TCP_CHUNK_BYTES",     "COLLIE_SOCKET_BUFFER", "COLLIE_SPIN_US",
-    "COLLIE_SHM_CHUNK",           "COLLIE_SHM_SMALL",     "COLLIE_HIER_PIECE",
-    "COLLIE_ALLREDUCE_ALGO",      "COLLIE_TCP_SOCKETS",   "COLLIE_TCP_SOCKET_MIN_BYTES",
-    "COLLIE_TCP_SPLIT_DIRECTIONS"};
+const char* const kTunable[] = {"COLLIE_TCP_LATENCY_US",
+                                "COLLIE_TCP_GBPS",
+                                "COLLIE_REDUCE_GBPS",
+                                "COLLIE_TCP_CHUNK_BYTES",
+                                "COLLIE_SOCKET_BUFFER",
+                                "COLLIE_SPIN_US",
+                                "COLLIE_SHM_CHUNK",
+                                "COLLIE_SHM_SMALL",
+                                "COLLIE_HIER_PIECE",
+                                "COLLIE_ALLREDUCE_ALGO",
+                                "COLLIE_TCP_SOCKETS",
+                                "COLLIE_TCP_SOCKET_MIN_BYTES",
+                                "COLLIE_TCP_SPLIT_DIRECTIONS",
+                                "COLLIE_TCP_SPLIT_MIN_BYTES"};
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
