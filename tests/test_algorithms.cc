@@ -271,7 +271,7 @@ std::vector<Case> cases_for(int n, bool every_dtype) {
   // Blocks of 64 KiB and more: the own block is copied while the transport
   // waits (or at the end), and each block goes as chunk-sized messages.
   if (every_dtype)
-    for (size_t chunk : {size_t{4096}, size_t{1} << 20})
+    for (size_t chunk : {size_t{4096}, size_t{1} << 20})  // pieces of 64 KiB, or whole
       v.push_back({Algo::alltoall, DType::f32, ReduceOp::sum, 20000, false, 0, chunk, ++salt});
   return v;
 }

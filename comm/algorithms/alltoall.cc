@@ -6,8 +6,8 @@
 // goes, an empty one too, so that a count a peer disagrees with is a
 // mismatch on both ranks.
 //
-// A block larger than the chunk (COLLIE_TCP_CHUNK_BYTES, 512 KiB) goes as
-// chunk-sized messages, the peers' first chunks before anyone's second:
+// A block larger than the chunk (COLLIE_TCP_CHUNK_BYTES, 512 KiB; at least
+// 64 KiB) goes as chunk-sized messages, the peers' first chunks before anyone's second:
 // over TCP a 16 MiB block sent whole took 1.2 x as long as in 512 KiB
 // messages (bench/RESULTS.md; 128 KiB messages were slower again). The own
 // block is copied while the transport waits for the peers.
@@ -20,6 +20,10 @@ namespace collie::algo {
 
 namespace {
 constexpr size_t kDeferredCopyBytes = 64 * 1024;
+// A piece is at least this long whatever the chunk: a test's 64 B chunk
+// cut a 16 KiB block into 256 messages (the algorithms test under TSan went
+// from 1 to 23 s), and nothing measured gains from pieces under 512 KiB.
+constexpr size_t kMinPieceBytes = 64 * 1024;
 }  // namespace
 
 void pairwise_alltoall(const Ctx& c, const void* in, void* out, size_t block_bytes) {
@@ -35,7 +39,7 @@ void pairwise_alltoall(const Ctx& c, const void* in, void* out, size_t block_byt
   // idle function cost more than the copy (3 % of an 8 B all-to-all).
   if (n == 1 || block_bytes < kDeferredCopyBytes) own_block();
   if (n == 1) return;
-  const size_t piece = std::max<size_t>(c.chunk_bytes, 1);
+  const size_t piece = std::max(c.chunk_bytes, kMinPieceBytes);
   size_t off = 0;
   do {
     const size_t len = std::min(piece, block_bytes - off);
