@@ -24,7 +24,7 @@ struct Pair {
 
 // Two ranks with `tuning`'s connections between them.
 Pair connected(const config::TcpTuning& tuning) {
-  const int lanes = tcp::Mesh::lanes_per_peer(tuning);
+  const int lanes = tcp::lanes_per_peer(tuning);
   std::vector<net::Fd> conns[2];
   for (auto& c : conns) c.resize(static_cast<size_t>(2 * lanes));
   for (int l = 0; l < lanes; ++l) {
@@ -115,6 +115,79 @@ TEST(TcpMesh, AReceiveOfAnotherSizeMeetsTheAnnouncementOnItsOwnConnection) {
         << err[0]->what();
     EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
   }
+}
+
+OpDesc op_of(OpKind k, DType t, uint64_t count) {
+  OpDesc d;
+  d.op = k;
+  d.dtype = t;
+  d.count = count;
+  return d;
+}
+
+// The lane rules (comm/tcp/lanes.h), against what they were measured to be.
+TEST(TcpLanes, LargeAlltoallMessagesOfTheHigherRankTakeTheSecondHalf) {
+  config::TcpTuning t;  // defaults: 1 socket, split on, one way from 512 KiB
+  EXPECT_EQ(tcp::lanes_per_peer(t), 2);
+  const OpDesc a2a = op_of(OpKind::alltoall, DType::f32, 1 << 20);
+  const size_t big = t.split_min_bytes, small = t.split_min_bytes - 1;
+  EXPECT_TRUE(tcp::one_way(t, a2a, big, 2));
+  EXPECT_FALSE(tcp::one_way(t, a2a, small, 2));
+  // Upward (lower rank to higher): lane 0, announced never.
+  tcp::LanePlan up = tcp::plan_lanes(t, a2a, big, 0, 1, 2);
+  EXPECT_EQ(up.first, 0);
+  EXPECT_EQ(up.parts, 1u);
+  EXPECT_FALSE(up.elsewhere);
+  // Downward: lane 1 (the second half), announced on lane 0.
+  tcp::LanePlan down = tcp::plan_lanes(t, a2a, big, 3, 1, 4);
+  EXPECT_EQ(down.first, 1);
+  EXPECT_TRUE(down.elsewhere);
+  // Below the cut, both ways on lane 0.
+  tcp::LanePlan small_down = tcp::plan_lanes(t, a2a, small, 1, 0, 2);
+  EXPECT_EQ(small_down.first, 0);
+  EXPECT_FALSE(small_down.elsewhere);
+}
+
+TEST(TcpLanes, TheAllReduceNeverAndTheAllGatherFromAFourMiBResultGoOneWay) {
+  config::TcpTuning t;
+  const size_t chunk = t.split_min_bytes;
+  EXPECT_FALSE(tcp::one_way(t, op_of(OpKind::allreduce, DType::f32, 64 << 20), chunk, 2));
+  EXPECT_FALSE(tcp::one_way(t, op_of(OpKind::broadcast, DType::f32, 64 << 20), chunk, 2));
+  // An all-gather's count is each rank's part: 2 ranks of 512 Ki floats
+  // make a 4 MiB result; 2 ranks of 256 Ki floats, 2 MiB.
+  EXPECT_TRUE(tcp::one_way(t, op_of(OpKind::allgather, DType::f32, 512 << 10), chunk, 2));
+  EXPECT_FALSE(tcp::one_way(t, op_of(OpKind::allgather, DType::f32, 256 << 10), chunk, 2));
+  EXPECT_TRUE(tcp::one_way(t, op_of(OpKind::allgather, DType::f32, 256 << 10), chunk, 4));
+  EXPECT_TRUE(tcp::one_way(t, op_of(OpKind::allgather, DType::f64, 256 << 10), chunk, 2));
+}
+
+TEST(TcpLanes, SplitOffKeepsOneSetOfConnectionsBothWays) {
+  config::TcpTuning t;
+  t.split_directions = false;
+  EXPECT_EQ(tcp::lanes_per_peer(t), 1);
+  const OpDesc a2a = op_of(OpKind::alltoall, DType::f32, 64 << 20);
+  EXPECT_FALSE(tcp::one_way(t, a2a, 16 << 20, 2));
+  EXPECT_EQ(tcp::plan_lanes(t, a2a, 16 << 20, 1, 0, 2).first, 0);
+}
+
+TEST(TcpLanes, SeveralSocketsCutALargeMessageWithinItsDirectionsHalf) {
+  config::TcpTuning t;
+  t.sockets_per_peer = 3;
+  t.lane_min_bytes = 4096;
+  EXPECT_EQ(tcp::lanes_per_peer(t), 6);
+  const OpDesc a2a = op_of(OpKind::alltoall, DType::f32, 64 << 20);
+  // Under twice the part minimum: whole, on the first lane of its half.
+  EXPECT_EQ(tcp::plan_lanes(t, op_of(OpKind::allreduce, DType::f32, 1000), 8191, 1, 0, 2).parts,
+            1u);
+  // Two parts' worth: cut in two; three or more: in three (the sockets).
+  EXPECT_EQ(tcp::plan_lanes(t, op_of(OpKind::allreduce, DType::f32, 1 << 20), 8192, 1, 0, 2).parts,
+            2u);
+  tcp::LanePlan down = tcp::plan_lanes(t, a2a, 1 << 20, 1, 0, 2);
+  EXPECT_EQ(down.parts, 3u);
+  EXPECT_EQ(down.first, 3);  // lanes 3, 4, 5: the higher rank's half
+  tcp::LanePlan up = tcp::plan_lanes(t, a2a, 1 << 20, 0, 1, 2);
+  EXPECT_EQ(up.parts, 3u);
+  EXPECT_EQ(up.first, 0);
 }
 
 }  // namespace

@@ -259,7 +259,7 @@ std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {
   // Read once: the connections per peer shape the mesh, and the rest tunes
   // the runner (parsing may read COLLIE_TUNING_FILE).
   const config::TcpTuning tuning = config::tcp_tuning(ctx.env);
-  const int lanes = Mesh::lanes_per_peer(tuning);
+  const int lanes = lanes_per_peer(tuning);
   std::vector<net::Fd> peers;
   if (ctx.launch.world_size > 1)
     peers = build_mesh(ctx, lanes);

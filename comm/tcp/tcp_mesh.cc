@@ -43,8 +43,6 @@ Mesh::Mesh(int rank, int size, std::vector<net::Fd> conns, const config::TcpTuni
       names_(std::move(names)),
       size_(size),
       lanes_(lanes_per_peer(tuning)),
-      parts_(std::max(tuning.sockets_per_peer, 1)),
-      split_(tuning.split_directions),
       conns_(static_cast<size_t>(size * lanes_)),
       tuning_(tuning),
       spin_(SpinBudget::from_setting(tuning.spin_us, spin_allowed)),
@@ -72,21 +70,7 @@ Mesh::~Mesh() {
   close();
 }
 
-int Mesh::lanes_per_peer(const config::TcpTuning& tuning) {
-  return std::max(tuning.sockets_per_peer, 1) * (tuning.split_directions ? 2 : 1);
-}
-
 namespace {
-
-// A pass of the progress loop writes whole frames of a one-way op to a lane
-// until this much has gone (or the socket is full), then reads. Writing
-// until the socket was full measured as slow over one-way connections as
-// over shared ones (2 ranks, 2 to 32 MiB: 1.1-1.6 x the time), where a rank
-// filled its send queue while the peer's data waited to be read; for other
-// ops the early return cost the ring 5 % at 2 MiB, so they write on.
-constexpr size_t kSendPassBytes = 256 * 1024;
-// An all-gather goes one way from this size of its result.
-constexpr uint64_t kOneWayAllgatherBytes = 4 << 20;
 
 // Reads the text of an abort frame whose header is already consumed.
 std::string read_abort_text(int fd, uint64_t bytes) {
@@ -224,17 +208,6 @@ void Mesh::activate(int c, const OpDesc& d) {
   }
 }
 
-bool Mesh::one_way(const OpDesc& d, size_t bytes) const {
-  if (!split_ || bytes < tuning_.split_min_bytes) return false;
-  // The all-to-all from 2 MiB and the ring all-gather from 8 MiB measured
-  // 1.2-1.8 x faster on one-way connections at 2 ranks; the ring all-reduce
-  // 5-16 % slower, the all-gather of 2 MiB 8 %, the all-to-all of 512 KiB
-  // (256 KiB blocks) 4 % (bench/RESULTS.md).
-  if (d.op == OpKind::alltoall) return true;
-  return d.op == OpKind::allgather &&
-         d.count * dtype_size(d.dtype) * static_cast<uint64_t>(size_) >= kOneWayAllgatherBytes;
-}
-
 void Mesh::queue(bool send, int c, const OpDesc& d, uint8_t* data, size_t bytes, bool announce,
                  Callback done) {
   activate(c, d);
@@ -242,19 +215,15 @@ void Mesh::queue(bool send, int c, const OpDesc& d, uint8_t* data, size_t bytes,
 }
 
 void Mesh::post(bool send, const OpDesc& d, int q, uint8_t* data, size_t bytes, Callback on_done) {
-  const size_t min = std::max<size_t>(tuning_.lane_min_bytes, 1);
-  const size_t parts = parts_ == 1 || bytes < 2 * min ? 1 : std::min<size_t>(parts_, bytes / min);
-  // Lanes [0, parts_) carry the lower rank's large messages to the higher,
-  // [parts_, 2 parts_) the other way; a message from the higher rank there
-  // is announced on lane 0, where a small message would go.
-  const bool upward = (send ? rank_ : q) < (send ? q : rank_);
-  const int first = one_way(d, bytes) && !upward ? parts_ : 0;
+  const LanePlan plan = plan_lanes(tuning_, d, bytes, send ? rank_ : q, send ? q : rank_, size_);
+  const size_t parts = plan.parts;
+  const int first = plan.first;
   // Announced once per op and peer: the header carries the op's count, so
   // a size that differs shows in its first message (an announce per 512 KiB
   // chunk measured 9-25 % slower from 2 MiB: it is return traffic on the
   // shared connection).
   bool announce = false;
-  if (first) {
+  if (plan.elsewhere) {
     const uint64_t key = (uint64_t{static_cast<uint8_t>(d.op)} << 32) | d.seq;
     uint64_t& last = (send ? announced_send_ : announced_recv_)[static_cast<size_t>(q)];
     announce = last != key;
@@ -336,7 +305,7 @@ bool Mesh::pump_send(int c) {
       // Back to the receives once a pass has written enough of a one-way
       // op: both directions then keep flowing (bench/RESULTS.md, "One
       // connection per direction").
-      if (written >= kSendPassBytes && one_way(done_desc, done_bytes)) break;
+      if (written >= kSendPassBytes && one_way(tuning_, done_desc, done_bytes, size_)) break;
     }
   }
   return progressed;

@@ -17,23 +17,14 @@
 // differs between them still shows up as a frame that does not match.
 //
 // One way per connection (COLLIE_TCP_SPLIT_DIRECTIONS, on by default): a
-// peer has twice the lanes, the first half for messages from the lower rank
-// to the higher, the second half for the other way, and an all-to-all's
-// message of at least COLLIE_TCP_SPLIT_MIN_BYTES (512 KiB) goes on the
-// lanes of its direction, as does an all-gather's of a 4 MiB result or more
-// (Mesh::one_way says which, from what was measured). Large messages both ways on one
-// socket contend for it (we take it to be the socket lock, held by a
-// rank's copy into its send queue while the peer's data waits to be
-// processed; not proven): 1 MiB each way over one loopback connection took
-// 200 or 450 us by the sample (median 400), over two one-way connections a
-// steady 230 (a two-process C program; bench/RESULTS.md). Smaller messages
-// stay on lane 0 both ways: there the return traffic carries the
-// acknowledgements, and one-way sockets measured 1 us slower per message.
-// The first message of an op on the second half is announced by an
-// elsewhere frame on lane 0 (comm/tcp/frame.h), so a receiver expecting
-// another size still meets a frame that does not match on the lane it
-// reads; later messages of that op need none, since every header carries
-// the op's count and a count that differs fails the first.
+// peer has twice the lanes, and the large messages of the ops that measured
+// faster so (the all-to-all's, a large all-gather's) go on the lanes of
+// their direction; comm/tcp/lanes.h decides which lane a message takes.
+// The first message of an op on the higher rank's one-way lanes is
+// announced by an elsewhere frame on lane 0 (comm/tcp/frame.h), so a
+// receiver expecting another size still meets a frame that does not match
+// on the lane it reads; later messages of that op need none, since every
+// header carries the op's count and a count that differs fails the first.
 //
 // Sockets are non-blocking; run() moves all of them on one thread, spinning
 // briefly on the sockets before sleeping in poll() (for a budget that adapts:
@@ -57,6 +48,7 @@
 #include "collie/error.h"
 #include "comm/backend.h"
 #include "comm/net/socket.h"
+#include "comm/tcp/lanes.h"
 #include "comm/transport.h"
 
 namespace collie::tcp {
@@ -65,14 +57,12 @@ struct FrameHeader;
 
 class Mesh final : public Transport {
  public:
-  // `conns`: lanes_per_peer(tuning) connections per peer, peer-major (peer
-  // q's lane l at q x lanes_per_peer + l); none for this rank.
+  // `conns`: lanes_per_peer(tuning) connections per peer (comm/tcp/lanes.h),
+  // peer-major (peer q's lane l at q x lanes_per_peer + l); none for this
+  // rank.
   Mesh(int rank, int size, std::vector<net::Fd> conns, const config::TcpTuning& tuning,
        bool spin_allowed, std::shared_ptr<FailureLatch> failure, RankNames names = {});
   ~Mesh() override;
-
-  // The connections a rank opens to each peer under `tuning`.
-  static int lanes_per_peer(const config::TcpTuning& tuning);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -97,8 +87,6 @@ class Mesh final : public Transport {
   int lane(int q, int l) const { return q * lanes_ + l; }
   int peer_of(int c) const { return c / lanes_; }
   void post(bool send, const OpDesc& d, int q, uint8_t* data, size_t bytes, Callback on_done);
-  // Whether a message of `bytes` of op `d` goes on its direction's lanes.
-  bool one_way(const OpDesc& d, size_t bytes) const;
   // Queues one item on lane c (`announce`: an elsewhere frame of `bytes`).
   void queue(bool send, int c, const OpDesc& d, uint8_t* data, size_t bytes, bool announce,
              Callback done);
@@ -130,9 +118,7 @@ class Mesh final : public Transport {
   const int rank_;
   const RankNames names_;  // for messages
   const int size_;
-  const int lanes_;   // connections per peer
-  const int parts_;   // lanes a message may be cut across (per direction when split_)
-  const bool split_;  // one way per connection for large messages
+  const int lanes_;  // connections per peer
   std::vector<Lane> conns_;
   config::TcpTuning tuning_;
   SpinBudget spin_;
