@@ -31,6 +31,10 @@
 #include "base/op.h"
 #include "comm/transport.h"
 
+namespace collie {
+struct P2pBatch;  // comm/host_executor.h
+}
+
 namespace collie::algo {
 
 // a mod n in [0, n), for rank arithmetic around a ring.
@@ -71,6 +75,11 @@ void dissemination_barrier(const Ctx& c);
 // in and out hold size() blocks of `block_bytes`: block j of `in` goes to
 // rank j, block q of `out` comes from rank q.
 void pairwise_alltoall(const Ctx& c, const void* in, void* out, size_t block_bytes);
+// A batch of sends and receives (comm/host_executor.h): each op completes as
+// soon as its bytes have moved, and ops issued while the batch runs join
+// it, so that the classic exchange (send, then receive, on both sides) does
+// not wait for the send before receiving.
+void run_p2p(Transport& t, P2pBatch& batch, Deadline deadline);
 
 // Runs collective `op` (not send/recv) over c.transport with the algorithm
 // the cost model picks for these sizes (or the one `tuning` forces).

@@ -96,26 +96,7 @@ class FakeRunner final : public HostRunner {
   }
 
   void run_p2p(P2pBatch& batch, Deadline deadline) override {
-    guarded([&] {
-      Transport& t = net_->endpoint(rank_);
-      size_t posted = 0;
-      auto post_new = [&] {
-        for (; posted < batch.ops.size(); ++posted) {
-          const Op& op = batch.ops[posted];
-          auto done = [&batch, i = posted] { batch.finished(i); };
-          if (op.is_send)
-            t.post_send(op.desc, op.peer, op.in.data, op.in.nbytes(), done);
-          else
-            t.post_recv(op.desc, op.peer, op.in.data, op.in.nbytes(), done);
-        }
-      };
-      post_new();
-      t.run(deadline, [&] {
-        if (!batch.refill()) return false;
-        post_new();
-        return true;
-      });
-    });
+    guarded([&] { algo::run_p2p(net_->endpoint(rank_), batch, deadline); });
   }
 
   // The network's errors as a real backend's: a vanished rank's own thread

@@ -222,26 +222,7 @@ class TcpRunner final : public HostRunner {
   }
 
   void run_p2p(P2pBatch& batch, Deadline deadline) override {
-    // Each op completes as soon as its bytes have moved; ops issued while
-    // the batch runs join it, so that the classic exchange (send, then
-    // receive, on both sides) does not wait for the send before receiving.
-    size_t posted = 0;
-    auto post_new = [&] {
-      for (; posted < batch.ops.size(); ++posted) {
-        const Op& op = batch.ops[posted];
-        auto done = [&batch, i = posted] { batch.finished(i); };
-        if (op.is_send)
-          mesh_.post_send(op.desc, op.peer, op.in.data, op.in.nbytes(), done);
-        else
-          mesh_.post_recv(op.desc, op.peer, op.in.data, op.in.nbytes(), done);
-      }
-    };
-    post_new();
-    mesh_.run(deadline, [&] {
-      if (!batch.refill()) return false;
-      post_new();
-      return true;
-    });
+    algo::run_p2p(mesh_, batch, deadline);
   }
 
   void abort_peers(const Error& e) noexcept override { mesh_.abort(e); }
