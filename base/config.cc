@@ -259,6 +259,31 @@ std::string comm_hook(const Env& env) {
   return v ? v : "";
 }
 
+uint64_t check_replicas(const Env& env) {
+  auto v = parse_int("COLLIE_CHECK_REPLICAS", env("COLLIE_CHECK_REPLICAS"));
+  if (!v) return 0;
+  if (*v < 0)
+    throw bad("COLLIE_CHECK_REPLICAS=" + std::to_string(*v) +
+              " is negative; set it to how many iterations apart the replicas are checked (0: "
+              "never)");
+  return static_cast<uint64_t>(*v);
+}
+
+bool check_nonfinite(const Env& env) {
+  auto v = parse_int("COLLIE_CHECK_NONFINITE", env("COLLIE_CHECK_NONFINITE"));
+  if (!v) return false;
+  if (*v != 0 && *v != 1)
+    throw bad("COLLIE_CHECK_NONFINITE=" + std::to_string(*v) + " is not 0 or 1");
+  return *v == 1;
+}
+
+bool checks_warn(const Env& env) {
+  const char* v = env("COLLIE_CHECK_ACTION");
+  if (!v || !*v || std::string_view(v) == "error") return false;
+  if (std::string_view(v) == "warn") return true;
+  throw bad(std::string("COLLIE_CHECK_ACTION='") + v + "' is not error or warn");
+}
+
 std::string hostname_override(const Env& env) {
   const char* v = env("COLLIE_HOSTNAME");
   return v ? v : "";

@@ -175,6 +175,19 @@ int reducer_log_every(const Env& env);
 // COLLIE_COMM_HOOK: the reducer's default comm hook spec ("" if unset).
 std::string comm_hook(const Env& env);
 
+// COLLIE_CHECK_REPLICAS: the reducer checks that every rank holds the same
+// parameters every this many synchronised iterations (0, the default: never).
+uint64_t check_replicas(const Env& env);
+
+// COLLIE_CHECK_NONFINITE: 1, the reducer looks for NaN and Inf in each
+// gradient before it is averaged, and names the rank and the parameter;
+// 0 (default) it does not.
+bool check_nonfinite(const Env& env);
+
+// COLLIE_CHECK_ACTION: what a failed check does: error (default; every rank
+// throws) or warn (every rank logs a warning and goes on).
+bool checks_warn(const Env& env);
+
 // COLLIE_HOSTNAME: the host name that groups ranks by host (host_color, the
 // post_local_sgd hook's default subgroup) instead of gethostname(), so that
 // ranks on one machine can stand for several hosts ("" if unset).

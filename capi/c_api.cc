@@ -105,6 +105,9 @@ collie::ReducerOptions to_reducer_options(const collie_reducer_options* o, size_
   if (c.comm_hook) opt.comm_hook = c.comm_hook;
   *rows = c.param_rows;
   if (c.param_names) opt.param_names.assign(c.param_names, c.param_names + n);
+  opt.check_replicas = c.check_replicas < 0 ? -1 : c.check_replicas;
+  opt.check_nonfinite = c.check_nonfinite < 0 ? -1 : c.check_nonfinite != 0;
+  opt.check_warns = c.check_warns < 0 ? -1 : c.check_warns != 0;
   if (const collie_allocator* a = c.bucket_allocator) {
     if (a->struct_size < offsetof(collie_allocator, user) + sizeof(void*) || !a->allocate)
       throw collie::Error(collie::ErrorCode::invalid_argument,

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/state_bytes.h"
 #include "base/trace.h"
+#include "reducer/replica_check.h"
 
 namespace collie {
 
@@ -105,35 +106,57 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
     plan_hash = fnv_mix(plan_hash, static_cast<unsigned char>(ch));
   // The options that decide which collectives an iteration issues (the
   // used-mask exchange) must agree too.
+  // So must the checks, which add collectives of their own.
+  const config::Env& env = config::process_env();
+  check_replicas_ = opt_.check_replicas >= 0 ? static_cast<uint64_t>(opt_.check_replicas)
+                                             : config::check_replicas(env);
+  const bool nonfinite =
+      opt_.check_nonfinite >= 0 ? opt_.check_nonfinite != 0 : config::check_nonfinite(env);
+  check_warns_ = opt_.check_warns >= 0 ? opt_.check_warns != 0 : config::checks_warn(env);
+  if (nonfinite) {
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!params_[i].value.device.is_cpu())
+        throw Error(ErrorCode::unavailable,
+                    "reducer on " + who +
+                        ": the non-finite gradient check (check_nonfinite, "
+                        "COLLIE_CHECK_NONFINITE) searches host memory only, and parameter " +
+                        name(i) + " is on " + to_string(params_[i].value.device));
+    nonfinite_ = std::make_unique<NonfiniteCheck>();
+  }
   const int64_t flags = (opt_.find_unused_parameters ? 1 : 0) | (opt_.static_graph ? 2 : 0) |
-                        (opt_.gradient_as_bucket_view ? 4 : 0);
+                        (opt_.gradient_as_bucket_view ? 4 : 0) | (nonfinite ? 8 : 0);
   int n = comm_.size();
+  constexpr size_t kRow = 5;
   std::vector<int64_t> mine{static_cast<int64_t>(params_.size()), static_cast<int64_t>(shape_hash),
-                            static_cast<int64_t>(plan_hash), flags};
-  std::vector<int64_t> all(4 * static_cast<size_t>(n));
-  comm_.allgather(view_of(mine.data(), 4), view_of(all.data(), all.size())).wait();
-  auto describe = [](int64_t f) {
+                            static_cast<int64_t>(plan_hash), flags,
+                            static_cast<int64_t>(check_replicas_)};
+  std::vector<int64_t> all(kRow * static_cast<size_t>(n));
+  comm_.allgather(view_of(mine.data(), kRow), view_of(all.data(), all.size())).wait();
+  auto describe = [&](const int64_t* row) {
+    const int64_t f = row[3];
     return std::string("find_unused_parameters=") + (f & 1 ? "true" : "false") +
            ", static_graph=" + (f & 2 ? "true" : "false") +
-           ", gradient_as_bucket_view=" + (f & 4 ? "true" : "false");
+           ", gradient_as_bucket_view=" + (f & 4 ? "true" : "false") +
+           ", check_nonfinite=" + (f & 8 ? "1" : "0") +
+           ", check_replicas=" + std::to_string(row[4]);
   };
   for (int r = 1; r < n; ++r) {
-    if (all[4 * r] != all[0] || all[4 * r + 1] != all[1])
+    if (all[kRow * r] != all[0] || all[kRow * r + 1] != all[1])
       throw Error(ErrorCode::mismatch,
                   "reducer on " + who + ": rank " + std::to_string(r) + " has " +
-                      std::to_string(all[4 * r]) + " parameters and rank 0 has " +
+                      std::to_string(all[kRow * r]) + " parameters and rank 0 has " +
                       std::to_string(all[0]) +
-                      (all[4 * r] == all[0] ? ", but their shapes or dtypes differ" : "") +
+                      (all[kRow * r] == all[0] ? ", but their shapes or dtypes differ" : "") +
                       ": every rank must build the reducer over the same model");
-    if (all[4 * r + 2] != all[2])
+    if (all[kRow * r + 2] != all[2])
       throw Error(ErrorCode::mismatch,
                   "reducer on " + who + ": rank " + std::to_string(r) +
                       " plans different buckets from rank 0 over the same parameters: give "
                       "every rank the same bucket sizes");
-    if (all[4 * r + 3] != all[3])
+    if (all[kRow * r + 3] != all[3] || all[kRow * r + 4] != all[4])
       throw Error(ErrorCode::mismatch, "reducer on " + who + ": rank " + std::to_string(r) +
-                                           " builds its reducer with " + describe(all[4 * r + 3]) +
-                                           " and rank 0 with " + describe(all[3]) +
+                                           " builds its reducer with " + describe(&all[kRow * r]) +
+                                           " and rank 0 with " + describe(&all[0]) +
                                            ": give every rank the same options");
   }
 
@@ -274,6 +297,8 @@ void Reducer::prepare_for_backward(const std::vector<bool>& used) {
   if (!used.empty() && used.size() != n)
     throw misuse("the used-parameter mask has " + std::to_string(used.size()) + " entries for " +
                  std::to_string(n) + " parameters");
+  // Replicas compared before the backward pass, when nothing is in flight.
+  if (!no_sync_ && check_replicas_ > 0 && iteration_ % check_replicas_ == 0) check_replicas_now();
   in_backward_ = true;
   backward_start_ = last_mark_ = Clock::now();
   if (trace_)
@@ -288,6 +313,7 @@ void Reducer::prepare_for_backward(const std::vector<bool>& used) {
   } else {
     used_.assign(n, true);
   }
+  if (nonfinite_) nonfinite_->begin();
   marked_.assign(n, false);
   fires_.assign(n, 0);
   late_.assign(n, false);
@@ -312,7 +338,10 @@ void Reducer::copy_in(size_t i) {
   auto slot = bucket_slot(i);
   // On a CUDA device, queued on the calling thread's stream, which the
   // bucket's all-reduce (issued from this thread) is ordered after.
-  cuda::copy(slot.data, params_[i].grad.data, slot.nbytes(), slot.device);
+  if (nonfinite_)
+    nonfinite_->copy_in(i, slot, params_[i].grad.data);  // searched as it is copied
+  else
+    cuda::copy(slot.data, params_[i].grad.data, slot.nbytes(), slot.device);
 }
 
 void Reducer::mark_grad_ready(size_t i) {
@@ -336,7 +365,10 @@ void Reducer::require_buffer(size_t i) const {
 void Reducer::take(size_t i) {
   require_buffer(i);
   marked_[i] = true;
-  if (!opt_.gradient_as_bucket_view) copy_in(i);
+  if (!opt_.gradient_as_bucket_view)
+    copy_in(i);
+  else if (nonfinite_)
+    nonfinite_->scan(i, bucket_slot(i));
   --pending_[plan_.bucket_of(i)];
 }
 
@@ -378,6 +410,8 @@ void Reducer::mark_locked(size_t i) {
       late_[i] = true;
     else if (!opt_.gradient_as_bucket_view)
       copy_in(i);
+    else if (nonfinite_)
+      nonfinite_->scan(i, bucket_slot(i));  // what arrived again, searched again
     return;
   }
   // The learning iteration sends its buckets at finalize; later ones as
@@ -443,8 +477,32 @@ void Reducer::join_step() {
     std::lock_guard lk(mu_);
     if (no_sync_) throw misuse("join_step under no_sync: a joined rank shadows synchronised steps");
   }
-  prepare_for_backward();
+  shadowing_ = true;
+  try {
+    prepare_for_backward();
+  } catch (...) {
+    shadowing_ = false;
+    throw;
+  }
+  shadowing_ = false;
   finish_backward(true);
+}
+
+void Reducer::failed_check(ErrorCode code, const std::string& msg) const {
+  if (!check_warns_)
+    throw Error(code, "reducer on rank " + std::to_string(comm_.rank()) + ": " + msg);
+  log::warn("reducer on rank " + std::to_string(comm_.rank()) + ": " + msg);
+}
+
+void Reducer::check_replicas_now() {
+  std::vector<TensorView> values;
+  for (const Parameter& p : params_) values.push_back(p.value);
+  const std::string msg = check_replicas(
+      comm_, values, [this](size_t i) { return name(i); }, iteration_, !shadowing_);
+  if (trace_)
+    trace_->instant("replica check",
+                    trace::Args().add("iteration", iteration_).add("agree", msg.empty()));
+  if (!msg.empty()) failed_check(ErrorCode::mismatch, msg);
 }
 
 std::vector<bool> Reducer::exchange_used(const std::vector<bool>& here) {
@@ -490,12 +548,20 @@ void Reducer::finish_backward(bool shadow) {
                  " received no gradient in this backward pass; if the model does not use every "
                  "parameter in every step, enable find_unused_parameters");
   launch_ready_buckets();
+  // What each rank's gradients held before averaging, behind the last bucket.
+  Work nonfinite_exchange;
+  if (nonfinite_) nonfinite_exchange = nonfinite_->exchange(comm_);
   auto wait_start = Clock::now();
   // Every bucket's reduction is waited for before an error is reported, so
   // that none is still writing when the caller goes on (or retries).
   try {
     wait_all(works_);
+    nonfinite_exchange.wait();
   } catch (const Error& e) {
+    try {
+      nonfinite_exchange.wait();
+    } catch (const Error&) {
+    }
     if (trace_)
       trace_->span("finalize wait", trace::at(wait_start), trace::now(),
                    trace::Args().add("iteration", iteration_).add("error", e.what()));
@@ -551,6 +617,11 @@ void Reducer::finish_backward(bool shadow) {
   if (opt_.rebuild_buckets && !rebuilt_) rebuild_from_observed_order();
   // Reported last, every collective of the iteration done, so that the
   // ranks stay in step whatever the caller does next.
+  if (nonfinite_) {
+    const std::string msg =
+        nonfinite_->report([this](size_t i) { return name(i); }, iteration_ - 1);
+    if (!msg.empty()) failed_check(ErrorCode::invalid_argument, msg);
+  }
   std::vector<size_t> late;
   for (size_t i = 0; i < n; ++i)
     if (late_[i]) late.push_back(i);

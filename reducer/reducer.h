@@ -58,6 +58,7 @@
 #include "buckets/bucket_plan.h"
 #include "collie/comm.h"
 #include "hooks/comm_hook.h"
+#include "reducer/nonfinite_check.h"
 
 namespace collie {
 
@@ -87,6 +88,23 @@ struct ReducerOptions {
   // The parameters' names, for errors ("parameters fc.weight, fc.bias
   // received no gradient"); empty: their indices.
   std::vector<std::string> param_names;
+  // Checks (reducer/checks.h). Replica agreement: every this many
+  // synchronised iterations, before the backward pass, the ranks compare
+  // fingerprints of every parameter; on a difference each names the ranks
+  // that disagree, the first parameter that differs and by how much. 0
+  // never; -1 COLLIE_CHECK_REPLICAS (default never).
+  int64_t check_replicas = -1;
+  // Non-finite gradients: each gradient is searched for NaN and Inf as it
+  // enters its bucket (in the copy that puts it there, in copy mode), and
+  // the ranks tell each other with the iteration's last bucket, so every
+  // rank names the rank, parameter and element. Host memory only. 0 off,
+  // 1 on, -1 COLLIE_CHECK_NONFINITE (default off).
+  int check_nonfinite = -1;
+  // What a failed check does: 0 every rank throws Error{mismatch} (replicas)
+  // or Error{invalid_argument} (non-finite) at the end of the iteration, its
+  // collectives done; 1 every rank logs a warning and goes on; -1
+  // COLLIE_CHECK_ACTION (default: throw).
+  int check_warns = -1;
 };
 
 // Where a parameter's gradient came from in the last synchronised iteration.
@@ -255,6 +273,13 @@ class Reducer {
   ReducerStats stats_;
   uint64_t hook_bytes_before_ = 0;
   int log_every_ = 100;
+  // The checks (ReducerOptions::check_*), resolved from the environment.
+  uint64_t check_replicas_ = 0;                // every this many iterations (0: never)
+  bool check_warns_ = false;                   // warn instead of throwing
+  std::unique_ptr<NonfiniteCheck> nonfinite_;  // null: off
+  bool shadowing_ = false;  // in join_step: this rank's parameters no longer follow
+  void check_replicas_now();
+  void failed_check(ErrorCode code, const std::string& msg) const;
   std::shared_ptr<trace::Track> trace_;  // COLLIE_TRACE's row for this reducer, or null
 };
 

@@ -17,6 +17,7 @@ packages=(
   gnuplot-nox                                                        # collie-bench --plot
   libgloo-dev                                                        # the Gloo peer in bench/peers/
   libssl-dev                                                         # libcrypto: the handshakes' HMAC-SHA256
+  libxxhash-dev                                                      # XXH3: the reducer's replica check
   python3-torch libtorch-dev                                         # collie.torch, torchrun, PyTorch's DDP; the libtorch example
   slurmctld slurmd slurm-client munge                                # the srun test's one-node SLURM
   clang libclang-rt-14-dev                                           # the fuzz targets: clang's libFuzzer (scripts/fuzz.sh)

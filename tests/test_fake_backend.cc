@@ -22,6 +22,7 @@
 #include "collie/comm.h"
 #include "collie/store.h"
 #include "hooks/comm_hook.h"
+#include "fake_world.h"
 #include "mp_common.h"
 #include "reducer/reducer.h"
 #include "tiny_mlp.h"
@@ -34,55 +35,6 @@ using testing::combine;
 using testing::exact_value;
 using testing::get;
 using testing::put;
-
-// What each rank's function returned ("" when its checks passed) or the
-// collie::Error it threw ("<code>: <message>").
-struct Ended {
-  std::string failures;
-  std::string error;
-};
-
-// Runs fn(comm) as every rank of an n-rank fake communicator, each on its
-// own thread. `timeout` is the communicator's.
-std::vector<Ended> run_world(int n, const std::function<std::string(Communicator&)>& fn,
-                             milliseconds timeout = milliseconds(20000)) {
-  std::shared_ptr<Store> store = make_memory_store(timeout);
-  std::vector<Ended> out(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        Options o;
-        o.rank = r;
-        o.world_size = n;
-        o.backend = "fake";
-        o.store = store;
-        o.timeout = timeout;
-        auto comm = connect(o);
-        out[r].failures = fn(*comm);
-      } catch (const Error& e) {
-        out[r].error = std::string(to_string(e.code())) + ": " + e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return out;
-}
-
-// Every rank ended without an error and with its checks passed.
-void expect_all_ok(const std::vector<Ended>& ended, const std::string& what) {
-  for (size_t r = 0; r < ended.size(); ++r) {
-    EXPECT_EQ(ended[r].error, "") << what << ", rank " << r;
-    EXPECT_EQ(ended[r].failures, "") << what << ", rank " << r;
-  }
-}
-
-// An environment variable set for one test (the fake backend's failure
-// injection is read from the process's environment), before any rank starts.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-  const char* name_;
-};
 
 const std::vector<size_t> kCounts = {0, 1, 7, 97, 4099};
 constexpr DType kDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32};

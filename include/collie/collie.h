@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define COLLIE_ABI_VERSION 2
+#define COLLIE_ABI_VERSION 3
 /* struct_tag of the structs of this header: "CL" and the ABI version. */
 #define COLLIE_STRUCT_TAG (0x434C0000u | COLLIE_ABI_VERSION)
 
@@ -265,12 +265,22 @@ typedef struct {
   int32_t rebuild_buckets;                  /* default 1: re-plan after the first iteration */
   int32_t reserved0;
   const char* const* param_names; /* NULL, or per parameter its name, for errors */
+  /* ABI 3: the checks (reducer/README.md). -1 in each: its variable's value. */
+  int64_t check_replicas;  /* every this many iterations, the ranks compare fingerprints of their
+                              parameters; a difference names the ranks, the first parameter
+                              that differs and by how much (0: never; COLLIE_CHECK_REPLICAS) */
+  int32_t check_nonfinite; /* 1: gradients searched for NaN and Inf before averaging; the
+                              rank, parameter and element named (COLLIE_CHECK_NONFINITE) */
+  int32_t check_warns;     /* 1: a failed check is a warning in the log, 0: the iteration's
+                              finalize (or prepare, for replicas) fails on every rank with
+                              COLLIE_ERR_MISMATCH / COLLIE_ERR_INVALID_ARGUMENT
+                              (COLLIE_CHECK_ACTION) */
 } collie_reducer_options;
 
 #define COLLIE_REDUCER_OPTIONS_INIT                                                           \
   {                                                                                           \
     sizeof(collie_reducer_options), COLLIE_STRUCT_TAG, 1u << 20, 25u << 20, 0, 0, 0, 1, NULL, \
-        NULL, NULL, 1, 0, NULL                                                                \
+        NULL, NULL, 1, 0, NULL, -1, -1, -1                                                    \
   }
 
 /* Sets *opts to COLLIE_REDUCER_OPTIONS_INIT (inline, as collie_comm_options_init). */

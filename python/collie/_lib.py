@@ -11,9 +11,9 @@ import importlib.util
 import os
 import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_int, c_int32,
-                    c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
+                    c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 STRUCT_TAG = 0x434C0000 | ABI_VERSION
 
 # collie_status
@@ -66,7 +66,9 @@ class ReducerOptions(Structure):
                 ("static_graph", c_int32), ("broadcast_parameters", c_int32),
                 ("comm_hook", c_char_p), ("param_rows", POINTER(c_uint64)),
                 ("bucket_allocator", POINTER(Allocator)), ("rebuild_buckets", c_int32),
-                ("reserved0", c_int32), ("param_names", POINTER(c_char_p))]
+                ("reserved0", c_int32), ("param_names", POINTER(c_char_p)),
+                ("check_replicas", c_int64), ("check_nonfinite", c_int32),
+                ("check_warns", c_int32)]
 
 
 class ReducerStats(Structure):

@@ -55,11 +55,30 @@ if _distributed.DistError is not None:
 _TORCH_DDP = torch.nn.parallel.DistributedDataParallel
 
 
+def _check_options(replicas, nonfinite, action):
+    """The reducer's checks, as the C ABI takes them (-1: the variable's
+    value): replicas compared every `replicas` iterations, gradients searched
+    for NaN and Inf before averaging, "error" or "warn" when one fails."""
+    if replicas is not None and (not isinstance(replicas, int) or replicas < 0):
+        raise _lib.error("invalid_argument", f"check_replicas={replicas!r}: give how many "
+                                             f"iterations apart the replicas are compared (0: never)")
+    actions = {None: -1, "error": 0, "warn": 1}
+    if action not in actions:
+        raise _lib.error("invalid_argument", f"check_action={action!r} is not 'error' or 'warn'")
+    return (-1 if replicas is None else replicas,
+            -1 if nonfinite is None else int(bool(nonfinite)), actions[action])
+
+
 class DistributedDataParallel(torch.nn.Module, Joinable):
     """torch.nn.parallel.DistributedDataParallel's constructor and methods
     over collie. The communicator: `comm` (or a collie.Communicator passed as
     process_group); by default one connected from the launcher's variables.
-    `comm_hook`: a hook spec to start with ("fp16", "powersgd:rank=2")."""
+    `comm_hook`: a hook spec to start with ("fp16", "powersgd:rank=2").
+    The checks (each None: its COLLIE_CHECK_* variable): `check_replicas=N`
+    compares every rank's parameters every N iterations and names the ranks
+    and the first parameter that differ; `check_nonfinite=True` names the
+    rank, parameter and element of a NaN or Inf gradient before it is
+    averaged; `check_action="warn"` logs instead of raising."""
 
     _hook_count = 0
 
@@ -71,7 +90,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                  mixed_precision=None, device_mesh=None, skip_all_reduce_unused_params=False,
                  bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None,
                  lazy_bucket_allocation=False, *, comm=None, comm_hook=None,
-                 first_bucket_cap_mb=1):
+                 first_bucket_cap_mb=1, check_replicas=None, check_nonfinite=None,
+                 check_action=None):
         # PyTorch 2.x's DDP signature, in its order (1.13's put process_group
         # before init_sync: pass it by name there). device_ids, output_device,
         # dim, check_reduction, batched_grad_copy and lazy_bucket_allocation
@@ -138,7 +158,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             int(bucket_cap_mb * _MiB), int(self._bucket_view), int(self._find_unused),
             int(self._static_graph), int(bool(init_sync)),
             comm_hook.encode() if isinstance(comm_hook, str) else None, rows,
-            ctypes.pointer(self._arenas.struct), 1, 0, names)
+            ctypes.pointer(self._arenas.struct), 1, 0, names,
+            *_check_options(check_replicas, check_nonfinite, check_action))
         h = ctypes.c_void_p()
         check(lib.collie_reducer_create(self._comm.handle, tensors, None, n, ctypes.byref(opts),
                                         ctypes.byref(h)))

@@ -1,0 +1,74 @@
+// tests/fake_world.h: an n-rank world of the `fake` backend (comm/fake/) in
+// this process, each rank a thread, for tests of what sits above the
+// communicator (the front, the reducer, the hooks, the C ABI) in
+// milliseconds without collie-run.
+#pragma once
+
+#include <stdlib.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "collie/comm.h"
+#include "collie/store.h"
+
+namespace collie {
+
+using std::chrono::milliseconds;
+
+// What each rank's function returned ("" when its checks passed) or the
+// collie::Error it threw ("<code>: <message>").
+struct Ended {
+  std::string failures;
+  std::string error;
+};
+
+// Runs fn(comm) as every rank of an n-rank fake communicator, each on its
+// own thread. `timeout` is the communicator's.
+inline std::vector<Ended> run_world(int n, const std::function<std::string(Communicator&)>& fn,
+                             milliseconds timeout = milliseconds(20000)) {
+  std::shared_ptr<Store> store = make_memory_store(timeout);
+  std::vector<Ended> out(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Options o;
+        o.rank = r;
+        o.world_size = n;
+        o.backend = "fake";
+        o.store = store;
+        o.timeout = timeout;
+        auto comm = connect(o);
+        out[r].failures = fn(*comm);
+      } catch (const Error& e) {
+        out[r].error = std::string(to_string(e.code())) + ": " + e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// Every rank ended without an error and with its checks passed.
+inline void expect_all_ok(const std::vector<Ended>& ended, const std::string& what) {
+  for (size_t r = 0; r < ended.size(); ++r) {
+    EXPECT_EQ(ended[r].error, "") << what << ", rank " << r;
+    EXPECT_EQ(ended[r].failures, "") << what << ", rank " << r;
+  }
+}
+
+// An environment variable set for one test (the fake backend's failure
+// injection is read from the process's environment), before any rank starts.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  const char* name_;
+};
+
+}  // namespace collie
