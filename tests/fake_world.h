@@ -4,6 +4,7 @@
 // milliseconds without collie-run.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <chrono>
@@ -12,8 +13,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "collie/comm.h"
 #include "collie/store.h"
@@ -32,7 +31,7 @@ struct Ended {
 // Runs fn(comm) as every rank of an n-rank fake communicator, each on its
 // own thread. `timeout` is the communicator's.
 inline std::vector<Ended> run_world(int n, const std::function<std::string(Communicator&)>& fn,
-                             milliseconds timeout = milliseconds(20000)) {
+                                    milliseconds timeout = milliseconds(20000)) {
   std::shared_ptr<Store> store = make_memory_store(timeout);
   std::vector<Ended> out(n);
   std::vector<std::thread> threads;

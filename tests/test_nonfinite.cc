@@ -48,8 +48,8 @@ TEST(Nonfinite, FindsWhatAnElementByElementSearchFindsInEveryFloatType) {
           put_element(t, src.data(), n - 1, kBad[(pattern + 1) % 3]);
         }
         const Reference want = reference(t, src.data(), n);
-        const std::string at =
-            std::string(to_string(t)) + " n=" + std::to_string(n) + " pattern " + std::to_string(pattern);
+        const std::string at = std::string(to_string(t)) + " n=" + std::to_string(n) + " pattern " +
+                               std::to_string(pattern);
         for (bool copying : {false, true}) {
           auto got = copying ? kernels::copy_find_nonfinite(t, dst.data(), src.data(), n)
                              : kernels::find_nonfinite(t, src.data(), n);

@@ -376,13 +376,78 @@ def case_late_gradient():
     return f"an error naming it: {msg[:100]}"
 
 
+def case_check_nonfinite():
+    """check_nonfinite=True: a NaN that the last rank's backward leaves in one
+    element of one gradient (a tensor hook, as a bad kernel would) is named
+    on every rank, with the rank, parameter, element and iteration, before
+    it is averaged; the next step trains on in step."""
+    model = ct.DistributedDataParallel(mlp(), check_nonfinite=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    weight = model.module[2].weight  # [2, 16]: element (1, 5) is 21 in its flat order
+
+    def poison(g):
+        g = g.clone()
+        g[1, 5] = float("nan")
+        return g
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(step, RANK)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if step != 1:
+            loss.backward()
+            opt.step()
+            continue
+        handle = weight.register_hook(poison) if RANK == WORLD - 1 else None
+        expect_error(loss.backward,
+                     ["non-finite gradients at iteration 1, found before averaging: "
+                      f"rank {WORLD - 1}: parameter 2.weight has NaN at element 21 "
+                      "(1 non-finite element in 1 parameter)"], "a NaN on one rank")
+        if handle:
+            handle.remove()
+    params = list(model.module.parameters())
+    check(all(bool(torch.isfinite(p).all()) for p in params), "the model is not finite")
+    same_everywhere(params, "after the step that failed")
+    model.close()
+
+
+def case_check_replicas():
+    """check_replicas=2: one ulp added to one element of the last rank's
+    model between steps is found at the next check, naming that rank, the
+    parameter, the element and both values, on every rank."""
+    model = ct.DistributedDataParallel(mlp(), check_replicas=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        opt.zero_grad()
+        x, y = batch(step, RANK)
+        if step == 2:
+            bias = model.module[0].bias
+            ref = float(bias[3].item())
+            moved = float(torch.nextafter(bias[3], torch.tensor(float("inf"))).item())
+            if RANK == WORLD - 1:
+                with torch.no_grad():
+                    bias[3] = moved
+            others = ", ".join(str(r) for r in range(WORLD - 1))
+            words = [f"replicas disagree at iteration 2: rank {WORLD - 1} holds parameters that "
+                     f"differ from those of rank{'s' if WORLD > 2 else ''} {others}; the first "
+                     f"parameter that differs is 0.bias (16 f32); rank {WORLD - 1}: element 3 is "
+                     f"{moved:.9g} where rank 0's is {ref:.9g}, largest difference "
+                     f"{moved - ref:.9g} (element 3)"]
+            expect_error(lambda: torch.nn.functional.mse_loss(model(x), y).backward(), words,
+                         "one ulp on one rank")
+            return
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    raise Failed("no check at iteration 2")
+
+
 CASES = {"future_error": case_future_error, "bucket_order": case_bucket_order, "no_gradient": case_no_gradient,
          "late_gradient": case_late_gradient, "join": case_join, "compile": case_compile, "join_throw": case_join_throw, "future": case_future,
          "errors": case_errors, "constructor": case_constructor,
          "model_differs": case_model_differs,
          "loss_not_through_wrapper": case_loss_not_through_wrapper,
          "hook_after_first_step": case_hook_after_first_step,
-         "hook_wrong_shape": case_hook_wrong_shape}
+         "hook_wrong_shape": case_hook_wrong_shape, "check_nonfinite": case_check_nonfinite,
+         "check_replicas": case_check_replicas}
 
 
 def main():
