@@ -13,9 +13,9 @@
 namespace collie::kernels {
 
 struct NonFinite {
-  size_t count = 0;   // how many elements are NaN or +-Inf
-  size_t first = 0;   // the index of the first of them (when count > 0)
-  double value = 0;   // its value: NaN, +Inf or -Inf
+  size_t count = 0;  // how many elements are NaN or +-Inf
+  size_t first = 0;  // the index of the first of them (when count > 0)
+  double value = 0;  // its value: NaN, +Inf or -Inf
 };
 
 // The non-finite elements of data[0..n) (integer dtypes have none).

@@ -3,7 +3,7 @@ by side in one run: step time, the all-reduce alone, exposed communication.
 
     collie-run -n 2 /usr/bin/python3 bench/torch_ddp_bench.py [--batch 2 16]
         [--layers 3] [--width 4096] [--iters 5] [--rounds 3] [--no-fp16] [--compile]
-        [--backend] [--cpp]
+        [--backend] [--cpp] [--checks]
 
 --backend adds PyTorch's own DDP over the torch.distributed backend
 "collie" (collie.distributed), against the same over Gloo. --cpp adds it
@@ -59,6 +59,9 @@ def main():
                     help="also PyTorch's DDP over the C++ extension backend 'collie_cpp'")
     ap.add_argument("--noop", action="store_true",
                     help="also collie with the noop hook: the reducer's own cost, no communication")
+    ap.add_argument("--checks", action="store_true",
+                    help="also collie with the replica check at every step (the cost of one "
+                         "check; every N steps costs 1/N of it) and with the non-finite check")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -91,6 +94,10 @@ def main():
         elif kind == "collie":
             m = ct.DistributedDataParallel(m, gradient_as_bucket_view=True,
                                            comm_hook="fp16" if fp16 else None)
+        elif kind == "collie+replicas@1":
+            m = ct.DistributedDataParallel(m, gradient_as_bucket_view=True, check_replicas=1)
+        elif kind == "collie+nonfinite":
+            m = ct.DistributedDataParallel(m, gradient_as_bucket_view=True, check_nonfinite=True)
         elif kind == "noop":
             m = ct.DistributedDataParallel(m, gradient_as_bucket_view=True, comm_hook="noop")
         return m, torch.optim.SGD(m.parameters(), lr=1e-6)
@@ -100,6 +107,8 @@ def main():
         configs += [("torch+compile", False), ("collie+compile", False)]
     if args.noop:
         configs.append(("noop", False))
+    if args.checks:
+        configs += [("collie+replicas@1", False), ("collie+nonfinite", False)]
     if args.backend:
         configs += [("torch@collie", h) for h in hooks]
     if args.cpp:
@@ -167,12 +176,19 @@ def main():
                 t, c = ms[(batch, ("torch+compile", False))], ms[(batch, ("collie+compile", False))]
                 print(f"{batch:>5}  {'-':<5} {local:>9.1f} {t:>9.1f} {c:>10.1f} {t / c:>7.2f}x  "
                       f"{t - local:>11.1f}ms {c - local:>12.1f}ms   torch.compile(ddp)")
+            if args.checks:
+                c = ms[(batch, ("collie", False))]
+                r = ms[(batch, ("collie+replicas@1", False))]
+                n = ms[(batch, ("collie+nonfinite", False))]
+                print(f"{batch:>5}  checks: replicas at every step {r:.1f} ms ({r - c:+.1f} ms a "
+                      f"check: every 100 steps {100 * (r - c) / 100 / c:+.2f} % of a step); "
+                      f"non-finite {n:.1f} ms ({100 * (n - c) / c:+.1f} % of a step)")
             if args.noop:
                 n = ms[(batch, ("noop", False))]
                 print(f"{batch:>5}  noop: collie with no communication {n:.1f} ms "
                       f"({n - local:+.1f} ms over local)")
     for c in configs:
-        if c[0] in ("collie", "noop"):
+        if c[0] in ("collie", "noop", "collie+replicas@1", "collie+nonfinite"):
             models[c][0].close()
     if args.compile:
         models[("collie+compile", False)][0]._orig_mod.close()
