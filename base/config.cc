@@ -207,6 +207,14 @@ Launch resolve_launch(const Options& o, const Env& env) {
   }
   if (const char* v = env("COLLIE_LAUNCHER_STORE"); v && std::string_view(v) == "1")
     l.launcher_store = true;
+  if (o.deterministic >= 0) {
+    l.deterministic = o.deterministic != 0;
+  } else if (auto v = parse_int("COLLIE_DETERMINISTIC", env("COLLIE_DETERMINISTIC"))) {
+    if (*v != 0 && *v != 1)
+      throw bad("COLLIE_DETERMINISTIC=" + std::to_string(*v) +
+                " is not 0 or 1 (1: sums in rank order, the same bits on every backend)");
+    l.deterministic = *v == 1;
+  }
   if (const char* v = env("COLLIE_STORE_PREFIX"); v && *v) l.store_prefix = v;
   if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;
   if (l.world_size > 1 && !o.store && l.store_file.empty()) {

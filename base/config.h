@@ -54,6 +54,9 @@ struct Launch {
   // for a backend that needs one (mpi does not).
   std::string no_rendezvous;
   std::chrono::milliseconds timeout{300000};
+  // COLLIE_DETERMINISTIC=1 or Options::deterministic: all-reduce and
+  // reduce-scatter sum in rank order (comm/deterministic.h).
+  bool deterministic = false;
 };
 
 Launch resolve_launch(const Options& options, const Env& env);

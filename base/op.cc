@@ -33,6 +33,12 @@ std::string OpDesc::describe() const {
   if (op == OpKind::allreduce || op == OpKind::reduce_scatter)
     s += ", " + std::string(to_string(redop));
   if (op == OpKind::broadcast) s += ", root " + std::to_string(tag);
+  // A step of COLLIE_DETERMINISTIC's all-reduce or reduce-scatter
+  // (comm/deterministic.h; these tags are its).
+  if ((op == OpKind::alltoall || op == OpKind::allgather) &&
+      (tag == kDeterministicAllreduce || tag == kDeterministicReduceScatter))
+    s += ", " + std::string(to_string(redop)) + ": a step of COLLIE_DETERMINISTIC's " +
+         (tag == kDeterministicAllreduce ? "allreduce" : "reduce_scatter");
   if (op == OpKind::p2p) {
     s += ", tag " + std::to_string(tag);
     if (tag == kAlltoallTag) s += ": an alltoall's";  // the front's exchange
@@ -41,10 +47,16 @@ std::string OpDesc::describe() const {
 }
 
 Error collective_mismatch(const std::string& mine, const std::string& peer, const OpDesc& theirs) {
-  return Error(ErrorCode::mismatch, mine + " does not match " + peer + ", which called " +
-                                        theirs.describe() +
-                                        ": every rank must issue the same collectives in the same "
-                                        "order with the same counts, dtypes and ops");
+  const std::string t = theirs.describe();
+  const bool mine_det = mine.find("COLLIE_DETERMINISTIC") != std::string::npos;
+  const bool theirs_det = t.find("COLLIE_DETERMINISTIC") != std::string::npos;
+  return Error(ErrorCode::mismatch,
+               mine + " does not match " + peer + ", which called " + t +
+                   (mine_det != theirs_det
+                        ? ": COLLIE_DETERMINISTIC (Options::deterministic) is on for one and off "
+                          "for the other; set it alike on every rank"
+                        : ": every rank must issue the same collectives in the same order with "
+                          "the same counts, dtypes and ops"));
 }
 
 }  // namespace collie

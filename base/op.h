@@ -32,6 +32,12 @@ enum class OpKind : uint8_t {
 inline constexpr OpKind kLastOpKind = OpKind::alltoall;
 std::string_view to_string(OpKind k);
 
+// The tags of the steps of COLLIE_DETERMINISTIC's all-reduce and
+// reduce-scatter (comm/deterministic.h): which op a step's description
+// belongs to, so that a rank with the mode off is told so by name.
+inline constexpr int32_t kDeterministicAllreduce = 0x44455401;      // "DET" 1
+inline constexpr int32_t kDeterministicReduceScatter = 0x44455402;  // "DET" 2
+
 struct OpDesc {
   OpKind op = OpKind::allreduce;
   DType dtype = DType::u8;
@@ -90,6 +96,10 @@ struct Op {
   TensorView out{};
   int peer = -1;  // send and recv
   bool is_send = false;
+  // allreduce, reduce_scatter: COLLIE_DETERMINISTIC's form, which the host
+  // executor runs as steps (comm/deterministic.h); its desc.seq is the first
+  // of the numbers the front reserved for them.
+  bool deterministic = false;
   // Its timeline entry under COLLIE_TRACE, or null (off): owned by the
   // trace module until trace::finished ends it (base/trace.h). A raw
   // pointer keeps Op trivially copyable: a shared_ptr here cost every op

@@ -4,6 +4,7 @@
 
 #include "base/log.h"
 #include "base/trace.h"
+#include "comm/deterministic.h"
 
 namespace collie {
 
@@ -71,11 +72,12 @@ class HostExecutor::Queued final : public OpCompletion {
 
 HostExecutor::HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> failure, int rank,
                            std::chrono::milliseconds timeout,
-                           std::shared_ptr<StallInspector> inspector)
+                           std::shared_ptr<StallInspector> inspector, int world_size)
     : runner_(runner),
       failure_(std::move(failure)),
       inspector_(std::move(inspector)),
       rank_(rank),
+      size_(world_size),
       timeout_(timeout),
       continuations_(std::make_shared<ContinuationThread>()),
       poll_(kGrace) {
@@ -87,9 +89,10 @@ HostExecutor::HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> fai
 std::shared_ptr<HostExecutor> HostExecutor::start(HostRunner& runner,
                                                   std::shared_ptr<FailureLatch> failure, int rank,
                                                   std::chrono::milliseconds timeout,
-                                                  std::shared_ptr<StallInspector> inspector) {
+                                                  std::shared_ptr<StallInspector> inspector,
+                                                  int world_size) {
   auto ex = std::make_shared<HostExecutor>(runner, std::move(failure), rank, timeout,
-                                           std::move(inspector));
+                                           std::move(inspector), world_size);
   ex->thread_ = std::thread([weak = std::weak_ptr<HostExecutor>(ex)] {
     if (auto self = weak.lock()) self->loop();
   });
@@ -264,8 +267,15 @@ void HostExecutor::run_claimed(Op& op) {
 std::optional<Error> HostExecutor::execute_collective(Op& op) {
   try {
     if (op.trace) trace::started(op);
-    runner_.run_collective(op, deadline_after(timeout_));
-    if (inspector_) inspector_->completed(op.desc.seq);
+    uint32_t last = op.desc.seq;
+    if (op.deterministic) {
+      // Its steps, one after another on this thread, each with its own deadline.
+      last = run_deterministic(op, rank_, size_, runner_.runs_alltoall(), scratch_,
+                               [&](Op& s) { runner_.run_collective(s, deadline_after(timeout_)); });
+    } else {
+      runner_.run_collective(op, deadline_after(timeout_));
+    }
+    if (inspector_) inspector_->completed(last);
     return std::nullopt;
   } catch (const std::exception& ex) {
     return failure_of(op, ex);
@@ -386,7 +396,7 @@ class HostBackend final : public Backend {
               std::unique_ptr<HostRunner> runner, const BackendContext& ctx)
       : name_(std::move(name)), make_(make), split_(split), runner_(std::move(runner)) {
     exec_ = HostExecutor::start(*runner_, ctx.failure, ctx.launch.rank, ctx.launch.timeout,
-                                ctx.inspector);
+                                ctx.inspector, ctx.launch.world_size);
   }
   // The executor stops before the runner it drives goes.
   ~HostBackend() override { exec_->shutdown(); }

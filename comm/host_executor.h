@@ -93,10 +93,13 @@ class Fifo {
 
 class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
  public:
+  // `world_size`: the ranks `runner` runs over (for COLLIE_DETERMINISTIC's
+  // steps, comm/deterministic.h).
   static std::shared_ptr<HostExecutor> start(HostRunner& runner,
                                              std::shared_ptr<FailureLatch> failure, int rank,
                                              std::chrono::milliseconds timeout,
-                                             std::shared_ptr<StallInspector> inspector = nullptr);
+                                             std::shared_ptr<StallInspector> inspector = nullptr,
+                                             int world_size = 1);
   ~HostExecutor();
 
   Work submit(Op op);
@@ -115,7 +118,8 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   void shutdown();
 
   HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> failure, int rank,
-               std::chrono::milliseconds timeout, std::shared_ptr<StallInspector> inspector);
+               std::chrono::milliseconds timeout, std::shared_ptr<StallInspector> inspector,
+               int world_size = 1);
 
  private:
   class Queued;
@@ -150,7 +154,9 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   std::shared_ptr<FailureLatch> failure_;
   const std::shared_ptr<StallInspector> inspector_;
   const int rank_;
+  const int size_;
   const std::chrono::milliseconds timeout_;
+  std::vector<uint8_t> scratch_;  // COLLIE_DETERMINISTIC's gathered blocks, kept between ops
   std::shared_ptr<ContinuationThread> continuations_;
   Dispatch dispatch_;
 

@@ -29,9 +29,11 @@ struct Ended {
 };
 
 // Runs fn(comm) as every rank of an n-rank fake communicator, each on its
-// own thread. `timeout` is the communicator's.
+// own thread. `timeout` is the communicator's; `tweak`, when given, changes
+// each rank's Options before it connects.
 inline std::vector<Ended> run_world(int n, const std::function<std::string(Communicator&)>& fn,
-                                    milliseconds timeout = milliseconds(20000)) {
+                                    milliseconds timeout = milliseconds(20000),
+                                    const std::function<void(Options&)>& tweak = {}) {
   std::shared_ptr<Store> store = make_memory_store(timeout);
   std::vector<Ended> out(n);
   std::vector<std::thread> threads;
@@ -44,6 +46,7 @@ inline std::vector<Ended> run_world(int n, const std::function<std::string(Commu
         o.backend = "fake";
         o.store = store;
         o.timeout = timeout;
+        if (tweak) tweak(o);
         auto comm = connect(o);
         out[r].failures = fn(*comm);
       } catch (const Error& e) {

@@ -86,12 +86,13 @@ struct FakeNetwork::State {
       ItemPtr s = sq.front(), r = rq.front();
       const bool same_op = s->desc.describe() == r->desc.describe();
       if (!same_op || s->bytes != r->bytes) {
-        std::string what =
-            r->desc.describe() + " on " + rank_str(dst) +
-            (same_op ? ": " + rank_str(src) + " sent " + std::to_string(s->bytes) +
-                           " bytes where " + std::to_string(r->bytes) + " were expected"
-                     : " does not match " + rank_str(src) + ", which called " + s->desc.describe());
-        Error e(ErrorCode::mismatch, what);
+        const std::string mine = r->desc.describe() + " on " + rank_str(dst);
+        Error e = same_op
+                      ? Error(ErrorCode::mismatch, mine + ": " + rank_str(src) + " sent " +
+                                                       std::to_string(s->bytes) + " bytes where " +
+                                                       std::to_string(r->bytes) + " were expected")
+                      : collective_mismatch(mine, rank_str(src), s->desc);
+        const std::string what = e.what();
         if (!failed[dst]) failed[dst] = deep(e);
         if (!failed[src])
           failed[src] = Error(ErrorCode::mismatch, rank_str(dst) + " aborted: " + what);

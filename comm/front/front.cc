@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "base/trace.h"
 #include "base/validate.h"
+#include "comm/deterministic.h"
 #include "comm/front/shrink.h"
 
 namespace collie {
@@ -151,6 +152,12 @@ class Core {
       op.desc.seq = ++(op.is_send ? send_seq : recv_seq)[op.peer];
     else
       op.desc.seq = ++coll_seq;
+    if (op.deterministic)  // its steps take the numbers after its own
+      coll_seq += static_cast<uint32_t>(plan_deterministic(op.desc.op, op.desc.count,
+                                                           dtype_size(op.desc.dtype), size(),
+                                                           runs_alltoall())
+                                            .steps -
+                                        1);
     if (ctx.inspector && !op.p2p()) ctx.inspector->issued(op.desc.seq);
     if (trace) op.trace = trace::issue(trace, op);
     if (op.in.device.is_cpu() && op.out.device.is_cpu()) {
@@ -229,7 +236,20 @@ class Front final : public Communicator {
       throw Error(ErrorCode::invalid_argument,
                   what.str() + ": input has " + std::to_string(in.numel) +
                       " elements but output has " + std::to_string(out.numel));
-    return make(OpKind::allreduce, in, out, op, 0, in.numel);
+    return deterministic(make(OpKind::allreduce, in, out, op, 0, in.numel), what);
+  }
+
+  // COLLIE_DETERMINISTIC: the op runs as comm/deterministic.h's steps.
+  Op deterministic(Op op, const validate::Where& what) const {
+    if (!core_->ctx.launch.deterministic || size() == 1 || op.desc.count == 0) return op;
+    if (!op.in.device.is_cpu() || !op.out.device.is_cpu())
+      throw Error(ErrorCode::unavailable,
+                  what.str() +
+                      ": COLLIE_DETERMINISTIC (Options::deterministic) reduces host memory "
+                      "only; this tensor is on " +
+                      to_string(op.in.device.is_cpu() ? op.out.device : op.in.device));
+    op.deterministic = true;
+    return op;
   }
   Work allreduce(TensorView in, TensorView out, ReduceOp op) override {
     return core_->submit(allreduce_op(in, out, op));
@@ -282,7 +302,7 @@ class Front final : public Communicator {
                       std::to_string(out.numel * static_cast<size_t>(size())));
     validate::same_or_disjoint(in.slice(out.numel * static_cast<size_t>(rank()), out.numel), out,
                                what);
-    return make(OpKind::reduce_scatter, in, out, op, 0, out.numel);
+    return deterministic(make(OpKind::reduce_scatter, in, out, op, 0, out.numel), what);
   }
   Work reduce_scatter(TensorView in, TensorView out, ReduceOp op) override {
     return core_->submit(reduce_scatter_op(in, out, op));

@@ -41,6 +41,13 @@ struct Options {
   std::string secret;
   // Rendezvous through this store instead of a TCP store served by rank 0.
   std::shared_ptr<Store> store;
+  // Reproducible reductions: 1, all-reduce and reduce-scatter give, for a
+  // given number of ranks, the same bits on every backend, algorithm,
+  // message size and placement of ranks: the sum in rank order,
+  // ((x0 + x1) + x2) + ..., f16 and bf16 accumulated in f32. 0 off; -1
+  // COLLIE_DETERMINISTIC (default off). Every rank must set it alike (a
+  // rank that does not is told so at the first all-reduce). Host memory.
+  int deterministic = -1;
 };
 
 // Tag for the blocking forms of the collectives: comm.allreduce(in, out,

@@ -1,0 +1,132 @@
+#include "comm/deterministic.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/reduce.h"
+
+namespace collie {
+
+namespace {
+
+// Below this many bytes gathered in all (n x the input), one all-gather of
+// everything beats an all-to-all and an all-gather: one round of latency
+// instead of two, and the sums are of a few KiB.
+constexpr size_t kGatherAllBytes = 64 << 10;
+
+constexpr size_t kTile = 4096;  // elements summed at a time: they stay in L1
+
+bool is16(DType t) {
+  return t == DType::f16 || t == DType::bf16;
+}
+
+Op step(const Op& op, OpKind kind, uint32_t seq, TensorView in, TensorView out, size_t count) {
+  Op s;
+  s.desc = {kind,
+            op.desc.dtype,
+            op.desc.redop,
+            seq,
+            op.desc.op == OpKind::allreduce ? kDeterministicAllreduce : kDeterministicReduceScatter,
+            count};
+  s.in = in;
+  s.out = out;
+  return s;
+}
+
+TensorView host(void* p, DType t, size_t n) {
+  return TensorView{p, t, n, Device::cpu()};
+}
+
+}  // namespace
+
+DeterministicPlan plan_deterministic(OpKind kind, size_t count, size_t esize, int n,
+                                     bool native_alltoall) {
+  DeterministicPlan p;
+  const size_t ranks = static_cast<size_t>(n);
+  if (kind == OpKind::reduce_scatter) {
+    // The input is n blocks of `count`: exactly an all-to-all's.
+    p.gather_all = !native_alltoall || count * ranks * ranks * esize <= kGatherAllBytes;
+    p.block = count;
+    p.steps = 1;
+    return p;
+  }
+  p.block = count / ranks;
+  p.tail = count - p.block * ranks;
+  p.gather_all = !native_alltoall || p.block == 0 || count * ranks * esize <= kGatherAllBytes;
+  p.steps = p.gather_all ? 1 : (p.tail ? 3 : 2);
+  return p;
+}
+
+void reduce_in_rank_order(DType t, ReduceOp op, void* out, const void* src, size_t stride, int n,
+                          size_t count) {
+  const size_t es = dtype_size(t);
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* o = static_cast<uint8_t*>(out);
+  float acc[kTile], wide[kTile];
+  for (size_t at = 0; at < count; at += kTile) {
+    const size_t len = std::min(kTile, count - at);
+    auto block = [&](int q) { return s + (q * stride + at) * es; };
+    const int last_div = op == ReduceOp::avg ? n : 0;  // the last step divides
+    if (is16(t)) {
+      kernels::convert(t, block(0), DType::f32, acc, len, 1);
+      for (int q = 1; q < n; ++q) {
+        kernels::convert(t, block(q), DType::f32, wide, len, 1);
+        kernels::reduce(DType::f32, op, acc, acc, wide, len, q == n - 1 ? last_div : 0);
+      }
+      kernels::convert(DType::f32, acc, t, o + at * es, len, 1);
+    } else {
+      if (o + at * es != block(0)) std::memmove(o + at * es, block(0), len * es);
+      for (int q = 1; q < n; ++q)
+        kernels::reduce(t, op, o + at * es, o + at * es, block(q), len, q == n - 1 ? last_div : 0);
+    }
+  }
+}
+
+uint32_t run_deterministic(const Op& op, int rank, int n, bool native_alltoall,
+                           std::vector<uint8_t>& scratch, const std::function<void(Op&)>& run) {
+  const DType t = op.desc.dtype;
+  const size_t es = dtype_size(t), ranks = static_cast<size_t>(n), me = static_cast<size_t>(rank);
+  const size_t count = op.desc.count;
+  const DeterministicPlan p = plan_deterministic(op.desc.op, count, es, n, native_alltoall);
+  uint32_t seq = op.desc.seq;
+  const bool scatter = op.desc.op == OpKind::reduce_scatter;
+  // What the first step gathers: every rank's whole input, or this rank's
+  // block of every rank's.
+  const size_t in_count = scatter ? ranks * count : count;
+  const size_t gathered = p.gather_all ? ranks * in_count : ranks * p.block;
+  const size_t tail_at = gathered, need = (gathered + ranks * p.tail) * es;
+  if (scratch.size() < need) scratch.resize(need);
+  uint8_t* g = scratch.data();
+  if (p.gather_all) {
+    Op s = step(op, OpKind::allgather, seq, host(op.in.data, t, in_count),
+                host(g, t, ranks * in_count), in_count);
+    run(s);
+    // Rank q's input at g + q x in_count: this rank's part of each.
+    const size_t from = scatter ? me * count : 0;
+    reduce_in_rank_order(t, op.desc.redop, op.out.data, g + from * es, in_count, n, count);
+    return seq;
+  }
+  Op exchange = step(op, OpKind::alltoall, seq, host(op.in.data, t, ranks * p.block),
+                     host(g, t, ranks * p.block), ranks * p.block);
+  run(exchange);
+  if (p.tail) {
+    // Read before any sum is written: the op may be in place.
+    const uint8_t* tail_in = static_cast<const uint8_t*>(op.in.data) + ranks * p.block * es;
+    Op s = step(op, OpKind::allgather, ++seq, host(const_cast<uint8_t*>(tail_in), t, p.tail),
+                host(g + tail_at * es, t, ranks * p.tail), p.tail);
+    run(s);
+  }
+  uint8_t* out = static_cast<uint8_t*>(op.out.data);
+  uint8_t* mine = scatter ? out : out + me * p.block * es;
+  reduce_in_rank_order(t, op.desc.redop, mine, g, p.block, n, p.block);
+  if (scatter) return seq;
+  if (p.tail)
+    reduce_in_rank_order(t, op.desc.redop, out + ranks * p.block * es, g + tail_at * es, p.tail, n,
+                         p.tail);
+  Op s = step(op, OpKind::allgather, ++seq, host(mine, t, p.block), host(out, t, ranks * p.block),
+              p.block);
+  run(s);
+  return seq;
+}
+
+}  // namespace collie
