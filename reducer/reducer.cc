@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/state_bytes.h"
 #include "base/trace.h"
+#include "reducer/nonfinite_check.h"
 #include "reducer/replica_check.h"
 
 namespace collie {

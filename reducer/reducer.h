@@ -58,13 +58,13 @@
 #include "buckets/bucket_plan.h"
 #include "collie/comm.h"
 #include "hooks/comm_hook.h"
-#include "reducer/nonfinite_check.h"
 
 namespace collie {
 
 namespace trace {
 class Track;  // base/trace.h
 }
+class NonfiniteCheck;  // reducer/nonfinite_check.h
 
 struct ReducerOptions {
   size_t first_bucket_bytes = 1u << 20;
