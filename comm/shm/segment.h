@@ -271,6 +271,9 @@ class Segment {
   // Throws what a wait would: another rank's abort, or this communicator's
   // failure (another thread aborted it).
   void check();
+  // Whether some rank has aborted (one load: for ops about to start, which
+  // may not wait at all when every other rank's part is there already).
+  bool aborted() const { return abort_word_->load(std::memory_order_relaxed) != 0; }
   // Why `peer` will never move again (died, or shut down), or "".
   std::string gone(int peer, const What& what);
   void abort(const Error& e) noexcept;  // tell every rank

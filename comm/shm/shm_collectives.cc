@@ -45,6 +45,10 @@ OpDesc desc_of(const DescSlot& s) {
 void ShmRunner::run_collective(const Op& op, Deadline dl) {
   const OpDesc& d = op.desc;
   const What what(d);
+  // A rank that aborted may have left its part of this op in the segment
+  // before it did: an op that finds every part there need not wait, and
+  // would never see the abort.
+  if (seg_.aborted()) seg_.check();
   switch (d.op) {
     case OpKind::allreduce:
       return allreduce(op, what, dl);

@@ -79,6 +79,12 @@ def _close_at_exit():
     for group in (_open_wrappers, _open_comms):
         for obj in list(group):
             try:
+                # An op still running would hold close() until a peer that
+                # may be waiting for this process's exit joins it, or until
+                # its deadline: the process is going, so end it now (its
+                # peers are told this rank aborted).
+                if group is _open_comms and obj.in_flight():
+                    obj.abort("the process is exiting with this rank's operations in flight")
                 obj.close()
             except Exception:  # noqa: BLE001 - at exit: nobody to raise to
                 pass
@@ -230,8 +236,14 @@ class Communicator:
     def __init__(self, handle, owned=True):
         self._h = ctypes.c_void_p(handle)
         self._owned = owned
+        self._works = weakref.WeakSet()  # the async ops handed out, while anyone holds them
         if owned:
             _open_comms.add(self)
+
+    def in_flight(self):
+        """Whether an async op of this communicator that someone still
+        holds (a Work, or its on_complete callback) has not ended."""
+        return any(not w.is_completed() for w in list(self._works))
 
     @property
     def handle(self):
@@ -261,7 +273,9 @@ class Communicator:
             return None
         w = ctypes.c_void_p()
         check(start(ctypes.byref(w)))
-        return Work(w, keep, result)
+        work = Work(w, keep, result)
+        self._works.add(work)
+        return work
 
     def allreduce(self, x, op="sum", async_op=False, out=None):
         tin = as_tensor(x)
@@ -340,14 +354,19 @@ class Communicator:
 
 
 def connect(rank=None, world_size=None, master_addr=None, master_port=None, backend=None,
-            timeout=None, secret=None, local_rank=None, local_world_size=None):
+            timeout=None, secret=None, local_rank=None, local_world_size=None,
+            deterministic=None):
     """Connects this process to the job. Everything left None comes from the
     launcher's variables (collie-run's, torchrun's, Open MPI's, SLURM's).
     local_rank and local_world_size say which ranks share this host (shm
     needs all of them on one): launchers that set no LOCAL_WORLD_SIZE, as
-    Lightning's do not, leave collie to assume one host."""
+    Lightning's do not, leave collie to assume one host. deterministic=True
+    (None: COLLIE_DETERMINISTIC): all-reduce and reduce-scatter sum in rank
+    order, the same bits on every backend; set it alike on every rank."""
     o = _lib.CommOptions(ctypes.sizeof(_lib.CommOptions), _lib.STRUCT_TAG, -1, -1, None, -1, -1,
-                         None, 0.0, -1, 0, None)
+                         None, 0.0, -1, 0, None, -1, 0)
+    if deterministic is not None:
+        o.deterministic = int(bool(deterministic))
     if rank is not None:
         o.rank = rank
     if world_size is not None:
