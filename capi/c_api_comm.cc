@@ -103,6 +103,7 @@ Options to_options(const collie_comm_options* o) {
   opt.master_port = c.master_port;
   if (c.backend) opt.backend = c.backend;
   if (c.secret) opt.secret = c.secret;
+  opt.deterministic = c.deterministic < 0 ? -1 : c.deterministic != 0;
   if (c.timeout_seconds > 0)
     opt.timeout = std::chrono::milliseconds(static_cast<long long>(c.timeout_seconds * 1000));
   return opt;

@@ -114,10 +114,17 @@ typedef struct {
   int32_t local_world_size; /* -1: from the launcher's variables */
   int32_t reserved0;
   const char* secret; /* NULL: COLLIE_JOB_SECRET */
+  /* ABI 3 */
+  int32_t deterministic; /* 1: all-reduce and reduce-scatter sum in rank order, the same bits
+                            on every backend (host memory); 0 off; -1: COLLIE_DETERMINISTIC */
+  int32_t reserved1;
 } collie_comm_options;
 
-#define COLLIE_COMM_OPTIONS_INIT \
-  { sizeof(collie_comm_options), COLLIE_STRUCT_TAG, -1, -1, NULL, -1, -1, NULL, 0.0, -1, 0, NULL }
+#define COLLIE_COMM_OPTIONS_INIT                                                                  \
+  {                                                                                               \
+    sizeof(collie_comm_options), COLLIE_STRUCT_TAG, -1, -1, NULL, -1, -1, NULL, 0.0, -1, 0, NULL, \
+        -1, 0                                                                                     \
+  }
 
 /* Sets *opts to COLLIE_COMM_OPTIONS_INIT. Inline, so that it writes the
  * struct as the header the caller is built with defines it (the library's

@@ -47,7 +47,8 @@ class CommOptions(Structure):
     _fields_ = [("struct_size", c_uint32), ("struct_tag", c_uint32), ("rank", c_int32),
                 ("world_size", c_int32), ("master_addr", c_char_p), ("master_port", c_int32),
                 ("local_rank", c_int32), ("backend", c_char_p), ("timeout_seconds", c_double),
-                ("local_world_size", c_int32), ("reserved0", c_int32), ("secret", c_char_p)]
+                ("local_world_size", c_int32), ("reserved0", c_int32), ("secret", c_char_p),
+                ("deterministic", c_int32), ("reserved1", c_int32)]
 
 
 ALLOCATE_FN = CFUNCTYPE(c_void_p, c_void_p, c_size_t, c_int32, c_int32, c_int32)

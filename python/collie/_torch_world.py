@@ -80,7 +80,8 @@ def _address_for_peers(store):
         return socket.gethostname()
 
 
-def connect_through_torch(backend=None, timeout=None, store=None, rank=None, size=None):
+def connect_through_torch(backend=None, timeout=None, store=None, rank=None, size=None,
+                          deterministic=None):
     """A collie.Communicator of torch.distributed's whole job, rendezvoused
     through PyTorch's store. Collective over PyTorch's ranks. `store`,
     `rank` and `size`: a group's own (what PyTorch hands a backend it
@@ -99,7 +100,8 @@ def connect_through_torch(backend=None, timeout=None, store=None, rank=None, siz
     else:
         gen = "backend"  # a group's own PrefixStore: its keys are its own
     if size == 1:
-        return connect(rank=0, world_size=1, backend=backend, timeout=timeout)
+        return connect(rank=0, world_size=1, backend=backend, timeout=timeout,
+                       deterministic=deterministic)
     key = f"collie/{gen}/"
     host = _host_key()
     store.set(f"{key}host/{rank}", host)
@@ -121,7 +123,8 @@ def connect_through_torch(backend=None, timeout=None, store=None, rank=None, siz
         addr = "127.0.0.1" if len(local) == size else info["addr"]
         opts = dict(rank=rank, world_size=size, master_addr=addr, master_port=info["port"],
                     secret=info["secret"], local_rank=local.index(rank),
-                    local_world_size=len(local), backend=backend, timeout=timeout)
+                    local_world_size=len(local), backend=backend, timeout=timeout,
+                    deterministic=deterministic)
         if listener is None:
             with _rendezvous_env(None):
                 return connect(**opts)

@@ -119,7 +119,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
         from ._torch_world import connect_through_torch
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         self._comm = connect_through_torch(store=store, rank=rank, size=size,
-                                           timeout=seconds or None)
+                                           timeout=seconds or None,
+                                           deterministic=_options["deterministic"])
         self._store = store
         self._timeout = seconds or 1800.0  # PyTorch's default group timeout
         self._monitored = 0  # monitored_barrier calls, for their store keys
@@ -478,12 +479,19 @@ def launcher_env(environ=None):
     return {}
 
 
-def init_process_group(backend=BACKEND, **kwargs):
+_options = {"deterministic": None}  # what the groups made from now on are given
+
+
+def init_process_group(backend=BACKEND, deterministic=None, **kwargs):
     """torch.distributed.init_process_group(backend, **kwargs), also under
     mpirun and srun, which set none of the variables PyTorch's env:// reads:
     where neither init_method nor store is given, it fills them in from the
     launcher's (launcher_env) first. Under torchrun and collie-run it is
-    PyTorch's call unchanged."""
+    PyTorch's call unchanged. deterministic=True (None: COLLIE_DETERMINISTIC):
+    collie's groups made from now on, the default one and new_group's, sum
+    all_reduce and reduce_scatter in rank order, the same bits on every
+    backend (every rank must pass the same)."""
+    _options["deterministic"] = deterministic
     if "init_method" not in kwargs and "store" not in kwargs:
         os.environ.update(launcher_env())
     dist.init_process_group(backend, **kwargs)
