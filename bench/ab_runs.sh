@@ -4,6 +4,8 @@
 # median time over the runs for each build and their ratio (B / A time: below
 # 1 means B is faster).
 #   bench/ab_runs.sh BUILD_A BUILD_B [REPS] [NP] -- collie-bench args...
+# ENV_A, ENV_B: variables for A's or B's runs only, e.g. one build against
+# itself with ENV_B=COLLIE_DETERMINISTIC=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 A=$1; B=$2; shift 2
@@ -12,8 +14,11 @@ REPS=${1:-5}; NP=${2:-2}; shift 2 || true
 tmp=$(mktemp -d)
 for r in $(seq 1 "$REPS"); do
   for side in A B; do
-    build=$A; [ "$side" = B ] && build=$B
-    "$build/comm/launch/collie-run" -n "$NP" "$build/bench/collie-bench" "$@" > "$tmp/$side$r.txt"
+    build=$A vars=${ENV_A:-}
+    [ "$side" = B ] && build=$B vars=${ENV_B:-}
+    # shellcheck disable=SC2086 # vars is a list of NAME=value words
+    env $vars "$build/comm/launch/collie-run" -n "$NP" "$build/bench/collie-bench" "$@" \
+      > "$tmp/$side$r.txt"
   done
 done
 python3 - "$A" "$B" "$tmp" "$REPS" <<'PY'

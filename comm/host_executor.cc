@@ -269,9 +269,10 @@ std::optional<Error> HostExecutor::execute_collective(Op& op) {
     if (op.trace) trace::started(op);
     uint32_t last = op.desc.seq;
     if (op.deterministic) {
-      // Its steps, one after another on this thread, each with its own deadline.
+      // Its steps, one after another on this thread, within the op's deadline.
+      const Deadline dl = deadline_after(timeout_);
       last = run_deterministic(op, rank_, size_, runner_.runs_alltoall(), scratch_,
-                               [&](Op& s) { runner_.run_collective(s, deadline_after(timeout_)); });
+                               [&](Op& s) { runner_.run_collective(s, dl); });
     } else {
       runner_.run_collective(op, deadline_after(timeout_));
     }

@@ -95,6 +95,29 @@ TEST(Deterministic, ThePlanGathersSmallOpsWholeAndCutsLargeOnesInBlocks) {
   EXPECT_EQ(p.steps, 1);
 }
 
+TEST(Deterministic, ARankThatVanishesMidwayIsNamedNotWaitedFor) {
+  // Rank 2 vanishes at its 4th posted message: inside the all-to-all or
+  // the all-gather of a large all-reduce's steps.
+  ScopedEnv vanish("COLLIE_FAKE_VANISH", "2:4");
+  auto ended = run_world(
+      4,
+      [](Communicator& c) -> std::string {
+        std::vector<float> v(100000, 1.f);
+        try {
+          for (int i = 0; i < 3; ++i)
+            c.allreduce(view_of(v.data(), v.size()), ReduceOp::sum).wait();
+          return "finished although rank 2 vanished";
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          if (c.rank() != 2 && what.find("rank 2") == std::string::npos)
+            return "the error does not name rank 2: " + what;
+          return "";
+        }
+      },
+      std::chrono::milliseconds(20000), deterministic);
+  expect_all_ok(ended, "a vanished rank");
+}
+
 TEST(Deterministic, TheCAbiTurnsItOnAndOff) {
   // 3 ranks through the C ABI (its store: a file), with the mode on and
   // then off: on, the rank-order sum to the bit; off, these inputs give
