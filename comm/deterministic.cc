@@ -57,6 +57,32 @@ DeterministicPlan plan_deterministic(OpKind kind, size_t count, size_t esize, in
   return p;
 }
 
+void RankOrderSum::add(int q, const void* term, size_t len) {
+  const size_t es = dtype_size(t_);
+  const int divisor = op_ == ReduceOp::avg && q == n_ - 1 ? n_ : 0;  // the last step divides
+  if (is16(t_)) {
+    if (acc_.size() < len * sizeof(float)) acc_.resize(len * sizeof(float));
+    auto* acc = reinterpret_cast<float*>(acc_.data());
+    if (q == 0) return kernels::convert(t_, term, DType::f32, acc, len, 1);
+    if (wide_.size() < len) wide_.resize(len);
+    kernels::convert(t_, term, DType::f32, wide_.data(), len, 1);
+    return kernels::reduce(DType::f32, op_, acc, acc, wide_.data(), len, divisor);
+  }
+  if (acc_.size() < len * es) acc_.resize(len * es);
+  if (q == 0) {
+    std::memcpy(acc_.data(), term, len * es);
+    return;
+  }
+  kernels::reduce(t_, op_, acc_.data(), acc_.data(), term, len, divisor);
+}
+
+void RankOrderSum::finish(void* out, size_t len) {
+  if (is16(t_))
+    kernels::convert(DType::f32, acc_.data(), t_, out, len, 1);
+  else
+    std::memcpy(out, acc_.data(), len * dtype_size(t_));
+}
+
 void reduce_in_rank_order(DType t, ReduceOp op, void* out, const void* src, size_t stride, int n,
                           size_t count) {
   const size_t es = dtype_size(t);
@@ -83,7 +109,8 @@ void reduce_in_rank_order(DType t, ReduceOp op, void* out, const void* src, size
 }
 
 uint32_t run_deterministic(const Op& op, int rank, int n, bool native_alltoall,
-                           std::vector<uint8_t>& scratch, const std::function<void(Op&)>& run) {
+                           bool rank_order_scatter, std::vector<uint8_t>& scratch,
+                           const std::function<void(Op&)>& run) {
   const DType t = op.desc.dtype;
   const size_t es = dtype_size(t), ranks = static_cast<size_t>(n), me = static_cast<size_t>(rank);
   const size_t count = op.desc.count;
@@ -106,9 +133,20 @@ uint32_t run_deterministic(const Op& op, int rank, int n, bool native_alltoall,
     reduce_in_rank_order(t, op.desc.redop, op.out.data, g + from * es, in_count, n, count);
     return seq;
   }
-  Op exchange = step(op, OpKind::alltoall, seq, host(op.in.data, t, ranks * p.block),
-                     host(g, t, ranks * p.block), ranks * p.block);
-  run(exchange);
+  uint8_t* out = static_cast<uint8_t*>(op.out.data);
+  uint8_t* mine = scatter ? out : out + me * p.block * es;
+  if (rank_order_scatter) {
+    // The runner sums this rank's block of every rank's input in rank order,
+    // into its place in the output. In place that is where this rank's own
+    // block of the input lies: the runner reads it before it writes there.
+    Op s = step(op, OpKind::reduce_scatter, seq, host(op.in.data, t, ranks * p.block),
+                host(mine, t, p.block), p.block);
+    run(s);
+  } else {
+    Op exchange = step(op, OpKind::alltoall, seq, host(op.in.data, t, ranks * p.block),
+                       host(g, t, ranks * p.block), ranks * p.block);
+    run(exchange);
+  }
   if (p.tail) {
     // Read before any sum is written: the op may be in place.
     const uint8_t* tail_in = static_cast<const uint8_t*>(op.in.data) + ranks * p.block * es;
@@ -116,9 +154,7 @@ uint32_t run_deterministic(const Op& op, int rank, int n, bool native_alltoall,
                 host(g + tail_at * es, t, ranks * p.tail), p.tail);
     run(s);
   }
-  uint8_t* out = static_cast<uint8_t*>(op.out.data);
-  uint8_t* mine = scatter ? out : out + me * p.block * es;
-  reduce_in_rank_order(t, op.desc.redop, mine, g, p.block, n, p.block);
+  if (!rank_order_scatter) reduce_in_rank_order(t, op.desc.redop, mine, g, p.block, n, p.block);
   if (scatter) return seq;
   if (p.tail)
     reduce_in_rank_order(t, op.desc.redop, out + ranks * p.block * es, g + tail_at * es, p.tail, n,

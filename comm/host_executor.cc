@@ -271,8 +271,9 @@ std::optional<Error> HostExecutor::execute_collective(Op& op) {
     if (op.deterministic) {
       // Its steps, one after another on this thread, within the op's deadline.
       const Deadline dl = deadline_after(timeout_);
-      last = run_deterministic(op, rank_, size_, runner_.runs_alltoall(), scratch_,
-                               [&](Op& s) { runner_.run_collective(s, dl); });
+      last =
+          run_deterministic(op, rank_, size_, runner_.runs_alltoall(), runner_.sums_in_rank_order(),
+                            scratch_, [&](Op& s) { runner_.run_collective(s, dl); });
     } else {
       runner_.run_collective(op, deadline_after(timeout_));
     }

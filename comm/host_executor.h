@@ -60,6 +60,10 @@ class HostRunner {
   virtual std::shared_ptr<void> allocate(size_t) { return nullptr; }
   // Whether run_collective takes OpKind::alltoall (Backend::runs_alltoall).
   virtual bool runs_alltoall() const { return false; }
+  // Whether run_collective sums a reduce-scatter step of COLLIE_DETERMINISTIC
+  // (comm/deterministic.h: rank_order_step) in rank order itself, f16 and
+  // bf16 in f32, as RankOrderSum does; else the steps use an all-to-all.
+  virtual bool sums_in_rank_order() const { return false; }
 };
 
 // A first-in first-out queue over storage it keeps: std::deque allocated

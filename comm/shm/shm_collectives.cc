@@ -17,6 +17,7 @@
 #include "base/reduce.h"
 #include "base/shared_file.h"
 #include "base/trace.h"
+#include "comm/deterministic.h"
 #include "comm/shm/shm_runner.h"
 
 namespace collie::shm {
@@ -267,6 +268,35 @@ inline void ShmRunner::reduce_from_peers(const Op& op, uint8_t* dst, size_t at, 
   }
 }
 
+// COLLIE_DETERMINISTIC's reduce-scatter step: every rank's term in rank
+// order, this rank's own at its place, a piece at a time as above; the
+// piece's sum is written only once every term is in (dst may be where this
+// rank's own term lies: an in-place all-reduce's block).
+inline void ShmRunner::reduce_from_peers_in_order(const Op& op, uint8_t* dst, size_t at, size_t len,
+                                                  const What& what) {
+  const OpDesc& d = op.desc;
+  const DType t = op.in.dtype;
+  const size_t es = dtype_size(t);
+  const size_t piece = direct_piece(offer_, es);
+  if (scratch_.size() < piece * es) scratch_.resize(piece * es);
+  const auto* own = static_cast<const uint8_t*>(op.in.data) + at * es;
+  RankOrderSum sum(t, d.redop, n_);
+  for (size_t off = 0; off < len; off += piece) {
+    seg_.check();  // a peer's abort, before the next piece, not the next wait
+    const size_t m = std::min(piece, len - off);
+    for (int q = 0; q < n_; ++q) {
+      const void* term = own + off * es;
+      if (q != me_) {
+        seg_.read_peer(q, scratch_.data(), seg_.desc(q, d.seq).large.in_addr + (at + off) * es,
+                       m * es, what);
+        term = scratch_.data();
+      }
+      sum.add(q, term, m);
+    }
+    sum.finish(dst + off * es, m);
+  }
+}
+
 // Every rank may read every peer's memory (process_vm_readv, as Open
 // MPI's single copy does): no copy through the segment. Each rank reduces
 // its own 1/n slice of the whole buffer, a piece at a time: it reads each
@@ -443,14 +473,20 @@ inline void ShmRunner::reduce_scatter(const Op& op, const What& what, Deadline d
   auto* out = static_cast<uint8_t*>(op.out.data);
   const bool direct = offer_direct(op, op.in.nbytes());
   arrive_large(d, what, dl, nullptr, direct ? &op : nullptr);
+  const bool in_order = rank_order_step(d);  // COLLIE_DETERMINISTIC's step
   if (direct && everyone_direct(d.seq)) {
     trace::algorithm(op, "direct");
-    reduce_from_peers(op, out, static_cast<size_t>(me_) * cnt, cnt, what);
+    if (in_order)
+      reduce_from_peers_in_order(op, out, static_cast<size_t>(me_) * cnt, cnt, what);
+    else
+      reduce_from_peers(op, out, static_cast<size_t>(me_) * cnt, cnt, what);
     seg_.advance();
     seg_.wait_all(what, dl);
     return;
   }
   trace::algorithm(op, "rounds");
+  std::optional<RankOrderSum> sum;
+  if (in_order) sum.emplace(t, d.redop, n_);
   for (size_t off = 0, r = 0; off < cnt; off += per_round, ++r) {
     const int b = static_cast<int>(r & 1);
     const size_t m = std::min(per_round, cnt - off);
@@ -459,7 +495,12 @@ inline void ShmRunner::reduce_scatter(const Op& op, const What& what, Deadline d
     seg_.advance();
     seg_.wait_all(what, dl);
     for (int k = 0; k < n_; ++k) srcs_[k] = seg_.big(k, b) + me_ * m * es;
-    reduce_into(out + off * es, srcs_, m, t, d.redop);
+    if (sum) {
+      for (int k = 0; k < n_; ++k) sum->add(k, srcs_[k], m);
+      sum->finish(out + off * es, m);
+    } else {
+      reduce_into(out + off * es, srcs_, m, t, d.redop);
+    }
     seg_.advance();
   }
 }

@@ -48,6 +48,7 @@ class ShmRunner final : public HostRunner {
   // ---- collectives -------------------------------------------------------
 
   bool runs_alltoall() const override { return true; }
+  bool sums_in_rank_order() const override { return true; }
 
   void run_collective(const Op& op, Deadline dl) override;
 
@@ -109,6 +110,9 @@ class ShmRunner final : public HostRunner {
   // piece at a time, each peer's piece read into the scratch buffer (which
   // stays in this rank's cache) and reduced from there.
   void reduce_from_peers(const Op& op, uint8_t* dst, size_t at, size_t len, const What& what);
+  // The same in rank order (COLLIE_DETERMINISTIC's reduce-scatter step).
+  void reduce_from_peers_in_order(const Op& op, uint8_t* dst, size_t at, size_t len,
+                                  const What& what);
 
   // Every rank may read every peer's memory (process_vm_readv, as Open
   // MPI's single copy does): no copy through the segment. Each rank reduces
