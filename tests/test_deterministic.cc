@@ -119,53 +119,35 @@ TEST(Deterministic, ARankThatVanishesMidwayIsNamedNotWaitedFor) {
 }
 
 TEST(Deterministic, TheCAbiTurnsItOnAndOff) {
-  // 3 ranks through the C ABI (its store: a file), with the mode on and
-  // then off: on, the rank-order sum to the bit; off, these inputs give
-  // other bits (the fake backend runs tcp's ring).
-  const std::string path = ::testing::TempDir() + "det_c_abi_" + std::to_string(::getpid());
-  ScopedEnv file("COLLIE_STORE_FILE", path.c_str());
+  // 3 ranks through the C ABI with the mode on and then off: on, the
+  // rank-order sum to the bit; off, these inputs give other bits (the fake
+  // backend runs tcp's ring).
   constexpr int n = 3;
   const size_t count = 30001;
   std::vector<std::vector<uint8_t>> in;
   for (int q = 0; q < n; ++q) in.push_back(det_input(DType::f32, ReduceOp::sum, q, count, 5));
   const auto want = det_reference(DType::f32, ReduceOp::sum, in, count);
   for (int mode : {1, 0}) {
-    std::filesystem::remove(path);
-    std::vector<std::string> bad(n);
     std::vector<int> same(n, -1);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r)
-      threads.emplace_back([&, r] {
-        collie_comm_options o;
-        collie_comm_options_init(&o);
-        o.rank = r;
-        o.world_size = n;
-        o.local_world_size = n;
-        o.backend = "fake";
-        o.timeout_seconds = 20;
-        o.deterministic = mode;
-        collie_comm* comm = nullptr;
-        if (collie_comm_connect(&o, &comm) != COLLIE_OK) {
-          bad[r] = std::string("connect: ") + collie_last_error();
-          return;
-        }
-        std::vector<uint8_t> buf = in[r];
-        collie_tensor t{};
-        t.data = buf.data();
-        t.numel = count;
-        t.dtype = COLLIE_F32;
-        if (collie_comm_allreduce(comm, t, t, COLLIE_SUM, nullptr) != COLLIE_OK)
-          bad[r] = std::string("allreduce: ") + collie_last_error();
-        same[r] = std::memcmp(buf.data(), want.data(), want.size()) == 0;
-        collie_comm_destroy(comm);
-      });
-    for (auto& t : threads) t.join();
+    const auto bad = run_c_world(
+        n, "det_c_abi",
+        [&](collie_comm* comm, int r) -> std::string {
+          std::vector<uint8_t> buf = in[r];
+          collie_tensor t{};
+          t.data = buf.data();
+          t.numel = count;
+          t.dtype = COLLIE_F32;
+          if (collie_comm_allreduce(comm, t, t, COLLIE_SUM, nullptr) != COLLIE_OK)
+            return std::string("allreduce: ") + collie_last_error();
+          same[r] = std::memcmp(buf.data(), want.data(), want.size()) == 0;
+          return "";
+        },
+        [&](collie_comm_options& o) { o.deterministic = mode; });
     for (int r = 0; r < n; ++r) {
       EXPECT_EQ(bad[r], "") << "rank " << r;
       EXPECT_EQ(same[r], mode) << "rank " << r << ", deterministic=" << mode;
     }
   }
-  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -455,43 +455,21 @@ TEST(FakeBackend, CompressionHooksStayWithinTheirPrecision) {
 }
 
 TEST(FakeBackend, TheCAbiConnectsAndReducesOverIt) {
-  // The C ABI takes its store from the environment: a file store.
-  const std::string path = ::testing::TempDir() + "fake_c_abi_" + std::to_string(::getpid());
-  std::filesystem::remove(path);
-  ScopedEnv file("COLLIE_STORE_FILE", path.c_str());
-  constexpr int n = 3;
-  std::vector<std::string> bad(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      collie_comm_options o;
-      collie_comm_options_init(&o);
-      o.rank = r;
-      o.world_size = n;
-      o.local_world_size = n;
-      o.backend = "fake";
-      o.timeout_seconds = 20;
-      collie_comm* comm = nullptr;
-      if (collie_comm_connect(&o, &comm) != COLLIE_OK) {
-        bad[r] = std::string("connect: ") + collie_last_error();
-        return;
-      }
-      const char* name = nullptr;
-      collie_comm_backend(comm, &name);
-      double v[3] = {1.0 * r, 2.0 * r, 3.0 * r};
-      collie_tensor t{};
-      t.data = v;
-      t.numel = 3;
-      t.dtype = COLLIE_F64;
-      if (collie_comm_allreduce(comm, t, t, COLLIE_SUM, nullptr) != COLLIE_OK)
-        bad[r] = std::string("allreduce: ") + collie_last_error();
-      else if (v[0] != 3 || v[1] != 6 || v[2] != 9 || std::string(name) != "fake")
-        bad[r] = "wrong sum or backend";
-      collie_comm_destroy(comm);
-    });
-  for (auto& t : threads) t.join();
-  std::filesystem::remove(path);
-  for (int r = 0; r < n; ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
+  const auto bad = run_c_world(3, "fake_c_abi", [](collie_comm* comm, int r) -> std::string {
+    const char* name = nullptr;
+    collie_comm_backend(comm, &name);
+    double v[3] = {1.0 * r, 2.0 * r, 3.0 * r};
+    collie_tensor t{};
+    t.data = v;
+    t.numel = 3;
+    t.dtype = COLLIE_F64;
+    if (collie_comm_allreduce(comm, t, t, COLLIE_SUM, nullptr) != COLLIE_OK)
+      return std::string("allreduce: ") + collie_last_error();
+    if (v[0] != 3 || v[1] != 6 || v[2] != 9 || std::string(name) != "fake")
+      return "wrong sum or backend";
+    return "";
+  });
+  for (size_t r = 0; r < bad.size(); ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
 }
 
 }  // namespace

@@ -250,72 +250,51 @@ TEST(NonfiniteCheck, AWarningLeavesTheAveragesAsTheyAreAndGoesOn) {
 }
 
 TEST(ReducerChecks, TheCAbiTakesThemAndReturnsTheirErrors) {
-  // The C ABI takes its store from the environment: a file store.
-  const std::string path = ::testing::TempDir() + "checks_c_abi_" + std::to_string(::getpid());
-  std::filesystem::remove(path);
-  ScopedEnv file("COLLIE_STORE_FILE", path.c_str());
-  constexpr int n = 2;
-  std::vector<std::string> bad(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      collie_comm_options o;
-      collie_comm_options_init(&o);
-      o.rank = r;
-      o.world_size = n;
-      o.local_world_size = n;
-      o.backend = "fake";
-      o.timeout_seconds = 20;
-      collie_comm* comm = nullptr;
-      if (collie_comm_connect(&o, &comm) != COLLIE_OK) {
-        bad[r] = std::string("connect: ") + collie_last_error();
-        return;
-      }
-      float w[4] = {1, 2, 3, 4}, g[4] = {0, 0, 0, 0};
-      collie_tensor p{}, gt{};
-      p.data = w;
-      p.numel = 4;
-      p.dtype = COLLIE_F32;
-      gt = p;
-      gt.data = g;
-      const char* names[] = {"w"};
-      collie_reducer_options ro;
-      collie_reducer_options_init(&ro);
-      ro.param_names = names;
-      ro.check_replicas = 1;
-      ro.check_nonfinite = 1;
-      collie_reducer* red = nullptr;
-      auto step = [&](float g1) {
-        collie_status s = collie_reducer_prepare(red, nullptr, 1);
-        if (s != COLLIE_OK) return s;
-        g[1] = g1;
-        collie_reducer_mark_ready(red, 0);
-        return collie_reducer_finalize(red);
-      };
-      if (collie_reducer_create(comm, &p, &gt, 1, &ro, &red) != COLLIE_OK) {
-        bad[r] = std::string("create: ") + collie_last_error();
-      } else if (step(1) != COLLIE_OK) {
-        bad[r] = std::string("a clean step: ") + collie_last_error();
-      } else if (step(r == 1 ? NAN : 1) != COLLIE_ERR_INVALID_ARGUMENT ||
-                 std::string(collie_last_error())
-                         .find("rank 1: parameter w has NaN at element 1") == std::string::npos) {
-        bad[r] = std::string("the NaN: ") + collie_last_error();
-      } else {
-        if (r == 0) w[3] = 5;
-        if (step(1) != COLLIE_ERR_MISMATCH ||
-            std::string(collie_last_error())
-                    .find("rank 1 holds parameters that differ from those of rank 0; the first "
-                          "parameter that differs is w (4 f32); rank 1: element 3 is 4 where "
-                          "rank 0's is 5") ==
-                std::string::npos)  // a tie: the lowest rank's side is the reference
-          bad[r] = std::string("the replicas: ") + collie_last_error();
-      }
-      if (red) collie_reducer_destroy(red);
-      collie_comm_destroy(comm);
-    });
-  for (auto& t : threads) t.join();
-  std::filesystem::remove(path);
-  for (int r = 0; r < n; ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
+  const auto bad = run_c_world(2, "checks_c_abi", [](collie_comm* comm, int r) -> std::string {
+    float w[4] = {1, 2, 3, 4}, g[4] = {0, 0, 0, 0};
+    collie_tensor p{}, gt{};
+    p.data = w;
+    p.numel = 4;
+    p.dtype = COLLIE_F32;
+    gt = p;
+    gt.data = g;
+    const char* names[] = {"w"};
+    collie_reducer_options ro;
+    collie_reducer_options_init(&ro);
+    ro.param_names = names;
+    ro.check_replicas = 1;
+    ro.check_nonfinite = 1;
+    collie_reducer* red = nullptr;
+    auto step = [&](float g1) {
+      collie_status s = collie_reducer_prepare(red, nullptr, 1);
+      if (s != COLLIE_OK) return s;
+      g[1] = g1;
+      collie_reducer_mark_ready(red, 0);
+      return collie_reducer_finalize(red);
+    };
+    std::string bad;
+    if (collie_reducer_create(comm, &p, &gt, 1, &ro, &red) != COLLIE_OK) {
+      bad = std::string("create: ") + collie_last_error();
+    } else if (step(1) != COLLIE_OK) {
+      bad = std::string("a clean step: ") + collie_last_error();
+    } else if (step(r == 1 ? NAN : 1) != COLLIE_ERR_INVALID_ARGUMENT ||
+               std::string(collie_last_error())
+                       .find("rank 1: parameter w has NaN at element 1") == std::string::npos) {
+      bad = std::string("the NaN: ") + collie_last_error();
+    } else {
+      if (r == 0) w[3] = 5;
+      if (step(1) != COLLIE_ERR_MISMATCH ||
+          std::string(collie_last_error())
+                  .find("rank 1 holds parameters that differ from those of rank 0; the first "
+                        "parameter that differs is w (4 f32); rank 1: element 3 is 4 where "
+                        "rank 0's is 5") ==
+              std::string::npos)  // a tie: the lowest rank's side is the reference
+        bad = std::string("the replicas: ") + collie_last_error();
+    }
+    if (red) collie_reducer_destroy(red);
+    return bad;
+  });
+  for (size_t r = 0; r < bad.size(); ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
 }
 
 }  // namespace
