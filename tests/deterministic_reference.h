@@ -17,6 +17,7 @@
 #include "base/element.h"
 #include "base/reduce.h"
 #include "collie/comm.h"
+#include "mp_common.h"
 
 namespace collie::testing {
 
@@ -37,20 +38,6 @@ inline std::vector<uint8_t> det_input(DType t, ReduceOp op, int r, size_t count,
     put_element(t, v.data(), i, x);
   }
   return v;
-}
-
-template <typename A>
-A combine(ReduceOp op, A a, A b) {
-  switch (op) {
-    case ReduceOp::prod:
-      return a * b;
-    case ReduceOp::min:
-      return std::min(a, b);
-    case ReduceOp::max:
-      return std::max(a, b);
-    default:
-      return a + b;
-  }
 }
 
 // The serial reference over every rank's input (inputs[q]: rank q's).

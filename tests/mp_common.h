@@ -4,6 +4,7 @@
 // element access for any dtype.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -44,7 +45,10 @@ inline std::vector<double> random_values(int rank, size_t n, uint64_t seed) {
   return v;
 }
 
-inline double combine(ReduceOp op, double a, double b) {
+// One step of op's serial reference, in the accumulator type A (double for
+// the exact references, the dtype's own for the bitwise ones); avg sums.
+template <typename A>
+A combine(ReduceOp op, A a, A b) {
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
@@ -56,7 +60,7 @@ inline double combine(ReduceOp op, double a, double b) {
     case ReduceOp::max:
       return std::max(a, b);
   }
-  return 0;
+  return A{};
 }
 
 // The value dtype t stores for v (what a rank actually contributes).
