@@ -85,26 +85,15 @@ void RankOrderSum::finish(void* out, size_t len) {
 
 void reduce_in_rank_order(DType t, ReduceOp op, void* out, const void* src, size_t stride, int n,
                           size_t count) {
+  // A tile at a time, so that the accumulator stays in L1.
   const size_t es = dtype_size(t);
   const auto* s = static_cast<const uint8_t*>(src);
   auto* o = static_cast<uint8_t*>(out);
-  float acc[kTile], wide[kTile];
+  RankOrderSum sum(t, op, n);
   for (size_t at = 0; at < count; at += kTile) {
     const size_t len = std::min(kTile, count - at);
-    auto block = [&](int q) { return s + (q * stride + at) * es; };
-    const int last_div = op == ReduceOp::avg ? n : 0;  // the last step divides
-    if (is16(t)) {
-      kernels::convert(t, block(0), DType::f32, acc, len, 1);
-      for (int q = 1; q < n; ++q) {
-        kernels::convert(t, block(q), DType::f32, wide, len, 1);
-        kernels::reduce(DType::f32, op, acc, acc, wide, len, q == n - 1 ? last_div : 0);
-      }
-      kernels::convert(DType::f32, acc, t, o + at * es, len, 1);
-    } else {
-      if (o + at * es != block(0)) std::memmove(o + at * es, block(0), len * es);
-      for (int q = 1; q < n; ++q)
-        kernels::reduce(t, op, o + at * es, o + at * es, block(q), len, q == n - 1 ? last_div : 0);
-    }
+    for (int q = 0; q < n; ++q) sum.add(q, s + (q * stride + at) * es, len);
+    sum.finish(o + at * es, len);
   }
 }
 
