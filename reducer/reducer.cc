@@ -549,25 +549,22 @@ void Reducer::finish_backward(bool shadow) {
                  " received no gradient in this backward pass; if the model does not use every "
                  "parameter in every step, enable find_unused_parameters");
   launch_ready_buckets();
-  // What each rank's gradients held before averaging, behind the last bucket.
-  Work nonfinite_exchange;
-  if (nonfinite_) nonfinite_exchange = nonfinite_->exchange(comm_);
   auto wait_start = Clock::now();
   // Every bucket's reduction is waited for before an error is reported, so
   // that none is still writing when the caller goes on (or retries).
   try {
     wait_all(works_);
-    nonfinite_exchange.wait();
   } catch (const Error& e) {
-    try {
-      nonfinite_exchange.wait();
-    } catch (const Error&) {
-    }
     if (trace_)
       trace_->span("finalize wait", trace::at(wait_start), trace::now(),
                    trace::Args().add("iteration", iteration_).add("error", e.what()));
     throw;
   }
+  // What each rank's gradients held before averaging: issued only once
+  // every bucket's reduction has ended, since a hook may issue collectives
+  // from its continuations (PowerSGD's second all-reduce), and an exchange
+  // issued beside them took a different number on different ranks.
+  if (nonfinite_) nonfinite_->exchange(comm_).wait();
   auto wait_end = Clock::now();
   if (trace_) {
     trace_->span("backward", trace::at(backward_start_), trace::at(last_mark_),

@@ -181,6 +181,39 @@ TEST(ReplicaCheck, RanksBuiltWithDifferentChecksAreNamedAtConstruction) {
         << ended[r].error;
 }
 
+TEST(NonfiniteCheck, ItsExchangeFollowsAHooksLateCollectivesOnEveryRank) {
+  // PowerSGD issues each bucket's all-reduces from continuations, after the
+  // bucket before has finished. The check's exchange once went out beside
+  // them, so it took a different number on a rank that reached finalize
+  // later than its peers ("allreduce #27 ... does not match rank 2, which
+  // called allgather #27"). Rank 0 reaches it late every other iteration
+  // (the delay only moves the odds of the race; nothing waits on it), and
+  // every rank must train to the end.
+  auto ended = run_world(3, [&](Communicator& c) -> std::string {
+    const size_t rows = 64, cols = 64;
+    std::vector<std::vector<float>> w(4, std::vector<float>(rows * cols)),
+        g(4, std::vector<float>(rows * cols));
+    std::vector<Parameter> ps;
+    for (int i = 0; i < 4; ++i)
+      ps.push_back({view_of(w[i].data(), w[i].size()), view_of(g[i].data(), g[i].size()), rows});
+    ReducerOptions opt;
+    opt.comm_hook = "powersgd:start_iter=2";
+    opt.check_nonfinite = 1;
+    opt.first_bucket_bytes = opt.bucket_bytes = rows * cols * sizeof(float);  // one each
+    Reducer red(c, ps, opt);
+    for (int it = 0; it < 40; ++it) {
+      for (auto& v : g)
+        for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i + it + c.rank()) % 7);
+      red.prepare_for_backward();
+      for (int i = 3; i >= 0; --i) red.mark_grad_ready(i);
+      if (c.rank() == 0 && it % 2) std::this_thread::sleep_for(milliseconds(5));
+      red.finalize_backward();
+    }
+    return "";
+  });
+  expect_all_ok(ended, "PowerSGD with the non-finite check");
+}
+
 TEST(NonfiniteCheck, TheRankParameterAndElementOfANaNOrInfAreNamedBeforeAveraging) {
   const float kNaN = std::numeric_limits<float>::quiet_NaN();
   for (bool view : {false, true}) {
