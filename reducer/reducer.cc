@@ -107,7 +107,9 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
     plan_hash = fnv_mix(plan_hash, static_cast<unsigned char>(ch));
   // The options that decide which collectives an iteration issues (the
   // used-mask exchange) must agree too.
-  // So must the checks, which add collectives of their own.
+  // So must the checks, which add collectives of their own, and what a
+  // failed one does (an error on some ranks and a warning on others: the
+  // warned ones would go on into collectives the others never issue).
   const config::Env& env = config::process_env();
   check_replicas_ = opt_.check_replicas >= 0 ? static_cast<uint64_t>(opt_.check_replicas)
                                              : config::check_replicas(env);
@@ -125,7 +127,8 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
     nonfinite_ = std::make_unique<NonfiniteCheck>();
   }
   const int64_t flags = (opt_.find_unused_parameters ? 1 : 0) | (opt_.static_graph ? 2 : 0) |
-                        (opt_.gradient_as_bucket_view ? 4 : 0) | (nonfinite ? 8 : 0);
+                        (opt_.gradient_as_bucket_view ? 4 : 0) | (nonfinite ? 8 : 0) |
+                        (check_warns_ ? 16 : 0);
   int n = comm_.size();
   constexpr size_t kRow = 5;
   std::vector<int64_t> mine{static_cast<int64_t>(params_.size()), static_cast<int64_t>(shape_hash),
@@ -139,7 +142,8 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
            ", static_graph=" + (f & 2 ? "true" : "false") +
            ", gradient_as_bucket_view=" + (f & 4 ? "true" : "false") +
            ", check_nonfinite=" + (f & 8 ? "1" : "0") +
-           ", check_replicas=" + std::to_string(row[4]);
+           ", check_replicas=" + std::to_string(row[4]) +
+           ", check_warns=" + (f & 16 ? "1" : "0");
   };
   for (int r = 1; r < n; ++r) {
     if (all[kRow * r] != all[0] || all[kRow * r + 1] != all[1])

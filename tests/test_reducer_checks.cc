@@ -176,7 +176,27 @@ TEST(ReplicaCheck, RanksBuiltWithDifferentChecksAreNamedAtConstruction) {
   for (int r = 0; r < 3; ++r)
     EXPECT_NE(ended[r].error.find("rank 1 builds its reducer with find_unused_parameters=false, "
                                   "static_graph=false, gradient_as_bucket_view=false, "
-                                  "check_nonfinite=0, check_replicas=5 and rank 0 with"),
+                                  "check_nonfinite=0, check_replicas=5, check_warns=0 and "
+                                  "rank 0 with"),
+              std::string::npos)
+        << ended[r].error;
+}
+
+TEST(ReplicaCheck, RanksThatWouldActDifferentlyOnAFailedCheckAreNamedAtConstruction) {
+  // One rank told to warn and the others to stop: at the first failed check
+  // the warned rank would go on into collectives that nobody else issues.
+  auto ended = run_world(3, [&](Communicator& c) -> std::string {
+    ReducerOptions opt;
+    opt.check_replicas = 3;
+    opt.check_warns = c.rank() == 2 ? 1 : 0;
+    Model m(c, opt);
+    return "built";
+  });
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(ended[r].error.find("rank 2 builds its reducer with find_unused_parameters=false, "
+                                  "static_graph=false, gradient_as_bucket_view=false, "
+                                  "check_nonfinite=0, check_replicas=3, check_warns=1 and rank 0 "
+                                  "with"),
               std::string::npos)
         << ended[r].error;
 }
