@@ -35,10 +35,12 @@ std::string OpDesc::describe() const {
   if (op == OpKind::broadcast) s += ", root " + std::to_string(tag);
   // A step of COLLIE_DETERMINISTIC's all-reduce or reduce-scatter
   // (comm/deterministic.h; these tags are its).
-  if ((op == OpKind::alltoall || op == OpKind::allgather) &&
-      (tag == kDeterministicAllreduce || tag == kDeterministicReduceScatter))
-    s += ", " + std::string(to_string(redop)) + ": a step of COLLIE_DETERMINISTIC's " +
+  if ((op == OpKind::alltoall || op == OpKind::allgather || op == OpKind::reduce_scatter) &&
+      (tag == kDeterministicAllreduce || tag == kDeterministicReduceScatter)) {
+    if (op != OpKind::reduce_scatter) s += ", " + std::string(to_string(redop));
+    s += std::string(": a step of COLLIE_DETERMINISTIC's ") +
          (tag == kDeterministicAllreduce ? "allreduce" : "reduce_scatter");
+  }
   if (op == OpKind::p2p) {
     s += ", tag " + std::to_string(tag);
     if (tag == kAlltoallTag) s += ": an alltoall's";  // the front's exchange

@@ -33,5 +33,33 @@ TEST(OpDesc, SameCollectiveComparesEveryFieldAndTheMismatchNamesBothCalls) {
       << m;
 }
 
+// A rank with COLLIE_DETERMINISTIC on meets one with it off at the first
+// all-reduce or reduce-scatter, in whichever step its backend runs first:
+// an all-to-all, an all-gather, or (shm) a reduce-scatter summed in rank
+// order. Each is named as the mode's step, so the error says why.
+TEST(OpDesc, EveryStepOfTheDeterministicModeIsNamedSoAMismatchSaysWhy) {
+  for (OpKind step : {OpKind::alltoall, OpKind::allgather, OpKind::reduce_scatter})
+    for (OpKind plain : {OpKind::allreduce, OpKind::reduce_scatter}) {
+      const int32_t tag =
+          plain == OpKind::allreduce ? kDeterministicAllreduce : kDeterministicReduceScatter;
+      const OpDesc off{plain, DType::f32, ReduceOp::sum, 3, 0, 4096};
+      const OpDesc on{step, DType::f32, ReduceOp::sum, 3, tag, 4096};
+      EXPECT_FALSE(same_collective(off, on));
+      const std::string d = on.describe();
+      EXPECT_NE(d.find(std::string("sum: a step of COLLIE_DETERMINISTIC's ") +
+                       (plain == OpKind::allreduce ? "allreduce" : "reduce_scatter")),
+                std::string::npos)
+          << d;
+      for (const auto& [mine, theirs] : {std::pair{off, on}, std::pair{on, off}}) {
+        const std::string m =
+            collective_mismatch(mine.describe() + " on rank 0", "rank 1", theirs).what();
+        EXPECT_NE(m.find("COLLIE_DETERMINISTIC (Options::deterministic) is on for one and off "
+                         "for the other"),
+                  std::string::npos)
+            << m;
+      }
+    }
+}
+
 }  // namespace
 }  // namespace collie
