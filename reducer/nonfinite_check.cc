@@ -1,5 +1,6 @@
 #include "reducer/nonfinite_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -24,21 +25,23 @@ void require_host(const TensorView& slot) {
 }  // namespace
 
 void NonfiniteCheck::begin() {
-  params_ = 0;
-  param_ = -1;
-  element_ = elements_ = 0;
-  value_ = 0;
+  found_.clear();
 }
 
 void NonfiniteCheck::note(size_t param, size_t count, size_t first, double value) {
-  if (count == 0) return;
-  ++params_;
-  elements_ += static_cast<int64_t>(count);
-  if (param_ < 0 || static_cast<int64_t>(param) < param_) {
-    param_ = static_cast<int64_t>(param);
-    element_ = static_cast<int64_t>(first);
-    value_ = value;
+  // A gradient searched again (it arrived again and its slot holds the
+  // sum) replaces what was found in it before.
+  auto it = std::find_if(found_.begin(), found_.end(),
+                         [&](const Found& f) { return f.param == param; });
+  if (count == 0) {
+    if (it != found_.end()) found_.erase(it);
+    return;
   }
+  const Found f{param, count, first, value};
+  if (it != found_.end())
+    *it = f;
+  else
+    found_.push_back(f);
 }
 
 void NonfiniteCheck::copy_in(size_t param, const TensorView& slot, const void* src) {
@@ -54,8 +57,20 @@ void NonfiniteCheck::scan(size_t param, const TensorView& slot) {
 }
 
 Work NonfiniteCheck::exchange(Communicator& comm) {
-  mine_ = {params_, param_, element_, elements_, 0};
-  std::memcpy(&mine_[4], &value_, sizeof value_);
+  // Parameters with a non-finite element, the lowest of them, its first
+  // such element and value, and how many elements in all.
+  mine_.assign(kRow, 0);
+  mine_[0] = static_cast<int64_t>(found_.size());
+  const Found* lowest = nullptr;
+  for (const Found& f : found_) {
+    mine_[3] += static_cast<int64_t>(f.count);
+    if (!lowest || f.param < lowest->param) lowest = &f;
+  }
+  if (lowest) {
+    mine_[1] = static_cast<int64_t>(lowest->param);
+    mine_[2] = static_cast<int64_t>(lowest->first);
+    std::memcpy(&mine_[4], &lowest->value, sizeof lowest->value);
+  }
   all_.assign(kRow * static_cast<size_t>(comm.size()), 0);
   return comm.allgather(view_of(mine_.data(), kRow), view_of(all_.data(), all_.size()));
 }

@@ -3,8 +3,9 @@
 // lost. With ReducerOptions::check_nonfinite the reducer searches each
 // gradient as it enters its bucket (in the copy that puts it there, in copy
 // mode; over its slot with bucket views), before any rank averages it, and
-// the ranks gather what each found in one small all-gather issued behind
-// the iteration's last bucket, so that every rank can name the rank, the
+// the ranks gather what each found in one small all-gather issued once
+// every bucket's reduction has ended (a hook may issue collectives late,
+// from continuations), so that every rank can name the rank, the
 // parameter, the element and the iteration.
 //
 // Host memory only. A non-finite value that only the sum makes (finite
@@ -28,7 +29,7 @@ class NonfiniteCheck {
   void copy_in(size_t param, const TensorView& slot, const void* src);
   // Gradient `param` is already in `slot` (bucket views): searched there.
   void scan(size_t param, const TensorView& slot);
-  // Collective, after the iteration's last bucket: every rank's findings.
+  // Collective, after every bucket's reduction: every rank's findings.
   Work exchange(Communicator& comm);
   // Once exchange's Work is done: "" when no rank found any, else a message,
   // the same on every rank, naming each rank that did, its first parameter
@@ -37,11 +38,14 @@ class NonfiniteCheck {
 
  private:
   void note(size_t param, size_t count, size_t first, double value);
-  // This rank's findings: parameters with a non-finite element, the lowest
-  // of them, its first such element and value, and how many elements in all.
+  // This iteration's findings on this rank, a parameter at most once
+  // (usually none): how many non-finite elements, the first, its value.
+  struct Found {
+    size_t param, count, first;
+    double value;
+  };
+  std::vector<Found> found_;
   static constexpr size_t kRow = 5;
-  int64_t params_ = 0, param_ = -1, element_ = 0, elements_ = 0;
-  double value_ = 0;
   std::vector<int64_t> mine_, all_;
 };
 
