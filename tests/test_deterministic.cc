@@ -16,6 +16,7 @@
 #include "collie/collie.h"
 #include "comm/deterministic.h"
 #include "deterministic_reference.h"
+#include "fake_device.h"
 #include "fake_world.h"
 
 namespace collie {
@@ -116,6 +117,41 @@ TEST(Deterministic, ARankThatVanishesMidwayIsNamedNotWaitedFor) {
       },
       std::chrono::milliseconds(20000), deterministic);
   expect_all_ok(ended, "a vanished rank");
+}
+
+TEST(Deterministic, DeviceTensorsAreRefusedWhereTheirBitsWouldDependOnTheBackend) {
+  // A fake device (its memory is host memory), installed for this process;
+  // only the front's refusals are asked of it here. At three ranks every
+  // device reduction is refused; at two, the device average only (NCCL's
+  // multiplies each input by 1/n before summing).
+  static const auto device = [] {
+    auto a = std::make_shared<fake::FakeCuda>(1);
+    cuda::set_device_api(a);
+    return a;
+  }();
+  for (int n : {2, 3})
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      if (n == 2 && op == ReduceOp::sum) continue;  // allowed: it would reach the backend
+      auto ended = run_world(
+          n,
+          [&](Communicator& c) -> std::string {
+            std::vector<float> v(64, 1.0f);
+            TensorView t = view_of(v.data(), v.size());
+            t.device = Device::cuda(0);
+            try {
+              c.allreduce(t, t, op).wait();
+            } catch (const Error& e) {
+              return std::string(e.what()).find("COLLIE_DETERMINISTIC (Options::deterministic) "
+                                                "reduces host memory only; this tensor is on "
+                                                "cuda:0") == std::string::npos
+                         ? std::string("told: ") + e.what()
+                         : "";
+            }
+            return "not refused";
+          },
+          milliseconds(20000), [](Options& o) { o.deterministic = 1; });
+      expect_all_ok(ended, std::to_string(n) + " ranks, " + std::string(to_string(op)));
+    }
 }
 
 TEST(Deterministic, TheCAbiTurnsItOnAndOff) {

@@ -246,9 +246,12 @@ class Front final : public Communicator {
     // 754 makes commutative, so every algorithm already gives the rank-order
     // bits; 16-bit averages excepted (some algorithms sum, round, and then
     // divide). The tests check both forms against the same reference.
+    // Nor do device averages: NCCL's multiplies each input by 1/n before
+    // it sums (a/2 + b/2 underflows where (a + b)/2 does not).
     const bool narrow = op.desc.dtype == DType::f16 || op.desc.dtype == DType::bf16;
-    if (size() == 2 && !(narrow && op.desc.redop == ReduceOp::avg)) return op;
-    if (!op.in.device.is_cpu() || !op.out.device.is_cpu())
+    const bool host = op.in.device.is_cpu() && op.out.device.is_cpu();
+    if (size() == 2 && !((narrow || !host) && op.desc.redop == ReduceOp::avg)) return op;
+    if (!host)
       throw Error(ErrorCode::unavailable,
                   what.str() +
                       ": COLLIE_DETERMINISTIC (Options::deterministic) reduces host memory "
