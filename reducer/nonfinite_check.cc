@@ -31,8 +31,8 @@ void NonfiniteCheck::begin() {
 void NonfiniteCheck::note(size_t param, size_t count, size_t first, double value) {
   // A gradient searched again (it arrived again and its slot holds the
   // sum) replaces what was found in it before.
-  auto it = std::find_if(found_.begin(), found_.end(),
-                         [&](const Found& f) { return f.param == param; });
+  auto it =
+      std::find_if(found_.begin(), found_.end(), [&](const Found& f) { return f.param == param; });
   if (count == 0) {
     if (it != found_.end()) found_.erase(it);
     return;

@@ -141,9 +141,10 @@ TEST(Deterministic, DeviceTensorsAreRefusedWhereTheirBitsWouldDependOnTheBackend
             try {
               c.allreduce(t, t, op).wait();
             } catch (const Error& e) {
-              return std::string(e.what()).find("COLLIE_DETERMINISTIC (Options::deterministic) "
-                                                "reduces host memory only; this tensor is on "
-                                                "cuda:0") == std::string::npos
+              return std::string(e.what()).find(
+                         "COLLIE_DETERMINISTIC (Options::deterministic) "
+                         "reduces host memory only; this tensor is on "
+                         "cuda:0") == std::string::npos
                          ? std::string("told: ") + e.what()
                          : "";
             }

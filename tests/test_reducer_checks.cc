@@ -369,8 +369,8 @@ TEST(ReducerChecks, TheCAbiTakesThemAndReturnsTheirErrors) {
     } else if (step(1) != COLLIE_OK) {
       bad = std::string("a clean step: ") + collie_last_error();
     } else if (step(r == 1 ? NAN : 1) != COLLIE_ERR_INVALID_ARGUMENT ||
-               std::string(collie_last_error())
-                       .find("rank 1: parameter w has NaN at element 1") == std::string::npos) {
+               std::string(collie_last_error()).find("rank 1: parameter w has NaN at element 1") ==
+                   std::string::npos) {
       bad = std::string("the NaN: ") + collie_last_error();
     } else {
       if (r == 0) w[3] = 5;
