@@ -109,7 +109,11 @@ uint32_t run_deterministic(const Op& op, int rank, int n, bool native_alltoall,
   // What the first step gathers: every rank's whole input, or this rank's
   // block of every rank's.
   const size_t in_count = scatter ? ranks * count : count;
-  const size_t gathered = p.gather_all ? ranks * in_count : ranks * p.block;
+  // Scratch: what the first step gathers (nothing when the runner sums it
+  // straight into the output), then the tails.
+  const size_t gathered = p.gather_all         ? ranks * in_count
+                          : rank_order_scatter ? 0
+                                               : ranks * p.block;
   const size_t tail_at = gathered, need = (gathered + ranks * p.tail) * es;
   if (scratch.size() < need) scratch.resize(need);
   uint8_t* g = scratch.data();
