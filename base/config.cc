@@ -215,6 +215,13 @@ Launch resolve_launch(const Options& o, const Env& env) {
                 " is not 0 or 1 (1: sums in rank order, the same bits on every backend)");
     l.deterministic = *v == 1;
   }
+  if (auto v = parse_int("COLLIE_ARRIVALS", env("COLLIE_ARRIVALS"))) {
+    if (*v != 0 && *v != 1)
+      throw bad("COLLIE_ARRIVALS=" + std::to_string(*v) +
+                " is not 0 or 1 (1, the default: each collective is timed, to name the rank "
+                "that arrives last)");
+    l.arrivals = *v == 1;
+  }
   if (const char* v = env("COLLIE_STORE_PREFIX"); v && *v) l.store_prefix = v;
   if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;
   if (l.world_size > 1 && !o.store && l.store_file.empty()) {

@@ -57,6 +57,9 @@ struct Launch {
   // COLLIE_DETERMINISTIC=1 or Options::deterministic: all-reduce and
   // reduce-scatter sum in rank order (comm/deterministic.h).
   bool deterministic = false;
+  // COLLIE_ARRIVALS=0: the executor does not time each collective, and
+  // Communicator::arrivals compares nothing (base/arrivals.h). On by default.
+  bool arrivals = true;
 };
 
 Launch resolve_launch(const Options& options, const Env& env);

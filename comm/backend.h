@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "base/arrivals.h"
 #include "base/config.h"
 #include "base/op.h"
 #include "collie/store.h"
@@ -109,6 +110,10 @@ struct BackendContext {
   // set by connect(); empty where the backend cannot be made again.
   std::function<std::unique_ptr<Backend>(const BackendContext&)> remake;
   std::shared_ptr<trace::Sink> trace;  // COLLIE_TRACE's file for this rank, or null
+  // How long each host collective ran on this rank (base/arrivals.h): the
+  // executor records, Communicator::arrivals compares. Null with one rank
+  // or COLLIE_ARRIVALS=0.
+  std::shared_ptr<arrivals::Log> arrivals;
 };
 
 // Which ranks a split makes, as the front worked it out (every rank of the

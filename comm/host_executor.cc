@@ -72,10 +72,12 @@ class HostExecutor::Queued final : public OpCompletion {
 
 HostExecutor::HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> failure, int rank,
                            std::chrono::milliseconds timeout,
-                           std::shared_ptr<StallInspector> inspector, int world_size)
+                           std::shared_ptr<StallInspector> inspector, int world_size,
+                           std::shared_ptr<arrivals::Log> arrivals)
     : runner_(runner),
       failure_(std::move(failure)),
       inspector_(std::move(inspector)),
+      arrivals_(std::move(arrivals)),
       rank_(rank),
       size_(world_size),
       timeout_(timeout),
@@ -90,9 +92,10 @@ std::shared_ptr<HostExecutor> HostExecutor::start(HostRunner& runner,
                                                   std::shared_ptr<FailureLatch> failure, int rank,
                                                   std::chrono::milliseconds timeout,
                                                   std::shared_ptr<StallInspector> inspector,
-                                                  int world_size) {
+                                                  int world_size,
+                                                  std::shared_ptr<arrivals::Log> arrivals) {
   auto ex = std::make_shared<HostExecutor>(runner, std::move(failure), rank, timeout,
-                                           std::move(inspector), world_size);
+                                           std::move(inspector), world_size, std::move(arrivals));
   ex->thread_ = std::thread([weak = std::weak_ptr<HostExecutor>(ex)] {
     if (auto self = weak.lock()) self->loop();
   });
@@ -267,6 +270,7 @@ void HostExecutor::run_claimed(Op& op) {
 std::optional<Error> HostExecutor::execute_collective(Op& op) {
   try {
     if (op.trace) trace::started(op);
+    const uint64_t arrived = arrivals_ ? arrivals::ticks() : 0;
     uint32_t last = op.desc.seq;
     if (op.deterministic) {
       // Its steps, one after another on this thread, within the op's deadline.
@@ -277,6 +281,7 @@ std::optional<Error> HostExecutor::execute_collective(Op& op) {
     } else {
       runner_.run_collective(op, deadline_after(timeout_));
     }
+    if (arrivals_) arrivals_->record(op.desc.seq, arrivals::ticks() - arrived);
     if (inspector_) inspector_->completed(last);
     return std::nullopt;
   } catch (const std::exception& ex) {
@@ -398,7 +403,7 @@ class HostBackend final : public Backend {
               std::unique_ptr<HostRunner> runner, const BackendContext& ctx)
       : name_(std::move(name)), make_(make), split_(split), runner_(std::move(runner)) {
     exec_ = HostExecutor::start(*runner_, ctx.failure, ctx.launch.rank, ctx.launch.timeout,
-                                ctx.inspector, ctx.launch.world_size);
+                                ctx.inspector, ctx.launch.world_size, ctx.arrivals);
   }
   // The executor stops before the runner it drives goes.
   ~HostBackend() override { exec_->shutdown(); }

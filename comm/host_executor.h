@@ -103,7 +103,8 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
                                              std::shared_ptr<FailureLatch> failure, int rank,
                                              std::chrono::milliseconds timeout,
                                              std::shared_ptr<StallInspector> inspector = nullptr,
-                                             int world_size = 1);
+                                             int world_size = 1,
+                                             std::shared_ptr<arrivals::Log> arrivals = nullptr);
   ~HostExecutor();
 
   Work submit(Op op);
@@ -123,7 +124,7 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
 
   HostExecutor(HostRunner& runner, std::shared_ptr<FailureLatch> failure, int rank,
                std::chrono::milliseconds timeout, std::shared_ptr<StallInspector> inspector,
-               int world_size = 1);
+               int world_size = 1, std::shared_ptr<arrivals::Log> arrivals = nullptr);
 
  private:
   class Queued;
@@ -157,6 +158,8 @@ class HostExecutor : public std::enable_shared_from_this<HostExecutor> {
   HostRunner& runner_;
   std::shared_ptr<FailureLatch> failure_;
   const std::shared_ptr<StallInspector> inspector_;
+  // How long each collective ran here (base/arrivals.h), or null.
+  const std::shared_ptr<arrivals::Log> arrivals_;
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;

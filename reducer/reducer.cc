@@ -130,10 +130,15 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
                         (opt_.gradient_as_bucket_view ? 4 : 0) | (nonfinite ? 8 : 0) |
                         (check_warns_ ? 16 : 0);
   int n = comm_.size();
-  constexpr size_t kRow = 5;
-  std::vector<int64_t> mine{static_cast<int64_t>(params_.size()), static_cast<int64_t>(shape_hash),
-                            static_cast<int64_t>(plan_hash), flags,
-                            static_cast<int64_t>(check_replicas_)};
+  // Rank 0's log decides when the ranks compare their arrivals (a
+  // collective): every COLLIE_REDUCER_LOG_EVERY iterations where its
+  // COLLIE_DEBUG says INFO, whatever the others' say.
+  log_every_ = config::reducer_log_every(config::process_env());
+  const int64_t arrivals_every = log::enabled(log::Level::info) ? log_every_ : 0;
+  constexpr size_t kRow = 6;
+  std::vector<int64_t> mine{static_cast<int64_t>(params_.size()),  static_cast<int64_t>(shape_hash),
+                            static_cast<int64_t>(plan_hash),       flags,
+                            static_cast<int64_t>(check_replicas_), arrivals_every};
   std::vector<int64_t> all(kRow * static_cast<size_t>(n));
   comm_.allgather(view_of(mine.data(), kRow), view_of(all.data(), all.size())).wait();
   auto describe = [&](const int64_t* row) {
@@ -142,8 +147,7 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
            ", static_graph=" + (f & 2 ? "true" : "false") +
            ", gradient_as_bucket_view=" + (f & 4 ? "true" : "false") +
            ", check_nonfinite=" + (f & 8 ? "1" : "0") +
-           ", check_replicas=" + std::to_string(row[4]) +
-           ", check_warns=" + (f & 16 ? "1" : "0");
+           ", check_replicas=" + std::to_string(row[4]) + ", check_warns=" + (f & 16 ? "1" : "0");
   };
   for (int r = 1; r < n; ++r) {
     if (all[kRow * r] != all[0] || all[kRow * r + 1] != all[1])
@@ -165,10 +169,11 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
                                            ": give every rank the same options");
   }
 
+  arrivals_every_ = static_cast<uint64_t>(all[5]);
+
   if (opt_.broadcast_parameters)
     for (const Parameter& p : params_) comm_.broadcast(p.value, 0).wait();
 
-  log_every_ = config::reducer_log_every(config::process_env());
   if (opt_.hook) {
     hook_ = opt_.hook;
   } else {
@@ -616,6 +621,7 @@ void Reducer::finish_backward(bool shadow) {
   }
   ++iteration_;
   if (log::enabled(log::Level::info) && iteration_ % log_every_ == 0) log_stats();
+  if (arrivals_every_ && iteration_ % arrivals_every_ == 0) log_arrivals();
   if (opt_.rebuild_buckets && !rebuilt_) rebuild_from_observed_order();
   // Reported last, every collective of the iteration done, so that the
   // ranks stay in step whatever the caller does next.
@@ -664,6 +670,22 @@ void Reducer::log_stats() const {
       stats_.hook_bytes ? static_cast<double>(stats_.gradient_bytes) / stats_.hook_bytes : 0.0,
       stats_.bucket_comm_us.size());
   log::info(line + per_bucket);
+}
+
+// Every rank, every iteration its turn comes, all of the iteration's
+// collectives ended: which rank arrived last at the collectives since the
+// last time (base/arrivals.h), told by rank 0.
+void Reducer::log_arrivals() {
+  const Arrivals a = comm_.arrivals();
+  if (a.collectives == 0) return;
+  if (comm_.rank() == 0)
+    log::info("reducer, iterations " + std::to_string(iteration_ - arrivals_every_) + " to " +
+              std::to_string(iteration_ - 1) + ": " + a.summary());
+  if (trace_)
+    trace_->instant("arrivals", trace::Args()
+                                    .add("iteration", iteration_ - 1)
+                                    .add("collectives", a.collectives)
+                                    .add("summary", a.summary()));
 }
 
 void Reducer::rebuild_from_observed_order() {

@@ -232,6 +232,7 @@ class Reducer {
   void rebuild_from_observed_order();
   void apply_order(const std::vector<size_t>& order);  // moves gradients with the buckets
   void log_stats() const;
+  void log_arrivals();
 
   Communicator& comm_;
   std::vector<Parameter> params_;
@@ -273,6 +274,9 @@ class Reducer {
   ReducerStats stats_;
   uint64_t hook_bytes_before_ = 0;
   int log_every_ = 100;
+  // Iterations between comparisons of the ranks' arrivals (rank 0's
+  // log_every_ where it logs INFO, else 0: never).
+  uint64_t arrivals_every_ = 0;
   // The checks (ReducerOptions::check_*), resolved from the environment.
   uint64_t check_replicas_ = 0;                // every this many iterations (0: never)
   bool check_warns_ = false;                   // warn instead of throwing

@@ -242,6 +242,7 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   if (entry.needs_store || options.store) make_rendezvous(options, ctx);
   ctx.inspector = StallInspector::start(ctx.store, ctx.key, ctx.launch.rank, ctx.launch.world_size,
                                         ctx.launch.timeout);
+  ctx.arrivals = arrivals::log_for(ctx.launch.world_size, ctx.launch.arrivals);
   log::info("rank " + std::to_string(ctx.launch.rank) + " of " +
             std::to_string(ctx.launch.world_size) + ": backend " + entry.name +
             ", launch variables from " + ctx.launch.source);

@@ -181,8 +181,25 @@ class Core {
     }
     backend->shutdown();
     if (ctx.inspector) ctx.inspector->stop();
+    leave_arrivals();
     // The file is whole when its communicator is gone (base/trace.h).
     if (trace) trace->sink().flush();
+  }
+
+  // Under collie-run, the world communicator's arrivals log goes to the
+  // job's store as it closes cleanly, for collie-run to compare the ranks'
+  // at the job's end (comm/launch/job.cc).
+  void leave_arrivals() noexcept {
+    if (!ctx.arrivals || !ctx.store || !ctx.launch.launcher_store || ctx.key != "collie/world" ||
+        ctx.failure->failed())
+      return;
+    try {
+      const std::vector<uint64_t> v = ctx.arrivals->snapshot();
+      std::vector<uint8_t> bytes(v.size() * sizeof(uint64_t));
+      std::memcpy(bytes.data(), v.data(), bytes.size());
+      ctx.store->set(arrivals::store_key(ctx.launch.rank), bytes);
+    } catch (const std::exception&) {  // the store is gone: nothing to report to
+    }
   }
 
   Work refuse(const Op& op, const Error& e) {
@@ -375,6 +392,8 @@ class Front final : public Communicator {
       plan.context.inspector =
           StallInspector::start(plan.context.store, plan.context.key, plan.new_rank,
                                 plan.context.launch.world_size, plan.context.launch.timeout);
+      plan.context.arrivals =
+          arrivals::log_for(plan.context.launch.world_size, plan.context.launch.arrivals);
     }
     auto b = core_->backend->split(plan);
     if (color < 0) return nullptr;
@@ -421,6 +440,38 @@ class Front final : public Communicator {
   std::shared_ptr<void> allocate(size_t bytes) override { return core_->backend->allocate(bytes); }
   std::shared_ptr<void> register_memory(TensorView memory) override {
     return core_->backend->register_memory(memory);
+  }
+
+  Arrivals arrivals() override {
+    // A rank with COLLIE_ARRIVALS=0 still takes part (with no entries), so
+    // that ranks set differently meet in the all-gather and compare nothing.
+    const auto& log = core_->ctx.arrivals;
+    if (size() == 1) return {};
+    const size_t n = static_cast<size_t>(size()), words = arrivals::Log::kEntries + 1;
+    std::vector<uint64_t> mine = log ? log->snapshot() : std::vector<uint64_t>(words, 0);
+    std::vector<int64_t> all(n * words);
+    try {
+      allgather(view_of(reinterpret_cast<int64_t*>(mine.data()), words),
+                view_of(all.data(), all.size()))
+          .wait();
+    } catch (const Error& e) {
+      // A backend that moves device memory only (nccl) refuses host memory
+      // on every rank alike, and times nothing either.
+      if (e.code() != ErrorCode::invalid_argument || core_->takes_host_memory) throw;
+      return {};
+    }
+    std::vector<std::vector<uint64_t>> logs(n);
+    for (size_t r = 0; r < n; ++r)
+      logs[r].assign(reinterpret_cast<const uint64_t*>(all.data()) + r * words,
+                     reinterpret_cast<const uint64_t*>(all.data()) + (r + 1) * words);
+    if (!log) return {};
+    uint32_t through = 0;
+    Arrivals a = arrivals::compare(logs, log->compared(), &through);
+    log->set_compared(through);
+    if (core_->trace && a.collectives)
+      core_->trace->instant(
+          "arrivals", trace::Args().add("collectives", a.collectives).add("summary", a.summary()));
+    return a;
   }
   const std::shared_ptr<trace::Sink>& trace_sink() const { return core_->ctx.trace; }
 

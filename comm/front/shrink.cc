@@ -75,6 +75,7 @@ BackendContext survivors_context(const BackendContext& ctx, std::vector<bool> ou
   c.failure = std::make_shared<FailureLatch>();
   c.names = RankNames();
   c.inspector = StallInspector::start(c.store, c.key, new_rank, c.launch.world_size, timeout);
+  c.arrivals = arrivals::log_for(c.launch.world_size, c.launch.arrivals);
   if (!left_out.empty())
     log::warn(what.str() + ": going on as rank " + std::to_string(new_rank) + " of " +
               std::to_string(members.size()) + ", without rank" +

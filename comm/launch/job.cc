@@ -58,6 +58,7 @@ int Job::run() {
   if (first_failure_) return exit_code(*first_failure_);
   if (stop_signal_) return 128 + stop_signal_;
   if (!lost_.empty()) return kept_going(ranks_, lost_.front());
+  report_arrivals();
   return 0;
 }
 

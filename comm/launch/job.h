@@ -165,6 +165,10 @@ class Job {
   // Output passes through pipes when lines get a prefix or go to log files.
   bool captures() const { return a_.prefix || !a_.log_dir.empty(); }
 
+  // Node 0, after a job whose ranks all ended well: which rank arrived
+  // last at the world communicator's collectives (job_arrivals.cc).
+  void report_arrivals();
+
   void print_summary() const {
     collie::launch::print_summary({ranks_, root_cause_, remote_failure_, restarts_, a_.max_restarts,
                                    stop_signal_, captures(), a_.log_dir});
