@@ -90,6 +90,23 @@ std::optional<int> port_from_job_id(const Env& env) {
 // in clear and compared before the secret, so that a rank of another job is
 // told "another job" rather than "wrong secret", and refused even when
 // neither job set a secret.
+std::optional<LauncherStore> launcher_store(const Env& env) {
+  const char* on = env("COLLIE_LAUNCHER_STORE");
+  const char* addr = env("COLLIE_MASTER_ADDR");
+  const auto port = parse_int("COLLIE_MASTER_PORT", env("COLLIE_MASTER_PORT"));
+  const auto world = parse_int("COLLIE_WORLD_SIZE", env("COLLIE_WORLD_SIZE"));
+  if (!on || std::string_view(on) != "1" || !addr || !*addr || !port || *port < 1 ||
+      *port > 65535 || !world || *world < 1 || *world > kMaxRanks)
+    return std::nullopt;
+  LauncherStore s;
+  s.addr = addr;
+  s.port = static_cast<int>(*port);
+  if (const char* v = env("COLLIE_JOB_SECRET")) s.secret = v;
+  s.job = job_identity(env, static_cast<int>(*world));
+  if (const char* v = env("COLLIE_STORE_PREFIX")) s.prefix = v;
+  return s;
+}
+
 std::string job_identity(const Env& env, int world_size) {
   std::string id;
   for (const char* name :

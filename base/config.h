@@ -15,6 +15,7 @@
 #include <functional>
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "collie/comm.h"
@@ -63,6 +64,16 @@ struct Launch {
 };
 
 Launch resolve_launch(const Options& options, const Env& env);
+
+// Under collie-run (COLLIE_LAUNCHER_STORE=1), where its store is, as the
+// environment says now (a communicator that met its peers through another
+// store still reaches collie-run's through this); nullopt elsewhere.
+struct LauncherStore {
+  std::string addr;
+  int port = 0;
+  std::string secret, job, prefix;
+};
+std::optional<LauncherStore> launcher_store(const Env& env);
 // The job identity a rank of `world_size` ranks resolves from `env`
 // (Launch::job), for a launcher that serves the store.
 std::string job_identity(const Env& env, int world_size);

@@ -3,6 +3,7 @@
 // the asynchronous error, and the calls on operations in flight. Every entry
 // point turns a collie::Error into its status code and keeps the message for
 // collie_last_error().
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -281,6 +282,27 @@ collie_status collie_comm_recv(collie_comm* c, collie_tensor buf, int peer, int 
                                collie_work** work) {
   COLLIE_REQUIRE(c, "comm");
   return run(work, [&] { return c->comm->recv(to_view(buf, "buf"), peer, tag); });
+}
+
+collie_status collie_comm_arrivals(collie_comm* c, uint64_t* collectives, uint64_t* last,
+                                   double* median_late_ms, char* summary, size_t cap) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(collectives, "collectives");
+  return guarded([&] {
+    const collie::Arrivals a = c->comm->arrivals();
+    const size_t n = static_cast<size_t>(c->comm->size());
+    *collectives = a.collectives;
+    for (size_t r = 0; r < n; ++r) {
+      if (last) last[r] = r < a.last.size() ? a.last[r] : 0;
+      if (median_late_ms) median_late_ms[r] = r < a.median_late_ms.size() ? a.median_late_ms[r] : 0;
+    }
+    if (summary && cap) {
+      const std::string s = a.summary();
+      const size_t k = std::min(cap - 1, s.size());
+      std::memcpy(summary, s.data(), k);
+      summary[k] = '\0';
+    }
+  });
 }
 
 collie_status collie_comm_split(collie_comm* c, int color, int key, collie_comm** out) {

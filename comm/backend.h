@@ -97,6 +97,7 @@ class HostRunner;  // comm/host_executor.h
 struct BackendContext {
   config::Launch launch;             // rank, world size, deadline, secret, ...
   std::shared_ptr<Store> store;      // rendezvous, shared by every communicator of the job
+  bool store_is_launchers = false;   // `store` is collie-run's (not the caller's, not a file)
   std::shared_ptr<void> keep_alive;  // the store server, when this rank serves it
   std::string key;                   // unique per communicator: prefix store keys with it
   std::string listen_host;           // the address this rank's peers reach it on

@@ -105,6 +105,41 @@ TEST(Arrivals, ARankHeldBackByAKnownDelayIsNamedOnEveryRank) {
   EXPECT_EQ(told[0].summary().rfind("rank 1 arrived last in ", 0), 0u) << told[0].summary();
 }
 
+TEST(Arrivals, TheCAbiGivesTheCountsTheMediansAndTheSentence) {
+  // Rank 1 of 2 held back 20 ms before each of 5 all-reduces.
+  const auto bad = run_c_world(2, "arrivals_c_abi", [](collie_comm* comm, int r) -> std::string {
+    float v[16] = {};
+    collie_tensor t{};
+    t.data = v;
+    t.numel = 16;
+    t.dtype = COLLIE_F32;
+    for (int i = 0; i < 5; ++i) {
+      if (r == 1) std::this_thread::sleep_for(milliseconds(20));
+      if (collie_comm_allreduce(comm, t, t, COLLIE_SUM, nullptr) != COLLIE_OK)
+        return std::string("allreduce: ") + collie_last_error();
+    }
+    uint64_t count = 0, last[2] = {9, 9};
+    double late[2] = {-1, -1};
+    char text[256], cut[10];
+    if (collie_comm_arrivals(comm, &count, last, late, text, sizeof text) != COLLIE_OK)
+      return std::string("arrivals: ") + collie_last_error();
+    if (count != 5 || last[1] < 4 || last[0] + last[1] != 5 || late[1] < 16 || late[1] > 100)
+      return "told " + std::to_string(count) + " compared, last " + std::to_string(last[0]) +
+             " and " + std::to_string(last[1]) + ", rank 1 " + std::to_string(late[1]) + " ms";
+    if (std::string(text).rfind("rank 1 arrived last in ", 0) != 0)
+      return "said: " + std::string(text);
+    // Cut to fit; nothing new to compare; no summary asked for.
+    if (collie_comm_arrivals(comm, &count, nullptr, nullptr, cut, sizeof cut) != COLLIE_OK ||
+        std::strlen(cut) != sizeof cut - 1 || count != 1)  // the first call's all-gather
+      return "the second call: " + std::to_string(count) + " '" + cut + "'";
+    if (collie_comm_arrivals(comm, nullptr, nullptr, nullptr, nullptr, 0) !=
+        COLLIE_ERR_INVALID_ARGUMENT)
+      return "no place for the count was taken";
+    return "";
+  });
+  for (size_t r = 0; r < bad.size(); ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
+}
+
 TEST(Arrivals, RanksWithTheAccountOffStillMeetAndCompareNothing) {
   // COLLIE_ARRIVALS=0 on every rank (it is read as each rank connects):
   // the comparison is one all-gather that finds nothing.

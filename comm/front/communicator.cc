@@ -83,6 +83,7 @@ void make_rendezvous(const Options& options, BackendContext& ctx) {
     ctx.listen_host = client->local_address();
     ctx.store = std::move(client);
     ctx.keep_alive = server;
+    ctx.store_is_launchers = launch.launcher_store;
   }
   if (ctx.store && !options.store && !launch.store_prefix.empty())
     ctx.store = std::make_shared<PrefixStore>(ctx.store, launch.store_prefix);

@@ -188,16 +188,25 @@ class Core {
 
   // Under collie-run, the world communicator's arrivals log goes to the
   // job's store as it closes cleanly, for collie-run to compare the ranks'
-  // at the job's end (comm/launch/job.cc).
+  // at the job's end (comm/launch/job_arrivals.cc). A communicator that
+  // met its peers through another store (PyTorch's, for the torch backend)
+  // reaches collie-run's for this on a connection of its own.
   void leave_arrivals() noexcept {
-    if (!ctx.arrivals || !ctx.store || !ctx.launch.launcher_store || ctx.key != "collie/world" ||
-        ctx.failure->failed())
-      return;
+    if (!ctx.arrivals || ctx.key != "collie/world" || ctx.failure->failed()) return;
     try {
+      std::shared_ptr<Store> store = ctx.store_is_launchers ? ctx.store : nullptr;
+      if (!store) {
+        const auto at = config::launcher_store(config::process_env());
+        if (!at) return;  // not under collie-run
+        store =
+            TcpStore::connect(at->addr, at->port, {at->secret, at->job}, std::chrono::seconds(2),
+                              rank_str(ctx.launch.rank), "collie-run on node 0");
+        if (!at->prefix.empty()) store = std::make_shared<PrefixStore>(store, at->prefix);
+      }
       const std::vector<uint64_t> v = ctx.arrivals->snapshot();
       std::vector<uint8_t> bytes(v.size() * sizeof(uint64_t));
       std::memcpy(bytes.data(), v.data(), bytes.size());
-      ctx.store->set(arrivals::store_key(ctx.launch.rank), bytes);
+      store->set(arrivals::store_key(ctx.launch.rank), bytes);
     } catch (const std::exception&) {  // the store is gone: nothing to report to
     }
   }

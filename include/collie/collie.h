@@ -185,6 +185,14 @@ collie_status collie_comm_split(collie_comm* comm, int color, int key, collie_co
  * 10 s). */
 collie_status collie_comm_shrink(collie_comm* comm, const int* exclude, size_t n_exclude,
                                  int wait_ms, collie_comm** out);
+/* Which rank arrived last, and how long after the first, at the host
+ * collectives since the last call (Communicator::arrivals). Collective.
+ * *collectives gets how many were compared; last and median_late_ms (each
+ * size() entries, or NULL) how many each rank arrived last at and the
+ * median of how long after the first it came then (ms); summary (cap
+ * bytes, or NULL) the sentence, NUL-terminated, cut to fit. */
+collie_status collie_comm_arrivals(collie_comm* comm, uint64_t* collectives, uint64_t* last,
+                                   double* median_late_ms, char* summary, size_t cap);
 /* Fails the communicator with COLLIE_ERR_ABORTED and `reason`: the operation
  * in flight stops, later calls fail at once, the peers are told. Any thread. */
 collie_status collie_comm_abort(collie_comm* comm, const char* reason);

@@ -329,6 +329,23 @@ class Communicator:
         check(lib.collie_comm_split(self._h, color, key, ctypes.byref(out)))
         return Communicator(out.value) if out.value else None
 
+    def arrivals(self):
+        """Which rank arrived last, and how long after the first, at the
+        host collectives since the last call (collective: every rank calls
+        it). A dict: "collectives" compared, per rank "last" (how many it
+        arrived last at) and "median_late_ms", and the "summary" sentence
+        ("rank 2 arrived last in 91 % of 1000 collectives, median 14 ms
+        after the first; ..."), "" when nothing was compared."""
+        n = self.size
+        count = ctypes.c_uint64()
+        last = (ctypes.c_uint64 * n)()
+        late = (ctypes.c_double * n)()
+        text = ctypes.create_string_buffer(4096)
+        check(lib.collie_comm_arrivals(self._h, ctypes.byref(count), last, late, text,
+                                       len(text)))
+        return {"collectives": count.value, "last": list(last), "median_late_ms": list(late),
+                "summary": text.value.decode()}
+
     def abort(self, reason="aborted from Python"):
         check(lib.collie_comm_abort(self._h, reason.encode()))
 

@@ -479,6 +479,19 @@ def launcher_env(environ=None):
     return {}
 
 
+def arrivals(group=None):
+    """Which rank arrived last, and how long after the first, at `group`'s
+    collectives (the default group if None) since the last call: a
+    collective over the group. collie.Communicator.arrivals of the group's
+    communicator: a dict with "collectives", per rank "last" and
+    "median_late_ms", and the "summary" sentence."""
+    pg = backend_of(group)
+    if pg is None:
+        raise ValueError("collie.distributed.arrivals: the group is not collie's "
+                         "(init_process_group(\"collie\"))")
+    return pg.comm.arrivals()
+
+
 _options = {"deterministic": None}  # what the groups made from now on are given
 
 

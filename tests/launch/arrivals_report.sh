@@ -7,9 +7,12 @@
 # COLLIE_DEBUG=INFO); and at the job's end collie-run must name it too,
 # from the accounts the ranks left in its store
 # (comm/launch/job_arrivals.cc).
-#   arrivals_report.sh BUILD_ROOT
+# Given a Python with torch, the same through the torch.distributed
+# backend (tests/python/backend_arrivals.py).
+#   arrivals_report.sh BUILD_ROOT [PYTHON]
 set -uo pipefail
 build=$(cd "$1" && pwd)
+python=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
 run=$build/comm/launch/collie-run
 check=$build/tests/arrivals_check
@@ -60,5 +63,9 @@ for debug in "" INFO; do
     status=1
   fi
 done
+if [ -n "$python" ]; then
+  out=$(COLLIE_DEBUG= "$run" -n 3 "$python" "$here/../python/backend_arrivals.py" 2>&1)
+  COLLIE_DEBUG= expect "the torch backend, 3 ranks" 2 "$out"
+fi
 [ $status = 0 ] && echo "the rank held back was named by every rank and by collie-run"
 exit $status
