@@ -270,7 +270,8 @@ void HostExecutor::run_claimed(Op& op) {
 std::optional<Error> HostExecutor::execute_collective(Op& op) {
   try {
     if (op.trace) trace::started(op);
-    const uint64_t arrived = arrivals_ ? arrivals::ticks() : 0;
+    const bool timed = arrivals_ && arrivals::timed(op.desc);
+    const uint64_t arrived = timed ? arrivals::ticks() : 0;
     uint32_t last = op.desc.seq;
     if (op.deterministic) {
       // Its steps, one after another on this thread, within the op's deadline.
@@ -281,7 +282,7 @@ std::optional<Error> HostExecutor::execute_collective(Op& op) {
     } else {
       runner_.run_collective(op, deadline_after(timeout_));
     }
-    if (arrivals_) arrivals_->record(op.desc.seq, arrivals::ticks() - arrived);
+    if (timed) arrivals_->record(op.desc.seq, arrivals::ticks() - arrived);
     if (inspector_) inspector_->completed(last);
     return std::nullopt;
   } catch (const std::exception& ex) {

@@ -47,7 +47,7 @@ TEST(Arrivals, TheReducerTellsThemEveryLogInterval) {
   Communicator& c = testing::world();
   const int late = c.size() - 1;
   if (c.size() < 2) GTEST_SKIP() << "one rank: nobody to arrive after";
-  std::vector<float> w0(1024, 0.5f), w1(64, 0.25f), g0(1024), g1(64);
+  std::vector<float> w0(4096, 0.5f), w1(64, 0.25f), g0(4096), g1(64);  // buckets over 16 KiB
   std::vector<Parameter> ps{{view_of(w0.data(), w0.size()), view_of(g0.data(), g0.size())},
                             {view_of(w1.data(), w1.size()), view_of(g1.data(), g1.size())}};
   Reducer red(c, ps, ReducerOptions{});

@@ -73,6 +73,19 @@ TEST(Arrivals, OnlyCollectivesThatEveryRankHasEndedAreCompared) {
   EXPECT_EQ(Arrivals{}.summary(), "");
 }
 
+TEST(Arrivals, LargeCollectivesAreAllTimedAndOneSmallOneInEight) {
+  OpDesc d{OpKind::allreduce, DType::f32, ReduceOp::sum, 0, 0, 4096};
+  int timed = 0;
+  for (uint32_t seq = 1; seq <= 64; ++seq) {
+    d.seq = seq;
+    d.count = 4096;  // 16 KiB
+    EXPECT_TRUE(arrivals::timed(d));
+    d.count = 4095;
+    timed += arrivals::timed(d);
+  }
+  EXPECT_EQ(timed, 64 / 8);
+}
+
 TEST(Arrivals, ARankHeldBackByAKnownDelayIsNamedOnEveryRank) {
   // Rank 1 of 3 sleeps 20 ms before each of 12 all-reduces; the others
   // issue theirs at once. It arrives last at every one, about 20 ms after
@@ -81,16 +94,16 @@ TEST(Arrivals, ARankHeldBackByAKnownDelayIsNamedOnEveryRank) {
   const auto delay = milliseconds(20);
   std::vector<Arrivals> told(3);
   auto ended = run_world(3, [&](Communicator& c) -> std::string {
-    std::vector<float> v(1000, 1.0f);
+    std::vector<float> v(4096, 1.0f);  // 16 KiB: every one timed (arrivals::timed)
     for (int i = 0; i < kOps; ++i) {
       if (c.rank() == 1) std::this_thread::sleep_for(delay);
       c.allreduce(view_of(v.data(), v.size()), view_of(v.data(), v.size()), ReduceOp::sum).wait();
     }
     told[c.rank()] = c.arrivals();
     // The next comparison covers only what came after this one.
-    c.barrier().wait();
+    c.allreduce(view_of(v.data(), v.size()), view_of(v.data(), v.size()), ReduceOp::sum).wait();
     const Arrivals again = c.arrivals();
-    if (again.collectives != 2)  // the first comparison's all-gather and the barrier
+    if (again.collectives != 2)  // the first comparison's all-gather and the all-reduce
       return "the second comparison covered " + std::to_string(again.collectives);
     return "";
   });
@@ -108,10 +121,10 @@ TEST(Arrivals, ARankHeldBackByAKnownDelayIsNamedOnEveryRank) {
 TEST(Arrivals, TheCAbiGivesTheCountsTheMediansAndTheSentence) {
   // Rank 1 of 2 held back 20 ms before each of 5 all-reduces.
   const auto bad = run_c_world(2, "arrivals_c_abi", [](collie_comm* comm, int r) -> std::string {
-    float v[16] = {};
+    std::vector<float> v(4096);  // 16 KiB: every one timed
     collie_tensor t{};
-    t.data = v;
-    t.numel = 16;
+    t.data = v.data();
+    t.numel = v.size();
     t.dtype = COLLIE_F32;
     for (int i = 0; i < 5; ++i) {
       if (r == 1) std::this_thread::sleep_for(milliseconds(20));
