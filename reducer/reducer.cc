@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -10,10 +9,8 @@
 #include "base/cuda_api.h"
 #include "base/fingerprint.h"
 #include "base/log.h"
-#include "base/state_bytes.h"
 #include "base/trace.h"
 #include "reducer/nonfinite_check.h"
-#include "reducer/replica_check.h"
 
 namespace collie {
 
@@ -54,11 +51,11 @@ double us_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
-Error misuse(const std::string& msg) {
+}  // namespace
+
+Error Reducer::misuse(const std::string& msg) {
   return Error(ErrorCode::invalid_argument, "reducer: " + msg);
 }
-
-}  // namespace
 
 Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptions options)
     : comm_(comm), params_(std::move(params)), opt_(options) {
@@ -102,74 +99,7 @@ Reducer::Reducer(Communicator& comm, std::vector<Parameter> params, ReducerOptio
   accumulated_.assign(params_.size(), false);
   use_.assign(params_.size(), ParamUse::here);
   build_buckets({});
-  uint64_t plan_hash = kFnvBasis;
-  for (char ch : plan_.fingerprint())
-    plan_hash = fnv_mix(plan_hash, static_cast<unsigned char>(ch));
-  // The options that decide which collectives an iteration issues (the
-  // used-mask exchange) must agree too.
-  // So must the checks, which add collectives of their own, and what a
-  // failed one does (an error on some ranks and a warning on others: the
-  // warned ones would go on into collectives the others never issue).
-  const config::Env& env = config::process_env();
-  check_replicas_ = opt_.check_replicas >= 0 ? static_cast<uint64_t>(opt_.check_replicas)
-                                             : config::check_replicas(env);
-  const bool nonfinite =
-      opt_.check_nonfinite >= 0 ? opt_.check_nonfinite != 0 : config::check_nonfinite(env);
-  check_warns_ = opt_.check_warns >= 0 ? opt_.check_warns != 0 : config::checks_warn(env);
-  if (nonfinite) {
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (!params_[i].value.device.is_cpu())
-        throw Error(ErrorCode::unavailable,
-                    "reducer on " + who +
-                        ": the non-finite gradient check (check_nonfinite, "
-                        "COLLIE_CHECK_NONFINITE) searches host memory only, and parameter " +
-                        name(i) + " is on " + to_string(params_[i].value.device));
-    nonfinite_ = std::make_unique<NonfiniteCheck>();
-  }
-  const int64_t flags = (opt_.find_unused_parameters ? 1 : 0) | (opt_.static_graph ? 2 : 0) |
-                        (opt_.gradient_as_bucket_view ? 4 : 0) | (nonfinite ? 8 : 0) |
-                        (check_warns_ ? 16 : 0);
-  int n = comm_.size();
-  // Rank 0's log decides when the ranks compare their arrivals (a
-  // collective): every COLLIE_REDUCER_LOG_EVERY iterations where its
-  // COLLIE_DEBUG says INFO, whatever the others' say.
-  log_every_ = config::reducer_log_every(config::process_env());
-  const int64_t arrivals_every = log::enabled(log::Level::info) ? log_every_ : 0;
-  constexpr size_t kRow = 6;
-  std::vector<int64_t> mine{static_cast<int64_t>(params_.size()),  static_cast<int64_t>(shape_hash),
-                            static_cast<int64_t>(plan_hash),       flags,
-                            static_cast<int64_t>(check_replicas_), arrivals_every};
-  std::vector<int64_t> all(kRow * static_cast<size_t>(n));
-  comm_.allgather(view_of(mine.data(), kRow), view_of(all.data(), all.size())).wait();
-  auto describe = [&](const int64_t* row) {
-    const int64_t f = row[3];
-    return std::string("find_unused_parameters=") + (f & 1 ? "true" : "false") +
-           ", static_graph=" + (f & 2 ? "true" : "false") +
-           ", gradient_as_bucket_view=" + (f & 4 ? "true" : "false") +
-           ", check_nonfinite=" + (f & 8 ? "1" : "0") +
-           ", check_replicas=" + std::to_string(row[4]) + ", check_warns=" + (f & 16 ? "1" : "0");
-  };
-  for (int r = 1; r < n; ++r) {
-    if (all[kRow * r] != all[0] || all[kRow * r + 1] != all[1])
-      throw Error(ErrorCode::mismatch,
-                  "reducer on " + who + ": rank " + std::to_string(r) + " has " +
-                      std::to_string(all[kRow * r]) + " parameters and rank 0 has " +
-                      std::to_string(all[0]) +
-                      (all[kRow * r] == all[0] ? ", but their shapes or dtypes differ" : "") +
-                      ": every rank must build the reducer over the same model");
-    if (all[kRow * r + 2] != all[2])
-      throw Error(ErrorCode::mismatch,
-                  "reducer on " + who + ": rank " + std::to_string(r) +
-                      " plans different buckets from rank 0 over the same parameters: give "
-                      "every rank the same bucket sizes");
-    if (all[kRow * r + 3] != all[3] || all[kRow * r + 4] != all[4])
-      throw Error(ErrorCode::mismatch, "reducer on " + who + ": rank " + std::to_string(r) +
-                                           " builds its reducer with " + describe(&all[kRow * r]) +
-                                           " and rank 0 with " + describe(&all[0]) +
-                                           ": give every rank the same options");
-  }
-
-  arrivals_every_ = static_cast<uint64_t>(all[5]);
+  agree_across_ranks(shape_hash);
 
   if (opt_.broadcast_parameters)
     for (const Parameter& p : params_) comm_.broadcast(p.value, 0).wait();
@@ -498,23 +428,6 @@ void Reducer::join_step() {
   finish_backward(true);
 }
 
-void Reducer::failed_check(ErrorCode code, const std::string& msg) const {
-  if (!check_warns_)
-    throw Error(code, "reducer on rank " + std::to_string(comm_.rank()) + ": " + msg);
-  log::warn("reducer on rank " + std::to_string(comm_.rank()) + ": " + msg);
-}
-
-void Reducer::check_replicas_now() {
-  std::vector<TensorView> values;
-  for (const Parameter& p : params_) values.push_back(p.value);
-  const std::string msg = check_replicas(
-      comm_, values, [this](size_t i) { return name(i); }, iteration_, !shadowing_);
-  if (trace_)
-    trace_->instant("replica check",
-                    trace::Args().add("iteration", iteration_).add("agree", msg.empty()));
-  if (!msg.empty()) failed_check(ErrorCode::mismatch, msg);
-}
-
 std::vector<bool> Reducer::exchange_used(const std::vector<bool>& here) {
   if (opt_.static_graph && static_global_used_) return *static_global_used_;
   const size_t n = here.size();
@@ -649,45 +562,6 @@ TensorView Reducer::bucket_grad(size_t i) const {
   return bucket_slot(i);
 }
 
-void Reducer::log_stats() const {
-  double comm_total = 0;
-  std::string per_bucket;
-  for (size_t b = 0; b < stats_.bucket_comm_us.size(); ++b) {
-    comm_total += stats_.bucket_comm_us[b];
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%s%.2f", b ? " " : "", stats_.bucket_comm_us[b] / 1e3);
-    per_bucket += buf;
-  }
-  char line[384];
-  std::snprintf(
-      line, sizeof line,
-      "reducer on rank %d, iteration %llu: backward %.2f ms, exposed communication "
-      "%.2f ms, hook %s sent %.3f MB for %.3f MB of gradients (%.1fx), %zu buckets, "
-      "comm ms per bucket: ",
-      comm_.rank(), static_cast<unsigned long long>(stats_.iteration), stats_.backward_us / 1e3,
-      stats_.exposed_us / 1e3, hook_->name().c_str(), stats_.hook_bytes / 1e6,
-      stats_.gradient_bytes / 1e6,
-      stats_.hook_bytes ? static_cast<double>(stats_.gradient_bytes) / stats_.hook_bytes : 0.0,
-      stats_.bucket_comm_us.size());
-  log::info(line + per_bucket);
-}
-
-// Every rank, every iteration its turn comes, all of the iteration's
-// collectives ended: which rank arrived last at the collectives since the
-// last time (base/arrivals.h), told by rank 0.
-void Reducer::log_arrivals() {
-  const Arrivals a = comm_.arrivals();
-  if (a.collectives == 0) return;
-  if (comm_.rank() == 0)
-    log::info("reducer, iterations " + std::to_string(iteration_ - arrivals_every_) + " to " +
-              std::to_string(iteration_ - 1) + ": " + a.summary());
-  if (trace_)
-    trace_->instant("arrivals", trace::Args()
-                                    .add("iteration", iteration_ - 1)
-                                    .add("collectives", a.collectives)
-                                    .add("summary", a.summary()));
-}
-
 void Reducer::rebuild_from_observed_order() {
   rebuilt_ = true;
   // Rank 0's order decides, so that every rank builds the same plan;
@@ -736,68 +610,6 @@ void Reducer::apply_order(const std::vector<size_t>& new_order) {
   }
   if (on_device) cuda::wait_queued(Device::cuda(0));
   ++generation_;
-}
-
-namespace {
-constexpr uint64_t kReducerMagic = 0x3154534552444352ull;  // "RCDREST1"
-}  // namespace
-
-Bytes Reducer::save_state() {
-  std::lock_guard lk(mu_);
-  if (in_backward_) throw misuse("save_state in the middle of a backward pass");
-  Bytes out;
-  put_u64(out, kReducerMagic);
-  put_u64(out, params_.size());
-  put_u64(out, iteration_);
-  put_u64(out, rebuilt_);
-  put_u64(out, bucket_order_.size());
-  for (size_t p : bucket_order_) put_u64(out, p);
-  Bytes hook = hook_->save_state();
-  put_u64(out, hook.size());
-  out.insert(out.end(), hook.begin(), hook.end());
-  return out;
-}
-
-void Reducer::load_state(const Bytes& in) {
-  std::lock_guard lk(mu_);
-  if (in_backward_) throw misuse("load_state in the middle of a backward pass");
-  StateReader r(in, misuse("the state to load is truncated").what());
-  if (in.size() < 8 || r.u64() != kReducerMagic)
-    throw misuse("the state to load is not a reducer's");
-  uint64_t n = r.u64();
-  if (n != params_.size())
-    throw misuse("the state was saved by a reducer over " + std::to_string(n) +
-                 " parameters; this one has " + std::to_string(params_.size()));
-  uint64_t iteration = r.u64();
-  bool rebuilt = r.u64() != 0;
-  uint64_t count = r.u64();
-  if (count != 0 && count != n)
-    throw misuse("the saved bucket order does not cover the parameters");
-  std::vector<size_t> order;
-  std::vector<bool> seen(n, false);
-  for (uint64_t i = 0; i < count; ++i) {
-    uint64_t p = r.u64();
-    if (p >= n || seen[p])
-      throw misuse("the saved bucket order is not a permutation of the parameters");
-    seen[p] = true;
-    order.push_back(p);
-  }
-  uint64_t hook_size = r.u64();
-  if (hook_size != r.remaining()) throw misuse("the saved hook state is truncated");
-  // Collective: every rank must resume from the same step with the same
-  // layout, or their buckets (and the collectives) would not match.
-  uint64_t h = fnv_mix(fnv_mix(kFnvBasis, iteration), rebuilt);
-  for (size_t p : order) h = fnv_mix(h, p);
-  if (int q = first_rank_differing(comm_, h); q >= 0)
-    throw Error(ErrorCode::mismatch,
-                "reducer on rank " + std::to_string(comm_.rank()) + ": rank " + std::to_string(q) +
-                    " loads a state saved at another step or with another bucket layout than rank "
-                    "0's: every rank must load the checkpoint it saved at the same step");
-  hook_->load_state(r.rest());
-  if (order != bucket_order_) apply_order(order);
-  expected_.clear();  // the next iteration learns the arrivals again
-  iteration_ = iteration;
-  rebuilt_ = rebuilt;
 }
 
 }  // namespace collie

@@ -215,6 +215,11 @@ class Reducer {
   uint64_t iterations() const { return iteration_; }
 
  private:
+  static Error misuse(const std::string& msg);
+  // At construction (reducer_agreement.cc): the checks set up, and every
+  // rank's model, buckets and options compared; throws naming a rank that
+  // differs.
+  void agree_across_ranks(uint64_t shape_hash);
   void build_buckets(const std::vector<size_t>& order);
   void launch_ready_buckets();  // with mu_ held
   void mark_locked(size_t param);
