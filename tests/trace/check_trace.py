@@ -222,8 +222,11 @@ def check_reducer(n, collie_run, job):
     sizes = [300, 50, 1000, 7, 2000, 100]
     steps = 4
     with tempfile.TemporaryDirectory() as d:
+        # Rank 0's reducer logs at INFO every 2 iterations, and so every
+        # rank compares its arrivals then (base/arrivals.h).
         run([collie_run, "-n", str(n), job, "reducer", str(steps)] + [str(s) for s in sizes],
-            {"COLLIE_TRACE": d + "/r%r.trace.json"})
+            {"COLLIE_TRACE": d + "/r%r.trace.json", "COLLIE_DEBUG": "INFO",
+             "COLLIE_REDUCER_LOG_EVERY": "2"})
         expect(sorted(os.listdir(d)) == sorted("r%d.trace.json" % r for r in range(n)),
                "files: %r" % os.listdir(d))
         for r in range(n):
@@ -276,6 +279,17 @@ def check_reducer(n, collie_run, job):
                               b["ts"] - EPS <= a["issued_us"] and a["finished_us"] <= e["ts"] + EPS]
                     expect(len(inside) >= 1, path + ": bucket %d's allreduce (%d B) is not "
                            "inside it" % (idx, b["args"]["bytes"]))
+            # The arrivals compared after iterations 1 and 3, on the
+            # reducer's row and (with the sentence) on the communicator's.
+            told = [e for e in mine if e["name"] == "arrivals"]
+            expect([e["args"]["iteration"] for e in told] == [1, 3] and
+                   all(e["args"]["collectives"] >= 1 for e in told),
+                   path + ": the reducer's arrivals %r" % told)
+            said = [e for e in ev if e["tid"] == world and e["name"] == "arrivals"]
+            expect(len(said) == 2 and all(" arrived last in " in e["args"]["summary"] and
+                                          e["args"]["summary"] == t["args"]["summary"]
+                                          for e, t in zip(said, told)),
+                   path + ": the communicator's arrivals %r" % said)
             print("rank %d: %d steps of %d gradients, buckets and waits in order"
                   % (r, steps, len(sizes)))
 
