@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <string>
 #include <thread>
@@ -165,40 +166,42 @@ TEST(ReplicaCheck, ARankThatHasJoinedIsNotCompared) {
   expect_all_ok(ended, "joined rank");
 }
 
-TEST(ReplicaCheck, RanksBuiltWithDifferentChecksAreNamedAtConstruction) {
+// Builds the Model on 3 ranks with `set` choosing each rank's options, and
+// expects every rank's construction to fail with `want` in its message.
+void expect_named_at_construction(const std::function<void(ReducerOptions&, int)>& set,
+                                  const std::string& want) {
   auto ended = run_world(3, [&](Communicator& c) -> std::string {
     ReducerOptions opt;
-    opt.check_replicas = c.rank() == 1 ? 5 : 3;
-    opt.check_nonfinite = 0;
+    set(opt, c.rank());
     Model m(c, opt);
     return "built";
   });
   for (int r = 0; r < 3; ++r)
-    EXPECT_NE(ended[r].error.find("rank 1 builds its reducer with find_unused_parameters=false, "
-                                  "static_graph=false, gradient_as_bucket_view=false, "
-                                  "check_nonfinite=0, check_replicas=5, check_warns=0 and "
-                                  "rank 0 with"),
-              std::string::npos)
-        << ended[r].error;
+    EXPECT_NE(ended[r].error.find(want), std::string::npos) << ended[r].error;
+}
+
+TEST(ReplicaCheck, RanksBuiltWithDifferentChecksAreNamedAtConstruction) {
+  expect_named_at_construction(
+      [](ReducerOptions& opt, int rank) {
+        opt.check_replicas = rank == 1 ? 5 : 3;
+        opt.check_nonfinite = 0;
+      },
+      "rank 1 builds its reducer with find_unused_parameters=false, static_graph=false, "
+      "gradient_as_bucket_view=false, check_nonfinite=0, check_replicas=5, check_warns=0 and "
+      "rank 0 with");
 }
 
 TEST(ReplicaCheck, RanksThatWouldActDifferentlyOnAFailedCheckAreNamedAtConstruction) {
   // One rank told to warn and the others to stop: at the first failed check
   // the warned rank would go on into collectives that nobody else issues.
-  auto ended = run_world(3, [&](Communicator& c) -> std::string {
-    ReducerOptions opt;
-    opt.check_replicas = 3;
-    opt.check_warns = c.rank() == 2 ? 1 : 0;
-    Model m(c, opt);
-    return "built";
-  });
-  for (int r = 0; r < 3; ++r)
-    EXPECT_NE(ended[r].error.find("rank 2 builds its reducer with find_unused_parameters=false, "
-                                  "static_graph=false, gradient_as_bucket_view=false, "
-                                  "check_nonfinite=0, check_replicas=3, check_warns=1 and rank 0 "
-                                  "with"),
-              std::string::npos)
-        << ended[r].error;
+  expect_named_at_construction(
+      [](ReducerOptions& opt, int rank) {
+        opt.check_replicas = 3;
+        opt.check_warns = rank == 2 ? 1 : 0;
+      },
+      "rank 2 builds its reducer with find_unused_parameters=false, static_graph=false, "
+      "gradient_as_bucket_view=false, check_nonfinite=0, check_replicas=3, check_warns=1 and "
+      "rank 0 with");
 }
 
 TEST(NonfiniteCheck, ItsExchangeFollowsAHooksLateCollectivesOnEveryRank) {
