@@ -469,11 +469,11 @@ class Front final : public Communicator {
       if (e.code() != ErrorCode::invalid_argument || core_->takes_host_memory) throw;
       return {};
     }
+    if (!log) return {};
     std::vector<std::vector<uint64_t>> logs(n);
     for (size_t r = 0; r < n; ++r)
       logs[r].assign(reinterpret_cast<const uint64_t*>(all.data()) + r * words,
                      reinterpret_cast<const uint64_t*>(all.data()) + (r + 1) * words);
-    if (!log) return {};
     uint32_t through = 0;
     Arrivals a = arrivals::compare(logs, log->compared(), &through);
     log->set_compared(through);
