@@ -84,12 +84,6 @@ std::optional<int> port_from_job_id(const Env& env) {
 
 }  // namespace
 
-// What tells this job apart from another that reaches the same store or
-// mesh: the launcher's job id where it gives one (COLLIE_JOB_ID, torchrun's
-// run id, Open MPI's and SLURM's job ids), and always the world size. Sent
-// in clear and compared before the secret, so that a rank of another job is
-// told "another job" rather than "wrong secret", and refused even when
-// neither job set a secret.
 std::optional<LauncherStore> launcher_store(const Env& env) {
   const char* on = env("COLLIE_LAUNCHER_STORE");
   const char* addr = env("COLLIE_MASTER_ADDR");
@@ -107,6 +101,12 @@ std::optional<LauncherStore> launcher_store(const Env& env) {
   return s;
 }
 
+// What tells this job apart from another that reaches the same store or
+// mesh: the launcher's job id where it gives one (COLLIE_JOB_ID, torchrun's
+// run id, Open MPI's and SLURM's job ids), and always the world size. Sent
+// in clear and compared before the secret, so that a rank of another job is
+// told "another job" rather than "wrong secret", and refused even when
+// neither job set a secret.
 std::string job_identity(const Env& env, int world_size) {
   std::string id;
   for (const char* name :
