@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/config.h"
@@ -57,6 +59,26 @@ struct Outcome {
 
 using RankFn = std::function<std::string(int rank, Options opt)>;
 
+// Each rank's end, as a signal the other ranks can wait for: rank r's
+// process alone holds the write end of the pipe whose read end is
+// g_exits[r], so reading that to its end returns once r has ended, however
+// it ended. (Replaces sleeps that guessed how long a peer would take.)
+std::vector<int> g_exits;
+
+void wait_for_exit_of(int r) {
+  char c;
+  for (;;) {
+    const ssize_t k = ::read(g_exits.at(r), &c, 1);
+    if (k == 0 || (k < 0 && errno != EINTR)) return;
+  }
+}
+
+// A rank that stalls on purpose (alive, calling nothing) until the harness
+// kills it, which it does once every other rank has ended (`linger`).
+[[noreturn]] void stall_until_killed() {
+  for (;;) pause();
+}
+
 // Runs fn in `n` forked ranks. `skip` ranks are never started. A rank still
 // running after `limit` is killed and called hung. `linger` ranks stall on
 // purpose (stopped, or asleep past the others' deadline): once every other
@@ -69,6 +91,14 @@ std::vector<Outcome> run_ranks(int n, RankFn fn, std::chrono::milliseconds timeo
   int port = net::local_port(listener.get());
   std::vector<pid_t> pids(n, -1);
   std::vector<int> pipes(n, -1);
+  std::vector<int> exit_ends(n, -1);
+  g_exits.assign(n, -1);
+  for (int r = 0; r < n; ++r) {
+    int e[2];
+    if (pipe(e) != 0) throw std::runtime_error("pipe failed");
+    g_exits[r] = e[0];
+    exit_ends[r] = e[1];
+  }
   for (int r = 0; r < n; ++r) {
     if (std::find(skip.begin(), skip.end(), r) != skip.end()) continue;
     int p[2];
@@ -76,6 +106,8 @@ std::vector<Outcome> run_ranks(int n, RankFn fn, std::chrono::milliseconds timeo
     pid_t pid = fork();
     if (pid == 0) {
       ::close(p[0]);
+      for (int q = 0; q < n; ++q)
+        if (q != r) ::close(exit_ends[q]);  // only rank q's own end keeps q's pipe open
       if (r == 0) {
         net::set_cloexec(listener.get(), false);
         setenv("COLLIE_STORE_FD", std::to_string(listener.get()).c_str(), 1);
@@ -107,6 +139,7 @@ std::vector<Outcome> run_ranks(int n, RankFn fn, std::chrono::milliseconds timeo
     pids[r] = pid;
     pipes[r] = p[0];
   }
+  for (int e : exit_ends) ::close(e);
   listener.reset();
   std::vector<Outcome> out(n);
   std::vector<int> status(n, 0);
@@ -146,6 +179,7 @@ std::vector<Outcome> run_ranks(int n, RankFn fn, std::chrono::milliseconds timeo
     while ((k = ::read(pipes[r], buf, sizeof buf)) > 0) out[r].report.append(buf, k);
     ::close(pipes[r]);
   }
+  for (int& e : g_exits) ::close(std::exchange(e, -1));
   return out;
 }
 
@@ -321,10 +355,8 @@ TEST(Faults, StalledRankTimesOutItsPartnerNamingIt) {
                        [](int rank, Options opt) {
                          auto c = connect(opt);
                          float x = 1;
-                         if (rank == 1)
-                           std::this_thread::sleep_for(8s);  // stalls past the deadline
-                         else
-                           c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
+                         if (rank == 1) stall_until_killed();  // past the deadline
+                         c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
                          return std::string("done");
                        },
                        3s, {}, 60s, {1});
@@ -347,17 +379,15 @@ TEST(Faults, TheStallInspectorNamesWhoIsLateAndWhere) {
                   auto c = connect(opt);
                   std::vector<float> x(1000, 1.0f);
                   c->allreduce(view_of(x.data(), x.size()), ReduceOp::sum).wait();  // #1, everyone
-                  if (rank == 2) {
-                    std::this_thread::sleep_for(6s);  // alive, not calling #2
-                    return std::string("done");
-                  }
+                  if (rank == 2) stall_until_killed();  // alive, not calling #2
                   try {
                     c->allreduce(view_of(x.data(), x.size()), ReduceOp::avg).wait();
                   } catch (const Error&) {
                     // Rank 0 serves the store: a program that exits the moment it
                     // fails takes it from the ranks still asking (they then say the
-                    // store could not be reached). Real programs take longer.
-                    if (rank == 0) std::this_thread::sleep_for(1s);
+                    // store could not be reached). It stays until they have ended.
+                    if (rank == 0)
+                      for (int q : {1, 3}) wait_for_exit_of(q);
                     throw;
                   }
                   return std::string("done");
@@ -386,8 +416,7 @@ TEST(Faults, TheStallInspectorNamesARankThatDoesNotAnswer) {
                          try {
                            c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
                          } catch (const Error&) {
-                           if (rank == 0)
-                             std::this_thread::sleep_for(1s);  // it serves the store (above)
+                           if (rank == 0) wait_for_exit_of(1);  // it serves the store (above)
                            throw;
                          }
                          return std::string("done");
@@ -586,7 +615,7 @@ TEST(Faults, ADeathFailsOnlyTheOpsThatNeedTheDeadRank) {
         float x = 0;
         std::string got;
         if (rank == 1) {
-          std::this_thread::sleep_for(500ms);  // rank 2 is gone by now
+          wait_for_exit_of(2);  // rank 2 is gone
           x = 7;
           c->send(view_of(&x, 1), 0).wait();
           got = "sent";
@@ -708,10 +737,7 @@ TEST(Faults, AfterAFailureLaterOpsFailAtOnceWithTheCause) {
                        [](int rank, Options opt) {
                          auto c = connect(opt);
                          float x = 1;
-                         if (rank == 1) {
-                           std::this_thread::sleep_for(6s);
-                           return std::string("left");
-                         }
+                         if (rank == 1) stall_until_killed();
                          try {
                            c->allreduce(view_of(&x, 1), ReduceOp::sum).wait();
                          } catch (const Error&) {
