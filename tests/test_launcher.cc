@@ -266,10 +266,19 @@ TEST_F(Launcher, TheLauncherServesTheStoreAndNoRankHoldsASocket) {
       << r.out << r.err;
 }
 
+// A script for `sh -c` in which rank 1 does `fate` (ends) and the other
+// ranks print "survived <rank>" only once collie-run has seen rank 1 end:
+// rank 1 leaves its pid in $T/pid.1, and a pid that no longer answers
+// `kill -0` has been reaped (a zombie still answers).
+std::string others_outlive_rank_1(const std::string& fate) {
+  return "if [ $RANK = 1 ]; then echo $$ > $T/pid.tmp && mv $T/pid.tmp $T/pid.1; " + fate +
+         "; fi; while [ ! -e $T/pid.1 ]; do sleep 0.01; done; "
+         "while kill -0 $(cat $T/pid.1) 2>/dev/null; do sleep 0.01; done; echo survived $RANK";
+}
+
 // --keep-going: a rank that fails does not stop the others.
 TEST_F(Launcher, KeepGoingLetsTheOthersFinishAfterARankIsKilled) {
-  auto r = run({"--keep-going", "-n", "3", "sh", "-c",
-                "if [ $RANK = 1 ]; then kill -9 $$; fi; sleep 2; echo survived $RANK"});
+  auto r = run({"--keep-going", "-n", "3", "sh", "-c", others_outlive_rank_1("kill -9 $$")});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "[0] survived 0")) << r.out;
   EXPECT_TRUE(contains(r.out, "[2] survived 2")) << r.out;
@@ -283,8 +292,7 @@ TEST_F(Launcher, KeepGoingLetsTheOthersFinishAfterARankIsKilled) {
 }
 
 TEST_F(Launcher, KeepGoingFailsTheJobWhenARankExitsNonZeroOrNoneFinishes) {
-  auto r = run({"--keep-going", "-n", "3", "sh", "-c",
-                "if [ $RANK = 1 ]; then exit 3; fi; sleep 2; echo survived $RANK"});
+  auto r = run({"--keep-going", "-n", "3", "sh", "-c", others_outlive_rank_1("exit 3")});
   EXPECT_EQ(r.status, 3) << r.err;
   EXPECT_TRUE(contains(r.out, "[0] survived 0")) << r.out;
   EXPECT_TRUE(contains(r.out, "[2] survived 2")) << r.out;
