@@ -6,7 +6,6 @@
 #if COLLIE_HAVE_MPI
 
 #include <mpi.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,10 +26,10 @@
 #include "base/fingerprint.h"
 #include "base/log.h"
 #include "base/reduce.h"
-#include "base/shared_file.h"
 #include "base/topology.h"
 #include "base/trace.h"
 #include "comm/host_executor.h"
+#include "comm/mpi/check_area.h"
 #include "comm/mpi/mpi_process.h"
 
 namespace collie::mpi {
@@ -38,75 +37,6 @@ namespace collie::mpi {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Where every rank of a communicator shares one host, the ranks compare
-// their collectives (MpiRunner::Check) in a few cache lines of shared
-// memory instead of by an MPI all-reduce: each writes its descriptor and
-// check number into its own slot, and reads the others'. Over Open MPI's
-// TCP path the all-reduce was one more message exchange per collective,
-// about 5 us on loopback (bench/RESULTS.md). An anonymous memfd that rank
-// 0 makes and the others open through /proc (as the shm backend's
-// segment), so nothing is left behind however the job ends.
-class CheckArea {
- public:
-  struct alignas(64) Slot {
-    std::atomic<uint64_t> number;  // k + 1 once check k's descriptor is in
-    uint64_t desc[6];              // written before number, read after it
-  };
-
-  // Collective over `comm` (of `n` ranks, this one `me`, all on one host):
-  // the area, or null on every rank when any of them cannot map rank 0's
-  // memory (another PID namespace, say).
-  static std::unique_ptr<CheckArea> make(MPI_Comm comm, int me, int n) {
-    const size_t bytes = 2 * static_cast<size_t>(n) * sizeof(Slot);
-    char where[128] = {0};
-    shared_file::Made made;  // rank 0's; the others' fd stays -1
-    if (me == 0) {
-      try {
-        made = shared_file::create("collie-mpi-check", bytes, "mpi", "the check area");
-        std::snprintf(where, sizeof where, "%ld %d %s", static_cast<long>(getpid()), made.fd,
-                      topology::boot_id().c_str());
-      } catch (const Error&) {  // the check goes by messages
-      }
-    }
-    MPI_Bcast(where, sizeof where, MPI_CHAR, 0, comm);
-    if (me != 0 && where[0]) {
-      long pid = 0;
-      int theirs = -1;
-      char boot[64] = {0};
-      if (std::sscanf(where, "%ld %d %63s", &pid, &theirs, boot) >= 2 &&
-          (!boot[0] || topology::boot_id() == boot)) {
-        try {
-          made.base = shared_file::open(pid, theirs, bytes, "mpi", "the check area");
-        } catch (const Error&) {  // every rank falls back to messages, below
-        }
-      }
-    }
-    void* p = made.base;
-    int ok = p != nullptr, all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
-    if (made.fd >= 0) ::close(made.fd);  // every rank has it mapped, or gives up
-    if (!all) {
-      if (p) munmap(p, bytes);
-      return nullptr;
-    }
-    return std::unique_ptr<CheckArea>(new CheckArea(static_cast<Slot*>(p), bytes));
-  }
-  ~CheckArea() { munmap(slots_, bytes_); }
-  CheckArea(const CheckArea&) = delete;
-  CheckArea& operator=(const CheckArea&) = delete;
-
-  // Rank r's slot for check k: two per rank, since no rank gets two checks
-  // ahead of another (check k + 1 ends only once every rank has posted
-  // it, after its own check k ended), so a slot is rewritten only after
-  // every rank has read it.
-  Slot& slot(int r, uint64_t k) { return slots_[2 * static_cast<size_t>(r) + (k & 1)]; }
-
- private:
-  CheckArea(Slot* slots, size_t bytes) : slots_(slots), bytes_(bytes) {}
-  Slot* slots_;
-  size_t bytes_;
-};
 
 // Room for an abort message between ranks: "code\ntext".
 constexpr int kAbortBytes = 1024;
