@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "base/element.h"
+#include "base/reduce.h"
 
 namespace collie::kernels {
 
@@ -86,6 +87,75 @@ __attribute__((target("avx2"))) bool copy_any_avx2(U* d, const U* s, size_t n, U
   return any;
 }
 
+// AVX2, reading only: whether s[0, n) holds a non-finite element.
+template <typename U>
+__attribute__((target("avx2"))) bool any_avx2(const U* s, size_t n, U mask) {
+  __m256i m, bad = _mm256_setzero_si256();
+  if constexpr (sizeof(U) == 2) m = _mm256_set1_epi16(static_cast<short>(mask));
+  if constexpr (sizeof(U) == 4) m = _mm256_set1_epi32(static_cast<int>(mask));
+  if constexpr (sizeof(U) == 8) m = _mm256_set1_epi64x(static_cast<long long>(mask));
+  constexpr size_t kLanes = 32 / sizeof(U);
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    __m256i e = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)), m), c;
+    if constexpr (sizeof(U) == 2) c = _mm256_cmpeq_epi16(e, m);
+    if constexpr (sizeof(U) == 4) c = _mm256_cmpeq_epi32(e, m);
+    if constexpr (sizeof(U) == 8) c = _mm256_cmpeq_epi64(e, m);
+    bad = _mm256_or_si256(bad, c);
+  }
+  bool any = !_mm256_testz_si256(bad, bad);
+  for (; i < n; ++i) any |= (s[i] & mask) == mask;
+  return any;
+}
+
+template <typename U>
+bool any(const U* s, size_t n, U mask) {
+  return kAvx2 ? any_avx2(s, n, mask) : count(s, n, mask) != 0;
+}
+
+// The exponent mask of a float dtype (0: an integer dtype, never
+// non-finite), and whether the buffer at `p` of n elements holds one.
+uint64_t mask_of(DType t) {
+  switch (t) {
+    case DType::f32:
+      return 0x7f800000u;
+    case DType::f64:
+      return 0x7ff0000000000000ull;
+    case DType::f16:
+      return 0x7c00;
+    case DType::bf16:
+      return 0x7f80;
+    default:
+      return 0;
+  }
+}
+
+bool any_nonfinite(DType t, const void* p, size_t n) {
+  switch (t) {
+    case DType::f32:
+      return any(static_cast<const uint32_t*>(p), n, uint32_t{0x7f800000u});
+    case DType::f64:
+      return any(static_cast<const uint64_t*>(p), n, uint64_t{0x7ff0000000000000ull});
+    case DType::f16:
+      return any(static_cast<const uint16_t*>(p), n, uint16_t{0x7c00});
+    case DType::bf16:
+      return any(static_cast<const uint16_t*>(p), n, uint16_t{0x7f80});
+    default:
+      return false;
+  }
+}
+
+bool is_nonfinite(DType t, const void* p, size_t i, uint64_t mask) {
+  uint64_t bits = 0;
+  const size_t es = dtype_size(t);
+  std::memcpy(&bits, static_cast<const uint8_t*>(p) + i * es, es);
+  return (bits & mask) == mask;
+}
+
+// Elements at a time that reduce_searching tests and then reduces: each
+// operand's block (4 KiB of f32) stays in L1 between the two.
+constexpr size_t kReduceBlock = 1024;
+
 template <typename U>
 NonFinite scan(DType t, void* dst, const void* src, size_t n, U mask) {
   NonFinite out;
@@ -134,6 +204,57 @@ NonFinite dispatch(DType t, void* dst, const void* src, size_t n) {
 }
 
 }  // namespace
+
+void NonFiniteSeen::record(int rank, DType t, const void* data, size_t at, size_t n) {
+  const uint64_t mask = mask_of(t);
+  if (!mask) return;
+  for (size_t i = 0; i < n; ++i) {
+    if (!is_nonfinite(t, data, i, mask)) continue;
+    const size_t e = at + i;
+    size_t tensor = 0;
+    if (!starts.empty()) {
+      const auto it = std::upper_bound(starts.begin(), starts.end(), e);
+      tensor = it == starts.begin() ? 0 : static_cast<size_t>(it - starts.begin()) - 1;
+    }
+    auto h = std::find_if(hits.begin(), hits.end(),
+                          [&](const Hit& x) { return x.rank == rank && x.tensor == tensor; });
+    if (h == hits.end()) {
+      hits.push_back({rank, tensor, 0, e, get_element(t, data, i)});
+      h = hits.end() - 1;
+    } else if (e < h->first) {
+      h->first = e;
+      h->value = get_element(t, data, i);
+    }
+    ++h->count;
+  }
+}
+
+void NonFiniteSeen::search(int rank, DType t, const void* data, size_t at, size_t n) {
+  searched = true;
+  if (!mask_of(t)) return;
+  const size_t es = dtype_size(t);
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    const void* p = static_cast<const uint8_t*>(data) + b * es;
+    if (any_nonfinite(t, p, m)) record(rank, t, p, at + b, m);
+  }
+}
+
+void reduce_searching(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n,
+                      int divisor, NonFiniteSeen& seen, size_t at, int a_rank, int b_rank) {
+  seen.searched = true;
+  if (!mask_of(t) || (a_rank < 0 && b_rank < 0)) return reduce(t, op, dst, a, b, n, divisor);
+  const size_t es = dtype_size(t);
+  auto* d = static_cast<uint8_t*>(dst);
+  auto* pa = static_cast<const uint8_t*>(a);
+  auto* pb = static_cast<const uint8_t*>(b);
+  for (size_t i = 0; i < n; i += kReduceBlock) {
+    const size_t m = std::min(kReduceBlock, n - i), off = i * es;
+    if (a_rank >= 0 && any_nonfinite(t, pa + off, m)) seen.record(a_rank, t, pa + off, at + i, m);
+    if (b_rank >= 0 && any_nonfinite(t, pb + off, m)) seen.record(b_rank, t, pb + off, at + i, m);
+    reduce(t, op, d + off, pa + off, pb + off, m, divisor);
+  }
+}
 
 NonFinite find_nonfinite(DType t, const void* data, size_t n) {
   return dispatch(t, nullptr, data, n);

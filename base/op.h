@@ -16,6 +16,9 @@ namespace collie {
 namespace trace {
 struct OpSpan;  // base/trace.h
 }
+namespace kernels {
+struct NonFiniteSeen;  // base/nonfinite.h
+}
 
 // The values are part of collie's wire format (TCP frame headers).
 enum class OpKind : uint8_t {
@@ -105,6 +108,10 @@ struct Op {
   // pointer keeps Op trivially copyable: a shared_ptr here cost every op
   // about 80 instructions in its moves through the front and the executor.
   trace::OpSpan* trace = nullptr;
+  // allreduce: where to record NaN and Inf found in the inputs as they are
+  // reduced (Communicator::allreduce with a NonFiniteSeen), or null. Set
+  // only on host memory.
+  kernels::NonFiniteSeen* seen = nullptr;
   bool p2p() const { return desc.op == OpKind::p2p; }
 };
 

@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include "base/log.h"
+#include "base/nonfinite.h"
 #include "base/trace.h"
 #include "comm/deterministic.h"
 
@@ -273,6 +274,13 @@ std::optional<Error> HostExecutor::execute_collective(Op& op) {
     const bool timed = arrivals_ && arrivals::timed(op.desc);
     const uint64_t arrived = timed ? arrivals::ticks() : 0;
     uint32_t last = op.desc.seq;
+    if (op.seen) {
+      if (op.deterministic || !runner_.searches_nonfinite(op))
+        op.seen->search(rank_, op.in.dtype, op.in.data, 0, op.in.numel);
+      else
+        op.seen->searched =
+            true;  // by the runner, in its reduction (some ranks' parts may be empty)
+    }
     if (op.deterministic) {
       // Its steps, one after another on this thread, within the op's deadline.
       const Deadline dl = deadline_after(timeout_);

@@ -64,6 +64,10 @@ class HostRunner {
   // (comm/deterministic.h: rank_order_step) in rank order itself, f16 and
   // bf16 in f32, as RankOrderSum does; else the steps use an all-to-all.
   virtual bool sums_in_rank_order() const { return false; }
+  // Whether run_collective searches `op`'s inputs for NaN and Inf inside
+  // its reduction (op.seen, base/nonfinite.h); else the executor searches
+  // this rank's input in a pass of its own before it runs the op.
+  virtual bool searches_nonfinite(const Op&) const { return false; }
 };
 
 // A first-in first-out queue over storage it keeps: std::deque allocated

@@ -19,6 +19,7 @@ class AllreduceHook final : public CommHook {
   std::string name() const override { return "allreduce"; }
   Work run(Communicator& comm, GradBucket& b) override {
     count_bytes(b.buffer.nbytes());
+    if (b.seen) return comm.allreduce(b.buffer, b.buffer, ReduceOp::avg, *b.seen);
     return comm.allreduce(b.buffer, ReduceOp::avg);
   }
 };

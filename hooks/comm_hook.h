@@ -35,6 +35,12 @@ struct GradBucket {
   std::vector<size_t> rows;
   bool is_last = false;  // the last bucket of this iteration
   uint64_t iteration = 0;
+  // The reducer's search for NaN and Inf (check_nonfinite), or null: the
+  // allreduce hook hands it to its all-reduce, which searches as it reduces
+  // (Communicator::allreduce with a NonFiniteSeen). Other hooks leave it:
+  // the reducer searches the gradients itself when the hook is not
+  // "allreduce".
+  kernels::NonFiniteSeen* seen = nullptr;
 };
 
 class CommHook {

@@ -144,7 +144,13 @@ void Reducer::prepare_for_backward(const std::vector<bool>& used) {
   } else {
     used_.assign(n, true);
   }
-  if (nonfinite_) nonfinite_->begin();
+  // The default hook's all-reduce searches as it reduces: nothing else to do
+  // on the way into the buckets (host buckets only; compressing hooks'
+  // all-reduces see other values).
+  if (nonfinite_)
+    nonfinite_->begin(hook_->name() == "allreduce" && !buffers_.empty() &&
+                          buffers_.front().view().device.is_cpu(),
+                      plan_.buckets().size());
   marked_.assign(n, false);
   fires_.assign(n, 0);
   late_.assign(n, false);
@@ -270,6 +276,7 @@ void Reducer::launch_ready_buckets() {
       gb.params.push_back(params_[p].value);
       gb.rows.push_back(params_[p].rows);
     }
+    if (nonfinite_ && nonfinite_->in_pass()) gb.seen = nonfinite_->seen_for(b, bucket.offsets);
     gb.is_last = b + 1 == pending_.size();
     gb.iteration = iteration_;
     // In flight beside the buckets before and after it: an async span.
@@ -377,7 +384,9 @@ void Reducer::finish_backward(bool shadow) {
   // every bucket's reduction has ended, since a hook may issue collectives
   // from its continuations (PowerSGD's second all-reduce), and an exchange
   // issued beside them took a different number on different ranks.
-  if (nonfinite_) nonfinite_->exchange(comm_).wait();
+  if (nonfinite_)
+    nonfinite_->exchange(comm_,
+                         [this](size_t b, size_t k) { return plan_.buckets()[b].params[k]; });
   auto wait_end = Clock::now();
   if (trace_) {
     trace_->span("backward", trace::at(backward_start_), trace::at(last_mark_),

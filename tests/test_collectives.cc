@@ -8,14 +8,17 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/nonfinite.h"
 #include "collie/comm.h"
 #include "mp_common.h"
 #include "mp_test.h"
@@ -129,6 +132,96 @@ TEST(Allreduce, ResultsAreBitIdenticalOnEveryRank) {
     for (int q = 0; q < n; ++q)
       EXPECT_EQ(0, std::memcmp(gathered.data() + q * count, x.data(), count * sizeof(float)))
           << "rank " << q << " differs from rank " << r << " at count " << count;
+  }
+}
+
+// The search for NaN and Inf inside an all-reduce (Communicator::allreduce
+// with a NonFiniteSeen: the reducer's check_nonfinite). Every rank's input
+// holds NaN, +Inf and -Inf at places of its own; what all ranks saw, added
+// up by the rank whose input it was and by tensor, is exactly what that
+// rank put there: each element searched once, whichever part of the
+// reduction read it. Every float dtype, sum and avg, counts for every path
+// (shm's one line, one step, direct reads and segment rounds; tcp's
+// recursive doubling and ring), out of place, in place, and in place in
+// communicator memory (shm's shared buffers). On shm and tcp the search
+// runs inside the reduction, so some rank records another rank's values:
+// the executor's pass of its own, where a backend has none, sees only its
+// own rank's.
+TEST(Allreduce, TheSearchForNonFiniteInputsSeesEachRanksOnce) {
+  const int n = comm().size(), r = comm().rank();
+  int saw_another = 0;
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16})
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg})
+      for (size_t count : {size_t{7}, size_t{4099}, size_t{300007}})
+        for (int mode = 0; mode < 3; ++mode) {
+          const size_t es = dtype_size(t);
+          // Rank q's non-finite places: NaN, +Inf, -Inf, three distinct
+          // elements (q < 16); in large buffers at the start, the middle
+          // and the end, in every rank's slice and ring segment.
+          auto places = [&](int q) {
+            const size_t a = static_cast<size_t>(q);
+            if (count < 100)
+              return std::array<size_t, 3>{3 * a % count, (3 * a + 1) % count, (3 * a + 2) % count};
+            return std::array<size_t, 3>{a, count / 2 + a, count - 1 - a};
+          };
+          const double kinds[3] = {std::numeric_limits<double>::quiet_NaN(), INFINITY, -INFINITY};
+          std::shared_ptr<void> mem;
+          std::vector<uint8_t> plain(count * es), out(count * es);
+          uint8_t* in = plain.data();
+          if (mode == 2) {
+            mem = comm().allocate(count * es);
+            in = static_cast<uint8_t*>(mem.get());
+          }
+          for (size_t i = 0; i < count; ++i) put(t, in, i, static_cast<double>((r + 1) * (i % 3)));
+          for (int k = 0; k < 3; ++k) put(t, in, places(r)[k], kinds[k]);
+          kernels::NonFiniteSeen seen;
+          seen.starts = {0, count / 3};  // two tensors
+          void* dst = mode == 0 ? out.data() : in;
+          comm()
+              .allreduce(TensorView{in, t, count, Device::cpu()},
+                         TensorView{dst, t, count, Device::cpu()}, op, seen)
+              .wait();
+          const std::string what = label(t, op, count, mode != 0) + (mode == 2 ? " (shared)" : "");
+          EXPECT_TRUE(seen.searched) << what;
+          // Every rank's hits, as rows (rank, tensor, count, first).
+          const size_t rows = 2 * static_cast<size_t>(n);
+          std::vector<int64_t> mine(4 * rows, -1), all(4 * rows * n);
+          EXPECT_LE(seen.hits.size(), rows) << what;
+          for (size_t h = 0; h < seen.hits.size() && h < rows; ++h) {
+            const auto& x = seen.hits[h];
+            mine[4 * h] = x.rank;
+            mine[4 * h + 1] = static_cast<int64_t>(x.tensor);
+            mine[4 * h + 2] = static_cast<int64_t>(x.count);
+            mine[4 * h + 3] = static_cast<int64_t>(x.first);
+            saw_another |= x.rank != r;
+          }
+          comm()
+              .allgather(view_of(mine.data(), mine.size()), view_of(all.data(), all.size()))
+              .wait();
+          for (int q = 0; q < n; ++q)
+            for (size_t tensor = 0; tensor < 2; ++tensor) {
+              int64_t want_count = 0, want_first = -1, got_count = 0, got_first = -1;
+              for (size_t p : places(q))
+                if ((p >= count / 3) == (tensor == 1)) {
+                  ++want_count;
+                  if (want_first < 0 || static_cast<int64_t>(p) < want_first) want_first = p;
+                }
+              for (size_t row = 0; row < all.size() / 4; ++row) {
+                const int64_t* x = &all[4 * row];
+                if (x[0] != q || x[1] != static_cast<int64_t>(tensor)) continue;
+                got_count += x[2];
+                if (got_first < 0 || x[3] < got_first) got_first = x[3];
+              }
+              EXPECT_EQ(got_count, want_count) << what << ": rank " << q << "'s tensor " << tensor;
+              EXPECT_EQ(got_first, want_first) << what << ": rank " << q << "'s tensor " << tensor;
+            }
+        }
+  const std::string b = comm().backend();
+  if (n > 1 && (b == "tcp" || b == "shm")) {
+    comm().allreduce(view_of(&saw_another, 1), ReduceOp::max).wait();
+    EXPECT_EQ(saw_another, 1) << "no rank recorded another rank's input: the search did not run "
+                                 "inside "
+                              << b << "'s reduction";
   }
 }
 

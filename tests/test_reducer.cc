@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <string>
@@ -638,6 +639,83 @@ TEST(Reducer, AJoinedRankShadowsTheStepWithZeros) {
 }
 
 // Options that decide an iteration's collectives must be every rank's.
+// COLLIE_CHECK_NONFINITE on this backend: a NaN or Inf in one rank's
+// gradient is named with that rank, the parameter and the element, whichever
+// part of the reduction reads it. Three buckets: a tiny one (shm's one-line
+// path, tcp's recursive doubling), 16 KiB (shm's one step) and 1 MiB (shm's
+// direct reads, shared buffers or segment rounds; tcp's ring), poisoned at
+// both ends of the large one (the first and the last rank's slice, the
+// first and the last ring segment). The expected message is built from
+// where this test put the values; the averages stay NaN and Inf, and the
+// next iteration goes on in step.
+TEST(Reducer, NonfiniteGradientsAreNamedWhereverTheReductionReadsThem) {
+  if (fake_cuda()) GTEST_SKIP() << "the search reads host memory";
+  Communicator& c = comm();
+  const int n = c.size(), r = c.rank(), last = n - 1;
+  const std::vector<std::string> names = {"big", "mid", "small_a", "small_b"};
+  const std::vector<size_t> sizes = {size_t{1} << 18, 4096, 5, 3};
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = INFINITY;
+  // Rank 0's and the last rank's poison (one rank: all of it on rank 0).
+  auto poison = [&](int rank, const std::function<float*(size_t)>& g) {
+    if (rank == 0) g(2)[3] = inf;
+    if (rank == last) {
+      g(0)[0] = nan;
+      g(0)[sizes[0] - 1] = -inf;
+      g(1)[100] = inf;
+    }
+  };
+  const std::string want =
+      n == 1 ? "rank 0: parameter big has NaN at element 0 (4 non-finite elements in 3 "
+               "parameters)"
+             : "rank 0: parameter small_a has +Inf at element 3 (1 non-finite element in 1 "
+               "parameter); rank " +
+                   std::to_string(last) +
+                   ": parameter big has NaN at element 0 (3 non-finite elements in 2 parameters)";
+  for (bool view : {false, true}) {
+    SCOPED_TRACE(view ? "bucket views" : "copy mode");
+    std::vector<std::vector<float>> w, g;
+    std::vector<Parameter> ps;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      w.emplace_back(sizes[i], 1.0f);
+      g.emplace_back(sizes[i], 0.0f);
+    }
+    for (size_t i = 0; i < sizes.size(); ++i)
+      ps.push_back({view_of(w[i].data(), w[i].size()), view_of(g[i].data(), g[i].size())});
+    ReducerOptions opt;
+    opt.param_names = names;
+    opt.check_nonfinite = 1;
+    opt.gradient_as_bucket_view = view;
+    opt.first_bucket_bytes = 16;   // small_b and small_a (a bucket closes at its cap)
+    opt.bucket_bytes = 16 * 1024;  // mid; big alone
+    opt.rebuild_buckets = false;
+    Reducer red(c, ps, opt);
+    ASSERT_EQ(red.plan().buckets().size(), 3u);
+    auto grad = [&](size_t i) {
+      return view ? static_cast<float*>(red.grad_view(i).data) : g[i].data();
+    };
+    for (int it = 0; it < 3; ++it) {
+      red.prepare_for_backward();
+      for (size_t i = 0; i < sizes.size(); ++i)
+        for (size_t k = 0; k < sizes[i]; ++k)
+          grad(i)[k] = 0.001f * static_cast<float>((r + 1) * ((k + i + it) % 5));
+      if (it == 1) poison(r, grad);
+      for (size_t i = sizes.size(); i-- > 0;) red.mark_grad_ready(i);
+      const std::string e = error_of([&] { red.finalize_backward(); });
+      if (it != 1) {
+        EXPECT_EQ(e, "") << "iteration " << it;
+        continue;
+      }
+      EXPECT_NE(e.find("non-finite gradients at iteration 1, found before averaging: " + want +
+                       "; so their averages"),
+                std::string::npos)
+          << e << "\nwanted: " << want;
+      EXPECT_TRUE(std::isnan(grad(0)[0]) && std::isinf(grad(0)[sizes[0] - 1]) &&
+                  std::isinf(grad(2)[3]))
+          << "the averages were changed";
+    }
+  }
+}
+
 TEST(Reducer, OptionsThatDifferAcrossRanksAreAnErrorNamingTheRank) {
   if (comm().size() < 2) GTEST_SKIP() << "needs two ranks";
   std::vector<float> a(4, 0.0f), ga(4);

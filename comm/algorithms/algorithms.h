@@ -62,8 +62,14 @@ struct Ctx {
   Deadline deadline;
 };
 
-void ring_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t, ReduceOp op);
-void rd_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t, ReduceOp op);
+// With `seen`, each searches the inputs for NaN and Inf as it reduces them
+// (base/nonfinite.h): a ring its own input at every step and its left
+// neighbour's first segment, which arrives untouched; recursive doubling
+// the inputs of its first exchange. Every rank's input is searched once.
+void ring_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                    kernels::NonFiniteSeen* seen = nullptr);
+void rd_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                  kernels::NonFiniteSeen* seen = nullptr);
 void chain_broadcast(const Ctx& c, void* buf, size_t bytes, int root);
 void tree_broadcast(const Ctx& c, void* buf, size_t bytes, int root);
 // out holds size() blocks of `block_bytes`; `in` is this rank's block.

@@ -4,12 +4,14 @@
 // partner below p first and get the result back last.
 #include <cstring>
 
+#include "base/nonfinite.h"
 #include "base/reduce.h"
 #include "comm/algorithms/algorithms.h"
 
 namespace collie::algo {
 
-void rd_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t, ReduceOp op) {
+void rd_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                  kernels::NonFiniteSeen* seen) {
   Transport& tr = c.transport;
   const int n = tr.size(), r = tr.rank();
   const size_t bytes = count * dtype_size(t);
@@ -28,9 +30,16 @@ void rd_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t
     exchange(r - p, nullptr, out);
     return;
   }
+  // The search (seen): a rank below p searches its own input where it first
+  // reduces it (the fold, or the first exchange), and a folding partner's
+  // at the fold.
   if (r < extra) {
     exchange(r + p, nullptr, tmp);
-    kernels::reduce(t, op == ReduceOp::avg ? ReduceOp::sum : op, out, in, tmp, count);
+    const ReduceOp fold = op == ReduceOp::avg ? ReduceOp::sum : op;
+    if (seen)
+      kernels::reduce_searching(t, fold, out, in, tmp, count, 0, *seen, 0, r, r + p);
+    else
+      kernels::reduce(t, fold, out, in, tmp, count);
   } else if (out != in) {
     std::memcpy(out, in, bytes);
   }
@@ -39,7 +48,11 @@ void rd_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t
     // commutative, so every rank ends with bit-identical results.
     exchange(r ^ k, out, tmp);
     int divisor = (op == ReduceOp::avg && k * 2 == p) ? n : 0;
-    kernels::reduce(t, op, out, out, tmp, count, divisor);
+    if (seen && k == 1)
+      kernels::reduce_searching(t, op, out, out, tmp, count, divisor, *seen, 0, r < extra ? -1 : r,
+                                -1);
+    else
+      kernels::reduce(t, op, out, out, tmp, count, divisor);
   }
   if (op == ReduceOp::avg && p == 1) kernels::divide(t, out, out, count, n);
   if (r < extra) exchange(r + p, out, nullptr);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "base/nonfinite.h"
 #include "base/reduce.h"
 #include "comm/algorithms/algorithms.h"
 
@@ -58,6 +59,11 @@ struct Ring {
   DType dtype = DType::u8;
   ReduceOp op = ReduceOp::sum;
   int divisor = 0;  // avg: the rank count, applied where a segment completes
+  // Where the search for NaN and Inf records (all-reduce with a
+  // NonFiniteSeen), or null: `in` is this rank's input at every reduce
+  // step, and what arrives at step 1 is the left neighbour's, untouched.
+  kernels::NonFiniteSeen* seen = nullptr;
+  int me = 0, left = 0;
 };
 
 // Runs a ring: every chunk goes through the steps in order; chunk c of step
@@ -174,8 +180,13 @@ class RingPipeline {
       const uint8_t* got = staging_ + static_cast<size_t>(s) * chunk_;
       const bool final = p != Prim::recv_reduce_send;
       uint8_t* dst = final ? r_.final_base + c * chunk_ : r_.partials + off(j, c);
-      kernels::reduce(r_.dtype, r_.op, dst, r_.in + off(j, c), got,
-                      len(j, c) / dtype_size(r_.dtype), final ? r_.divisor : 0);
+      const size_t es = dtype_size(r_.dtype), n = len(j, c) / es;
+      if (r_.seen)
+        kernels::reduce_searching(r_.dtype, r_.op, dst, r_.in + off(j, c), got, n,
+                                  final ? r_.divisor : 0, *r_.seen, off(j, c) / es, r_.me,
+                                  j == 1 ? r_.left : -1);
+      else
+        kernels::reduce(r_.dtype, r_.op, dst, r_.in + off(j, c), got, n, final ? r_.divisor : 0);
       free_slots_.push_back(s);
     }
     recv_done_[at(j, c)] = 1;
@@ -215,10 +226,12 @@ size_t chunk_for(size_t chunk_bytes, size_t esize) {
 
 }  // namespace
 
-void ring_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t, ReduceOp op) {
+void ring_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t, ReduceOp op,
+                    kernels::NonFiniteSeen* seen) {
   const int k = c.transport.size(), r = c.transport.rank();
   const size_t es = dtype_size(t), chunk = chunk_for(c.chunk_bytes, es);
   if (k == 1) {
+    if (seen) seen->search(r, t, in, 0, count);
     if (op == ReduceOp::avg)
       kernels::divide(t, out, in, count, 1);
     else if (out != in)
@@ -243,6 +256,9 @@ void ring_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType
   ring.dtype = t;
   ring.op = op;
   ring.divisor = op == ReduceOp::avg ? k : 0;
+  ring.seen = seen;
+  ring.me = r;
+  ring.left = mod(r - 1, k);
   RingPipeline p(c, ring, chunk);
   p.run(c.scratch.get(RingPipeline::kSlots * chunk));
 }

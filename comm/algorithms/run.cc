@@ -2,6 +2,7 @@
 // model picks (choose.h), after the cases that need no messages at all.
 #include <cstring>
 
+#include "base/nonfinite.h"
 #include "base/reduce.h"
 #include "base/trace.h"
 #include "comm/algorithms/algorithms.h"
@@ -17,6 +18,7 @@ void run_collective(const Ctx& c, const Op& op, const config::TcpTuning& tuning)
     case OpKind::allreduce:
       if (n == 1 || in.numel == 0) {
         trace::algorithm(op, "local");
+        if (op.seen) op.seen->search(c.transport.rank(), in.dtype, in.data, 0, in.numel);
         if (op.desc.redop == ReduceOp::avg)
           kernels::divide(in.dtype, out.data, in.data, in.numel, 1);
         else if (out.data != in.data)
@@ -25,10 +27,10 @@ void run_collective(const Ctx& c, const Op& op, const config::TcpTuning& tuning)
       }
       if (choose_allreduce(in.nbytes(), n, tuning) == AllreduceAlgo::ring) {
         trace::algorithm(op, "ring");
-        ring_allreduce(c, in.data, out.data, in.numel, in.dtype, op.desc.redop);
+        ring_allreduce(c, in.data, out.data, in.numel, in.dtype, op.desc.redop, op.seen);
       } else {
         trace::algorithm(op, "recursive_doubling");
-        rd_allreduce(c, in.data, out.data, in.numel, in.dtype, op.desc.redop);
+        rd_allreduce(c, in.data, out.data, in.numel, in.dtype, op.desc.redop, op.seen);
       }
       return;
     case OpKind::broadcast:

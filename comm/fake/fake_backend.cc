@@ -87,6 +87,8 @@ class FakeRunner final : public HostRunner {
 
  private:
   bool runs_alltoall() const override { return true; }
+  // algo::run_collective's all-reduces search as they reduce (op.seen).
+  bool searches_nonfinite(const Op& op) const override { return op.desc.op == OpKind::allreduce; }
 
   void run_collective(const Op& op, Deadline deadline) override {
     guarded([&] {

@@ -97,6 +97,18 @@ class Front final : public Communicator {
   void allreduce(TensorView in, TensorView out, ReduceOp op, Blocking) override {
     core_->run(allreduce_op(in, out, op));
   }
+  Work allreduce(TensorView in, TensorView out, ReduceOp op,
+                 kernels::NonFiniteSeen& seen) override {
+    Op o = allreduce_op(in, out, op);
+    if (!o.in.device.is_cpu() || !o.out.device.is_cpu())
+      throw Error(ErrorCode::invalid_argument,
+                  where("allreduce").str() +
+                      ": the search for NaN and Inf (check_nonfinite) reads host memory only; "
+                      "this tensor is on " +
+                      to_string(o.in.device.is_cpu() ? o.out.device : o.in.device));
+    o.seen = &seen;
+    return core_->submit(o);
+  }
 
   Op broadcast_op(TensorView buf, int root) const {
     const validate::Where what = where("broadcast");

@@ -178,6 +178,15 @@ class HierRunner final : public HostRunner {
     (flat_ ? flat_ : local_)->run_p2p(batch, dl);
   }
 
+  // The one-host and flat paths hand the op itself on, so their runner's
+  // answer; the hierarchical all-reduce's stages are ops of their own, and
+  // the executor searches this rank's input before them.
+  bool searches_nonfinite(const Op& op) const override {
+    if (!flat_) return local_->searches_nonfinite(op);
+    if (op.desc.op == OpKind::allreduce && across_) return false;
+    return flat_->searches_nonfinite(op);
+  }
+
   void abort_peers(const Error& e) noexcept override {
     for (HostRunner* r : runners()) r->abort_peers(e);
   }

@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 
+#include "base/nonfinite.h"
 #include "base/reduce.h"
 #include "base/shared_file.h"
 #include "base/trace.h"
@@ -121,8 +122,17 @@ inline void ShmRunner::arrive_large(const OpDesc& d, const What& what, Deadline 
 
 // dst = srcs[0] op srcs[1] op ... in that order (avg divides at the last step).
 inline void ShmRunner::reduce_into(void* dst, const std::vector<const void*>& srcs, size_t count,
-                                   DType t, ReduceOp op) {
+                                   DType t, ReduceOp op, kernels::NonFiniteSeen* seen, size_t at) {
   const int k = static_cast<int>(srcs.size());
+  if (seen) {
+    if (k == 1 && origins_[0] >= 0) seen->search(origins_[0], t, srcs[0], at, count);
+    for (int i = 1; i < k; ++i) {
+      const int divisor = (op == ReduceOp::avg && i == k - 1) ? n_ : 0;
+      kernels::reduce_searching(t, op, dst, i == 1 ? srcs[0] : dst, srcs[i], count, divisor, *seen,
+                                at, i == 1 ? origins_[0] : -1, origins_[i]);
+    }
+    if (k > 1) return;
+  }
   if (k == 1) {
     if (op == ReduceOp::avg)
       kernels::divide(t, dst, srcs[0], count, 1);
@@ -160,7 +170,8 @@ inline void ShmRunner::allreduce(const Op& op, const What& what, Deadline dl) {
     trace::algorithm(op, "local");
     arrive(d, what, dl);
     std::vector<const void*> one{op.in.data};
-    if (count) reduce_into(op.out.data, one, count, t, d.redop);
+    if (op.seen) search_own_only();  // origins_[0] is this rank (me_ is 0)
+    if (count) reduce_into(op.out.data, one, count, t, d.redop, op.seen);
     return;
   }
   if (path == Path::inline_line) {
@@ -175,7 +186,8 @@ inline void ShmRunner::allreduce(const Op& op, const What& what, Deadline dl) {
     verify(d, what);
     for (int r = 0; r < n_; ++r) srcs_[r] = seg_.desc(r, d.seq).inline_data;
     own_from_input(op);
-    reduce_into(op.out.data, srcs_, count, t, d.redop);
+    if (op.seen) search_own_only();
+    reduce_into(op.out.data, srcs_, count, t, d.redop, op.seen);
     return;
   }
   if (path == Path::one_step) {
@@ -187,7 +199,8 @@ inline void ShmRunner::allreduce(const Op& op, const What& what, Deadline dl) {
     arrive(d, what, dl);
     for (int r = 0; r < n_; ++r) srcs_[r] = seg_.small_slot(r, d.seq);
     own_from_input(op);
-    reduce_into(op.out.data, srcs_, count, t, d.redop);
+    if (op.seen) search_own_only();
+    reduce_into(op.out.data, srcs_, count, t, d.redop, op.seen);
     return;
   }
   // In place over memory every rank's peers can map (Communicator::
@@ -217,7 +230,7 @@ inline void ShmRunner::allreduce(const Op& op, const What& what, Deadline dl) {
     std::memcpy(seg_.big(me_, b), in + off * es, m * es);
     seg_.advance();
     seg_.wait_all(what, dl);
-    reduce_own_slice([&](int q) { return seg_.big(q, b); }, sl, es, t, d.redop);
+    reduce_own_slice([&](int q) { return seg_.big(q, b); }, sl, es, t, d.redop, op.seen, off);
     seg_.advance();
     seg_.wait_all(what, dl);
     for (int k = 0; k < n_; ++k) {
@@ -262,8 +275,13 @@ inline void ShmRunner::reduce_from_peers(const Op& op, uint8_t* dst, size_t at, 
       seg_.read_peer(q, scratch_.data(), seg_.desc(q, d.seq).large.in_addr + (at + off) * es,
                      m * es, what);
       const int divisor = (d.redop == ReduceOp::avg && i == n_ - 1) ? n_ : 0;
-      kernels::reduce(t, d.redop, dst + off * es, i == 1 ? own + off * es : dst + off * es,
-                      scratch_.data(), m, divisor);
+      if (op.seen)  // this rank's own input at the first term, each peer's as it comes
+        kernels::reduce_searching(t, d.redop, dst + off * es,
+                                  i == 1 ? own + off * es : dst + off * es, scratch_.data(), m,
+                                  divisor, *op.seen, at + off, i == 1 ? me_ : -1, q);
+      else
+        kernels::reduce(t, d.redop, dst + off * es, i == 1 ? own + off * es : dst + off * es,
+                        scratch_.data(), m, divisor);
     }
   }
 }
@@ -380,7 +398,7 @@ inline void ShmRunner::allreduce_shared(const Op& op, const What& what, Deadline
   const size_t per_round = std::max<size_t>(kSharedSlice / es, 1) * n_;
   for (size_t off = 0; off < count; off += per_round) {
     const Slices sl = slices(std::min(per_round, count - off), es);
-    reduce_own_slice([&](int q) { return buf[q] + off * es; }, sl, es, t, d.redop);
+    reduce_own_slice([&](int q) { return buf[q] + off * es; }, sl, es, t, d.redop, op.seen, off);
     seg_.advance();
     seg_.wait_all(what, dl);
     for (int k = 0; k < n_; ++k) {

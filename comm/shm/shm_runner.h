@@ -42,13 +42,16 @@ class ShmRunner final : public HostRunner {
         n_(ctx.launch.world_size),
         names_(ctx.names),
         srcs_(static_cast<size_t>(n_)),
-        offer_(offer_of(seg_)) {}
+        offer_(offer_of(seg_)),
+        origins_(static_cast<size_t>(n_), -1) {}
 
  private:
   // ---- collectives -------------------------------------------------------
 
   bool runs_alltoall() const override { return true; }
   bool sums_in_rank_order() const override { return true; }
+  // Every path of its all-reduce searches as it reduces (op.seen).
+  bool searches_nonfinite(const Op& op) const override { return op.desc.op == OpKind::allreduce; }
 
   void run_collective(const Op& op, Deadline dl) override;
 
@@ -65,8 +68,11 @@ class ShmRunner final : public HostRunner {
                     const Op* direct);
 
   // dst = srcs[0] op srcs[1] op ... in that order (avg divides at the last step).
+  // With `seen` (an all-reduce's search for NaN and Inf), srcs[i] is searched
+  // as rank origins_[i]'s input (-1: not searched here) at element `at` of
+  // the op's buffer, inside the reduction.
   void reduce_into(void* dst, const std::vector<const void*>& srcs, size_t count, DType t,
-                   ReduceOp op);
+                   ReduceOp op, kernels::NonFiniteSeen* seen = nullptr, size_t at = 0);
 
   // This rank's term of a one-step reduction from its input, not from the
   // copy it wrote into the segment (the same bits): once the peers have
@@ -88,12 +94,25 @@ class ShmRunner final : public HostRunner {
   // q's round starts) into its own round, in place, starting from its own
   // data. Each slice is reduced once, by one rank, so every rank that copies
   // it gets the same bits.
+  // With `seen`, every rank's slice is searched as that rank's input (the
+  // round starting at element `at` of the op's buffer): each rank searches
+  // its own slice of all inputs, so together they search every input once.
   template <class Base>
-  void reduce_own_slice(Base base, const Slices& sl, size_t es, DType t, ReduceOp op) {
+  void reduce_own_slice(Base base, const Slices& sl, size_t es, DType t, ReduceOp op,
+                        kernels::NonFiniteSeen* seen = nullptr, size_t at = 0) {
     const size_t lo = sl.lo(me_), len = sl.lo(me_ + 1) - lo;
     if (!len) return;
     for (int i = 0; i < n_; ++i) srcs_[i] = base((me_ + i) % n_) + lo * es;
-    reduce_into(base(me_) + lo * es, srcs_, len, t, op);
+    if (seen)
+      for (int i = 0; i < n_; ++i) origins_[i] = (me_ + i) % n_;
+    reduce_into(base(me_) + lo * es, srcs_, len, t, op, seen, at + lo);
+  }
+
+  // An all-reduce's search where every rank reduces every input whole (the
+  // small paths): each rank searches its own input only.
+  void search_own_only() {
+    std::fill(origins_.begin(), origins_.end(), -1);
+    origins_[me_] = me_;
   }
 
   void allreduce(const Op& op, const What& what, Deadline dl);
@@ -220,6 +239,9 @@ class ShmRunner final : public HostRunner {
   // seg_ it moved the fields above by 16 bytes, and the 64 B all-reduce
   // went from 0.32 to 0.40 us (bench/RESULTS.md, "The house moved, again").
   const Offer offer_;
+  // reduce_into's search (op.seen): whose input srcs_[i] is. Last, after
+  // every field the small ops use, for the reason above.
+  std::vector<int> origins_;
 };
 
 }  // namespace collie::shm

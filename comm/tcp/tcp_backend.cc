@@ -215,6 +215,8 @@ class TcpRunner final : public HostRunner {
 
  private:
   bool runs_alltoall() const override { return true; }  // algo::pairwise_alltoall
+  // algo::run_collective's all-reduces search as they reduce (op.seen).
+  bool searches_nonfinite(const Op& op) const override { return op.desc.op == OpKind::allreduce; }
 
   void run_collective(const Op& op, Deadline deadline) override {
     algo::Ctx c{mesh_, op.desc, tuning_.chunk_bytes, scratch_, deadline};

@@ -23,6 +23,10 @@
 
 namespace collie {
 
+namespace kernels {
+struct NonFiniteSeen;  // base/nonfinite.h
+}
+
 struct Options {
   // -1 / empty: taken from the environment (collie's, torchrun's, Open MPI's,
   // SLURM's variables, in that order).
@@ -86,6 +90,15 @@ class Communicator {
   // out = op over ranks of in. In place when in.data == out.data.
   virtual Work allreduce(TensorView in, TensorView out, ReduceOp op) = 0;
   Work allreduce(TensorView inout, ReduceOp op) { return allreduce(inout, inout, op); }
+  // The same, searching the inputs for NaN and Inf inside the reduction as
+  // it reads them (the reducer's check_nonfinite; host memory only): `seen`
+  // gets what this rank saw, by the rank whose input it was, and the ranks'
+  // findings together cover every rank's input once (kernels::NonFiniteSeen,
+  // base/nonfinite.h). A backend that cannot search inside its reduction
+  // has this rank's input searched first, in a pass of its own. `seen` must
+  // outlive the Work.
+  virtual Work allreduce(TensorView in, TensorView out, ReduceOp op,
+                         kernels::NonFiniteSeen& seen) = 0;
   // Every rank's `buf` becomes root's.
   virtual Work broadcast(TensorView buf, int root) = 0;
   // out (size() * in.numel elements) = every rank's `in`, in rank order.
