@@ -240,20 +240,95 @@ void NonFiniteSeen::search(int rank, DType t, const void* data, size_t at, size_
   }
 }
 
-void reduce_searching(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n,
-                      int divisor, NonFiniteSeen& seen, size_t at, int a_rank, int b_rank) {
-  seen.searched = true;
-  if (!mask_of(t) || (a_rank < 0 && b_rank < 0)) return reduce(t, op, dst, a, b, n, divisor);
+namespace {
+
+// The general form, any float dtype and op: a block at a time, each
+// searched operand's block tested before the block is reduced (it is then
+// in L1 for the reduction). Measured (16 MiB of f32 a side) 16 % slower than
+// the reduction alone out of place, 44 % in place, hence the form below for
+// the common case.
+void reduce_searching_blocks(DType t, ReduceOp op, uint8_t* d, const uint8_t* pa, const uint8_t* pb,
+                             size_t n, int divisor, NonFiniteSeen& seen, size_t at, int a_rank,
+                             int b_rank) {
   const size_t es = dtype_size(t);
-  auto* d = static_cast<uint8_t*>(dst);
-  auto* pa = static_cast<const uint8_t*>(a);
-  auto* pb = static_cast<const uint8_t*>(b);
   for (size_t i = 0; i < n; i += kReduceBlock) {
     const size_t m = std::min(kReduceBlock, n - i), off = i * es;
     if (a_rank >= 0 && any_nonfinite(t, pa + off, m)) seen.record(a_rank, t, pa + off, at + i, m);
     if (b_rank >= 0 && any_nonfinite(t, pb + off, m)) seen.record(b_rank, t, pb + off, at + i, m);
     reduce(t, op, d + off, pa + off, pb + off, m, divisor);
   }
+}
+
+// AVX2, f32 and f64 sums and averages (every DDP bucket of those types):
+// one pass that loads a and b, adds (and divides), and tests the result
+// before it stores it. A non-finite operand makes a non-finite sum, so a
+// finite result clears both operands; the loop stops before storing the
+// first vector whose result is not finite (a non-finite operand, or a sum
+// that overflowed) and returns where, so that the operands are still whole
+// there. The same additions and divisions as kernels::reduce, so the same
+// bits.
+template <typename F, bool kDivide>
+__attribute__((target("avx2"))) size_t sum_until_nonfinite(F* d, const F* a, const F* b, size_t n,
+                                                           F divisor) {
+  size_t i = 0;
+  if constexpr (sizeof(F) == 4) {
+    const __m256i m = _mm256_set1_epi32(0x7f800000);
+    const __m256 v = _mm256_set1_ps(divisor);
+    for (; i + 8 <= n; i += 8) {
+      __m256 r = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+      if constexpr (kDivide) r = _mm256_div_ps(r, v);
+      const __m256i c = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(r), m), m);
+      if (!_mm256_testz_si256(c, c)) return i;
+      _mm256_storeu_ps(d + i, r);
+    }
+  } else {
+    const __m256i m = _mm256_set1_epi64x(0x7ff0000000000000ll);
+    const __m256d v = _mm256_set1_pd(divisor);
+    for (; i + 4 <= n; i += 4) {
+      __m256d r = _mm256_add_pd(_mm256_loadu_pd(a + i), _mm256_loadu_pd(b + i));
+      if constexpr (kDivide) r = _mm256_div_pd(r, v);
+      const __m256i c = _mm256_cmpeq_epi64(_mm256_and_si256(_mm256_castpd_si256(r), m), m);
+      if (!_mm256_testz_si256(c, c)) return i;
+      _mm256_storeu_pd(d + i, r);
+    }
+  }
+  return i;
+}
+
+template <typename F>
+void sum_searching(DType t, ReduceOp op, F* d, const F* a, const F* b, size_t n, int divisor,
+                   NonFiniteSeen& seen, size_t at, int a_rank, int b_rank) {
+  const auto* ua = reinterpret_cast<const uint8_t*>(a);
+  const auto* ub = reinterpret_cast<const uint8_t*>(b);
+  auto* ud = reinterpret_cast<uint8_t*>(d);
+  for (size_t i = 0; i < n;) {
+    i += divisor > 0
+             ? sum_until_nonfinite<F, true>(d + i, a + i, b + i, n - i, static_cast<F>(divisor))
+             : sum_until_nonfinite<F, false>(d + i, a + i, b + i, n - i, F{0});
+    if (i == n) return;
+    // A vector whose sum is not finite, or the tail: a block the general way.
+    const size_t m = std::min(kReduceBlock, n - i), off = i * sizeof(F);
+    reduce_searching_blocks(t, op, ud + off, ua + off, ub + off, m, divisor, seen, at + i, a_rank,
+                            b_rank);
+    i += m;
+  }
+}
+
+}  // namespace
+
+void reduce_searching(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n,
+                      int divisor, NonFiniteSeen& seen, size_t at, int a_rank, int b_rank) {
+  seen.searched = true;
+  if (!mask_of(t) || (a_rank < 0 && b_rank < 0)) return reduce(t, op, dst, a, b, n, divisor);
+  const bool sum = op == ReduceOp::sum || op == ReduceOp::avg;
+  if (kAvx2 && sum && t == DType::f32)
+    return sum_searching(t, op, static_cast<float*>(dst), static_cast<const float*>(a),
+                         static_cast<const float*>(b), n, divisor, seen, at, a_rank, b_rank);
+  if (kAvx2 && sum && t == DType::f64)
+    return sum_searching(t, op, static_cast<double*>(dst), static_cast<const double*>(a),
+                         static_cast<const double*>(b), n, divisor, seen, at, a_rank, b_rank);
+  reduce_searching_blocks(t, op, static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
+                          static_cast<const uint8_t*>(b), n, divisor, seen, at, a_rank, b_rank);
 }
 
 NonFinite find_nonfinite(DType t, const void* data, size_t n) {
