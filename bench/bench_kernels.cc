@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "base/nonfinite.h"
 #include "base/reduce.h"
 #include "hooks/powersgd.h"
 
@@ -18,6 +19,27 @@ void BM_Reduce(benchmark::State& state, collie::DType t, collie::ReduceOp op) {
   for (auto _ : state) {
     collie::kernels::reduce(t, op, out.data(), a.data(), b.data(), n);
     benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+
+// The same sums, out of place (out = a + b) or in place (a = a + b), the
+// plain reduction against the one that searches both operands for NaN and
+// Inf as it goes (kernels::reduce_searching, the reducer's check_nonfinite).
+void BM_Sum(benchmark::State& state, collie::DType t, bool in_place, bool searching) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  const size_t bytes = n * collie::dtype_size(t);
+  std::vector<uint8_t> a(bytes, 0), b(bytes, 0), out(bytes);
+  uint8_t* dst = in_place ? a.data() : out.data();
+  collie::kernels::NonFiniteSeen seen;
+  for (auto _ : state) {
+    if (searching)
+      collie::kernels::reduce_searching(t, collie::ReduceOp::sum, dst, a.data(), b.data(), n, 0,
+                                        seen, 0, 0, 1);
+    else
+      collie::kernels::reduce(t, collie::ReduceOp::sum, dst, a.data(), b.data(), n);
+    benchmark::DoNotOptimize(dst);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
@@ -99,5 +121,20 @@ BENCHMARK_CAPTURE(BM_Reduce, bf16_sum, collie::DType::bf16, collie::ReduceOp::su
 BENCHMARK_CAPTURE(BM_Reduce, f32_max, collie::DType::f32, collie::ReduceOp::max)
     ->Range(1 << 12, 1 << 24);
 BENCHMARK(BM_HalfRoundTrip)->Range(1 << 12, 1 << 20);
+// 16 Ki elements (in L2) and 4 Mi (16 MiB of f32 a side: from memory).
+BENCHMARK_CAPTURE(BM_Sum, f32_plain, collie::DType::f32, false, false)->Arg(1 << 14)->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, f32_searching, collie::DType::f32, false, true)
+    ->Arg(1 << 14)
+    ->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, f32_in_place_plain, collie::DType::f32, true, false)
+    ->Arg(1 << 14)
+    ->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, f32_in_place_searching, collie::DType::f32, true, true)
+    ->Arg(1 << 14)
+    ->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, bf16_plain, collie::DType::bf16, false, false)->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, bf16_searching, collie::DType::bf16, false, true)->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, bf16_in_place_plain, collie::DType::bf16, true, false)->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, bf16_in_place_searching, collie::DType::bf16, true, true)->Arg(1 << 22);
 
 BENCHMARK_MAIN();
