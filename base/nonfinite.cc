@@ -343,6 +343,27 @@ void reduce_searching(DType t, ReduceOp op, void* dst, const void* a, const void
   if (kAvx2 && sum && t == DType::f64)
     return sum_searching(t, op, static_cast<double*>(dst), static_cast<const double*>(a),
                          static_cast<const double*>(b), n, divisor, seen, at, a_rank, b_rank);
+  if (sum && (t == DType::f16 || t == DType::bf16)) {
+    // The reduction widens each block to f32 anyway: its results are
+    // tested there, in L1, and only a block that is not all finite has its
+    // operands searched, before it is stored.
+    struct Ctx {
+      DType t;
+      const uint8_t *a, *b;
+      NonFiniteSeen& seen;
+      size_t at;
+      int a_rank, b_rank;
+    } ctx{t,     static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b), seen, at, a_rank,
+          b_rank};
+    return reduce16_watching(
+        t, op, dst, a, b, n, divisor,
+        [](void* p, size_t i, size_t m) {
+          auto& c = *static_cast<Ctx*>(p);
+          if (c.a_rank >= 0) c.seen.record(c.a_rank, c.t, c.a + 2 * i, c.at + i, m);
+          if (c.b_rank >= 0) c.seen.record(c.b_rank, c.t, c.b + 2 * i, c.at + i, m);
+        },
+        &ctx);
+  }
   reduce_searching_blocks(t, op, static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
                           static_cast<const uint8_t*>(b), n, divisor, seen, at, a_rank, b_rank);
 }

@@ -209,18 +209,56 @@ const Widen kWidenBf16 = widen_bf16;
 const Narrow kNarrowBf16 = narrow_bf16;
 #endif
 
+// fa = fa + fb (then / divisor, where > 0), and whether a result is NaN or
+// Inf: exponent bits all ones, found by adding one to the exponent field
+// (it carries into the sign bit only then), branch-free so that it
+// vectorises; compiled for AVX2 too (eight lanes, not SSE2's four: the
+// search cost the bf16 reduction 20 % with four).
+[[gnu::always_inline]] inline bool sum_test_loop(float* fa, const float* fb, size_t m,
+                                                 int divisor) {
+  uint32_t acc = 0;
+  auto test = [&acc](float r) {
+    uint32_t x;
+    std::memcpy(&x, &r, sizeof x);
+    acc |= (x & 0x7f800000u) + 0x00800000u;
+  };
+  if (divisor > 0) {
+    const float d = static_cast<float>(divisor);
+    for (size_t i = 0; i < m; ++i) test(fa[i] = (fa[i] + fb[i]) / d);
+  } else {
+    for (size_t i = 0; i < m; ++i) test(fa[i] = fa[i] + fb[i]);
+  }
+  return (acc & 0x80000000u) != 0;
+}
+bool sum_test(float* fa, const float* fb, size_t m, int divisor) {
+  return sum_test_loop(fa, fb, m, divisor);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) bool sum_test_avx2(float* fa, const float* fb, size_t m,
+                                                   int divisor) {
+  return sum_test_loop(fa, fb, m, divisor);
+}
+const auto kSumTest = kHasAvx2 ? sum_test_avx2 : sum_test;
+#else
+const auto kSumTest = sum_test;
+#endif
+
 // f16/bf16: widen, combine in f32, round once. Done in blocks so that the
-// widened values stay in L1 and the loops vectorise.
+// widened values stay in L1 and the loops vectorise. With `watch`, a
+// block whose f32 results are not all finite is reported before it is
+// stored (reduce16_watching).
 template <typename Op>
 void combine16(Widen widen, Narrow narrow, uint16_t* dst, const uint16_t* a, const uint16_t* b,
-               size_t n, int divisor) {
+               size_t n, int divisor, NonFiniteBlock watch = nullptr, void* ctx = nullptr) {
   constexpr size_t kBlock = 1024;
   float fa[kBlock], fb[kBlock];
   for (size_t base = 0; base < n; base += kBlock) {
     size_t m = std::min(kBlock, n - base);
     widen(a + base, fa, m);
     widen(b + base, fb, m);
-    if (divisor > 0) {
+    if (watch) {
+      if (kSumTest(fa, fb, m, divisor)) watch(ctx, base, m);
+    } else if (divisor > 0) {
       float d = static_cast<float>(divisor);
       for (size_t i = 0; i < m; ++i) fa[i] = (fa[i] + fb[i]) / d;
     } else {
@@ -282,6 +320,16 @@ void reduce(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_
     case ReduceOp::max:
       return dispatch<Max>(t, dst, a, b, n, 0);
   }
+}
+
+void reduce16_watching(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n,
+                       int divisor, NonFiniteBlock watch, void* ctx) {
+  if ((t != DType::f16 && t != DType::bf16) || (op != ReduceOp::sum && op != ReduceOp::avg))
+    throw Error(ErrorCode::internal, "reduce16_watching takes f16 or bf16 sums and averages");
+  const bool half = t == DType::f16;
+  combine16<Sum>(half ? kWidenHalf : kWidenBf16, half ? kNarrowHalf : kNarrowBf16,
+                 static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                 static_cast<const uint16_t*>(b), n, op == ReduceOp::avg ? divisor : 0, watch, ctx);
 }
 
 void convert(DType st, const void* src, DType dt, void* dst, size_t n, int divisor) {

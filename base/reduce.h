@@ -23,6 +23,15 @@ uint16_t float_to_bf16(float f);
 void reduce(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n,
             int divisor = 0);
 
+// reduce() for f16 and bf16 sums and averages that calls watch(ctx, i, m)
+// before it stores elements [i, i + m) of a block whose results, in f32,
+// are not all finite: a non-finite operand there (f16 sums cannot overflow
+// f32; bf16 ones can, which calls it too), its operands still whole. For
+// the search for NaN and Inf inside a reduction (base/nonfinite.h).
+using NonFiniteBlock = void (*)(void* ctx, size_t first, size_t count);
+void reduce16_watching(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n,
+                       int divisor, NonFiniteBlock watch, void* ctx);
+
 // Converts between float types (f32, f16, bf16; f64 too, slower):
 // dst[i] = src[i] / divisor, computed in f32 and rounded once. Uses the F16C
 // instructions for f16 where the CPU has them. For compression hooks.
