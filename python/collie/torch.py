@@ -28,7 +28,6 @@ return a torch Future, a collie Work, a tensor, or None (left in place).
 """
 import contextlib
 import ctypes
-import inspect
 import warnings
 
 import torch
@@ -41,6 +40,9 @@ from ._ddp_parts import (REFUSED_OPTIONS, _DTYPES, _MiB, _TORCH_OF, GradBucket, 
                          _Arenas, _as_bytes, _as_uint8, _builtin_spec, _check_process_group,
                          _check_torch_world, _eager_under_compile, _JoinHook, _map_tensors,
                          _Sink)
+from ._ddp_checkpoint import _Checkpoint
+from ._ddp_hooks import _CommHooks
+from ._ddp_join import _UnevenInputs
 from ._lib import check, lib
 from .averaging import PeriodicModelAverager, PostLocalSGDOptimizer
 
@@ -69,7 +71,7 @@ def _check_options(replicas, nonfinite, action):
             -1 if nonfinite is None else int(bool(nonfinite)), actions[action])
 
 
-class DistributedDataParallel(torch.nn.Module, Joinable):
+class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, torch.nn.Module, Joinable):
     """torch.nn.parallel.DistributedDataParallel's constructor and methods
     over collie. The communicator: `comm` (or a collie.Communicator passed as
     process_group); by default one connected from the launcher's variables.
@@ -80,7 +82,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     rank, parameter and element of a NaN or Inf gradient before it is
     averaged; `check_action="warn"` logs instead of raising."""
 
-    _hook_count = 0
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=None,
                  init_sync=True, process_group=None, bucket_cap_mb=None,
@@ -424,201 +425,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         check(lib.collie_reducer_set_static_graph(self._h))
         self._static_graph = True
 
-    def register_comm_hook(self, state, hook):
-        """`hook`: a collie spec ("fp16", "powersgd:rank=2,start_iter=10", ...);
-        one of PyTorch's built-in hooks (mapped to collie's own); or any
-        callable hook(state, bucket) as PyTorch calls it (see GradBucket)."""
-        if self._synced_steps:
-            raise _lib.error(
-                "invalid_argument",
-                f"rank {self._comm.rank}: register_comm_hook after {self._synced_steps} "
-                "synchronised step(s): as with PyTorch's DDP, register the hook before the first "
-                "backward, on every rank (ranks that switch hooks at different steps would "
-                "reduce their buckets differently)")
-        if isinstance(hook, str):
-            spec = hook
-        else:
-            spec = _builtin_spec(state, hook)
-            if spec is None:
-                if not callable(hook):
-                    raise _lib.error("invalid_argument", f"{hook!r} is not a comm hook")
-                spec = self._register_python_hook(state, hook)
-        check(lib.collie_reducer_set_comm_hook(self._h, spec.encode()))
-
-    def _register_python_hook(self, state, fn):
-        try:
-            nargs = len(inspect.signature(fn).parameters)
-        except (TypeError, ValueError):
-            nargs = 2
-        if nargs != 2:
-            raise _lib.error("invalid_argument",
-                        f"a comm hook is called as hook(state, bucket); {fn!r} takes {nargs} "
-                        "arguments")
-        DistributedDataParallel._hook_count += 1
-        name = f"python_hook_{DistributedDataParallel._hook_count}"
-        params = self._params
-
-        def trampoline(_user, comm, c_bucket, done):
-            try:
-                cb = c_bucket.contents
-                dtype = _TORCH_OF[cb.buffer.dtype]
-                flat = self._arenas.view(cb.buffer.data, cb.buffer.numel, dtype)
-                grads, ps = [], []
-                for k in range(cb.num_grads):
-                    p = params[self._index_of[cb.params[k].data]]
-                    ps.append(p)
-                    grads.append(self._arenas.view(cb.grads[k].data, p.numel(), dtype, p.shape))
-                bucket = GradBucket(cb.index, flat, grads, ps, bool(cb.is_last),
-                                    Communicator(comm, owned=False))
-                self._finish_hook(fn(state, bucket), flat, done)
-            except Exception as e:  # noqa: BLE001 - reported through collie
-                lib.collie_hook_complete(done, _lib.ERR_INTERNAL,
-                                         f"comm hook {getattr(fn, '__name__', fn)!r} raised "
-                                         f"{type(e).__name__}: {e}".encode())
-
-        cb = _lib.HOOK_FN(trampoline)
-        self._python_hooks.append(cb)  # the C side keeps only the pointer
-        check(lib.collie_hook_register(name.encode(), cb, None))
-        return name
-
-    @staticmethod
-    def _finish_hook(result, flat, done):
-        if isinstance(result, Work):
-            handle, result._h = result._h, None  # collie frees it when it completes
-            check(lib.collie_hook_complete_after(done, handle))
-            return
-
-        def place(value):
-            if isinstance(value, (list, tuple)) and len(value) == 1:
-                value = value[0]
-            if value is None:
-                return
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"a comm hook returned {type(value).__name__}; return a torch "
-                                "Future, a collie Work, the bucket's tensor or None")
-            if value.numel() != flat.numel():
-                raise ValueError(f"a comm hook returned {value.numel()} elements for a bucket of "
-                                 f"{flat.numel()}")
-            if value.data_ptr() != flat.data_ptr():
-                flat.copy_(value)
-
-        # torch.distributed's works give torch._C.Future, which
-        # torch.futures.Future wraps but does not subclass in every version.
-        if isinstance(result, (torch.futures.Future, torch._C.Future)):
-            def on_done(fut):
-                try:
-                    place(fut.value())
-                    lib.collie_hook_complete(done, _lib.OK, None)
-                except Exception as e:  # noqa: BLE001 - reported through collie
-                    lib.collie_hook_complete(done, _lib.ERR_INTERNAL,
-                                             f"comm hook future failed: {e}".encode())
-            result.then(on_done)
-            return
-        place(result)
-        lib.collie_hook_complete(done, _lib.OK, None)
-
-    # ---- uneven inputs --------------------------------------------------------
-
-    @contextlib.contextmanager
-    def join(self, divide_by_initial_world_size=True, enable=True,
-             throw_on_early_termination=False):
-        """Uneven inputs, with PyTorch's signature: run the training loop
-        inside. A rank that runs out of data shadows the others' collectives
-        (zero gradients) until every rank is done; then every rank takes the
-        model of the rank that trained longest. Gradients are divided by the
-        whole world (divide_by_initial_world_size=True, PyTorch's default) or
-        by the ranks still training. throw_on_early_termination: every rank
-        raises once one has run out. Works without torch.distributed; with
-        it, torch.distributed.algorithms.join.Join([ddp, ...]) drives the
-        wrapper too (it is a Joinable)."""
-        if not enable:
-            yield
-            return
-        self._joining = True
-        self._divide_by_initial = bool(divide_by_initial_world_size)
-        self._throw_on_early_termination = bool(throw_on_early_termination)
-        try:
-            yield
-        except BaseException:
-            # The loop raised (throw_on_early_termination included): no
-            # shadowing, which the other ranks would not match.
-            self._joining = False
-            self._active = None
-            raise
-        else:
-            try:
-                if self._throw_on_early_termination:
-                    self._join_round(0)  # the others learn of it in their next forward
-                    raise _lib.error("invalid_argument",
-                                     f"rank {self._comm.rank} exhausted all inputs "
-                                     "(join(throw_on_early_termination=True))")
-                while self._join_round(0):
-                    self._shadow_step()
-                self._sync_final_model()
-            finally:
-                self._joining = False
-                self._active = None
-
-    def _join_round(self, active):
-        count = torch.tensor([active], dtype=torch.int64)
-        self._comm.allreduce(count, op="sum")
-        self._active = int(count[0])
-        if active and self._throw_on_early_termination and self._active < self._comm.size:
-            raise _lib.error("invalid_argument",
-                             f"rank {self._comm.rank}: {self._comm.size - self._active} rank(s) "
-                             "exhausted all inputs (join(throw_on_early_termination=True))")
-        return self._active > 0
-
-    # ---- torch.distributed.algorithms.join.Joinable ------------------------------
-
-    def join_hook(self, **kwargs):
-        """What a rank that has joined does each round of PyTorch's Join:
-        the collectives of one step with zero gradients; at the end, the
-        model of the rank that trained longest."""
-        self._divide_by_initial = bool(kwargs.get("divide_by_initial_world_size", True))
-        return _JoinHook(self)
-
-    @property
-    def join_device(self):
-        return self._params[0].device
-
-    @property
-    def join_process_group(self):
-        """torch.distributed's default group, which PyTorch's Join counts
-        the ranks still training over: it must be collie's world."""
-        import torch.distributed as dist
-        from ._torch_world import torch_world
-        from . import world_mismatch
-        world = torch_world()
-        if world is None or world[1] != self._comm.size or world[0] != self._comm.rank:
-            raise _lib.error("invalid_argument", "torch.distributed.algorithms.join.Join counts "
-                             "ranks over torch.distributed's default group, which is not "
-                             "initialised or not collie's world: " + (
-                                 world_mismatch(self._comm, world) if world else
-                                 "call torch.distributed.init_process_group, or use "
-                                 "ddp.join(), which needs no torch.distributed"))
-        return dist.group.WORLD
-
-    def _shadow_step(self):
-        """The collectives of one training step, with zero gradients."""
-        if self._broadcast_buffers and self.require_forward_param_sync:
-            self._sync_buffers()
-        status = lib.collie_reducer_join_step(self._h)
-        if self._bucket_view:
-            self._bind_views()
-        check(status)
-
-    def _sync_final_model(self):
-        steps = torch.tensor([self._steps * self._comm.size + self._comm.rank], dtype=torch.int64)
-        self._comm.allreduce(steps, op="max")
-        root = int(steps[0]) % self._comm.size
-        with torch.no_grad():
-            for p in self._params:
-                self._comm.broadcast(p.data, root=root)
-        for b in self.module.buffers():
-            if b.numel() and b.dtype in _DTYPES and b.is_contiguous():
-                self._comm.broadcast(b.data, root=root)
-
     # ---- observability ------------------------------------------------------
 
     def reducer_stats(self):
@@ -628,71 +434,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         s = _lib.ReducerStats(ctypes.sizeof(_lib.ReducerStats), _lib.STRUCT_TAG)
         check(lib.collie_reducer_get_stats(self._h, ctypes.byref(s)))
         return {f: getattr(s, f) for f, _ in _lib.ReducerStats._fields_[2:]}
-
-    # ---- checkpoints ----------------------------------------------------------
-
-    def get_extra_state(self):
-        """This rank's reducer state (bucket layout, iteration, the comm
-        hook's state), with the rank that saved it. Local, as PyTorch's DDP's
-        state_dict is: the DDP tutorial's `if rank == 0:
-        torch.save(ddp.state_dict(), ...)` needs nothing from the others.
-        Inside `with ddp.state_of_every_rank():` it is every rank's
-        (collective: call state_dict() on every rank, save on one)."""
-        mine = self._save_reducer_state()
-        if not self._every_rank_state:
-            return {"collie_reducer_rank": self._comm.rank,
-                    "collie_world_size": self._comm.size, "collie_reducer": [_as_uint8(mine)]}
-        n = self._comm.size
-        sizes = torch.zeros(n, dtype=torch.int64)
-        sizes[self._comm.rank] = len(mine)
-        self._comm.allreduce(sizes, op="sum")
-        width = max(int(sizes.max()), 1)
-        blob = torch.zeros(width, dtype=torch.uint8)
-        blob[:len(mine)] = torch.tensor(bytearray(mine), dtype=torch.uint8)
-        everyone = torch.zeros(n * width, dtype=torch.uint8)
-        self._comm.allgather(blob, everyone)
-        raw = everyone.numpy().tobytes() if hasattr(everyone, "numpy") else bytes(everyone.tolist())
-        return {"collie_reducer_rank": None, "collie_world_size": n,
-                "collie_reducer": [_as_uint8(raw[r * width:r * width + int(sizes[r])])
-                                   for r in range(n)]}
-
-    def _save_reducer_state(self):
-        size = ctypes.c_size_t()
-        check(lib.collie_reducer_save_state(self._h, None, 0, ctypes.byref(size)))
-        mine = (ctypes.c_uint8 * max(size.value, 1))()
-        check(lib.collie_reducer_save_state(self._h, mine, size.value, ctypes.byref(size)))
-        return bytes(mine)[:size.value]
-
-    @contextlib.contextmanager
-    def state_of_every_rank(self):
-        """state_dict() inside holds every rank's reducer state (gathered:
-        call it on every rank), so that a checkpoint saved on rank 0 resumes
-        every rank exactly, PowerSGD's per-rank error feedback included."""
-        self._every_rank_state = True
-        try:
-            yield
-        finally:
-            self._every_rank_state = False
-
-    def set_extra_state(self, state):
-        """Loads the reducer state of a checkpoint (every rank loads one saved
-        at the same step: the load checks that, collectively). A checkpoint
-        of every rank's state gives each rank its own; one rank's state (the
-        tutorial's save on rank 0) is loaded by every rank: the layout, the
-        iteration and the hook's shared state are every rank's anyway, and a
-        per-rank part (PowerSGD's error feedback) is that rank's, as
-        PyTorch's PowerSGDState saved on rank 0 gives every rank rank 0's."""
-        states = state["collie_reducer"]
-        # Checkpoints of earlier versions hold every rank's state, untagged.
-        saved_by = state.get("collie_reducer_rank", None)
-        if saved_by is None and len(states) != self._comm.size:
-            raise _lib.error("mismatch", f"the checkpoint holds {len(states)} ranks' reducer states; "
-                                    f"this job has {self._comm.size} ranks")
-        mine = _as_bytes(states[self._comm.rank] if saved_by is None else states[0])
-        buf = (ctypes.c_uint8 * max(len(mine), 1)).from_buffer_copy(mine or b"\0")
-        check(lib.collie_reducer_load_state(self._h, buf, len(mine)))
-        if self._bucket_view:
-            self._bind_views()
 
     # ---- lifetime -----------------------------------------------------------------
 
