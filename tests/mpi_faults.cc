@@ -15,12 +15,20 @@
 // With own-init the program initialises MPI itself, as mpi4py does: collie
 // must leave MPI, and MPI_COMM_WORLD's error handler, to the program, which
 // finalises it and prints "rank R: the program finalised MPI".
+// With MPI_FAULTS_DONE=DIR, each rank of mismatch, p2p and abort waits after
+// its report until every rank has reported (a file each in DIR): a rank
+// that ends without MPI_Finalize makes mpirun end the others, and a slow
+// rank's report was lost that way (rank 2's, once, in CI).
 #include <mpi.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +36,32 @@
 #include "collie/comm.h"
 
 using namespace collie;
+
+namespace {
+
+// Marks this rank's report done, then waits (at most a minute) until all
+// `n` ranks have: the explicit signal is each rank's file in
+// MPI_FAULTS_DONE. Without that variable it returns at once.
+void wait_for_every_report(int me, int n) {
+  const char* dir = std::getenv("MPI_FAULTS_DONE");
+  if (!dir || !*dir) return;
+  namespace fs = std::filesystem;
+  std::ofstream(fs::path(dir) / ("rank" + std::to_string(me))) << "done\n";
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  for (;;) {
+    int seen = 0;
+    for (int r = 0; r < n; ++r) seen += fs::exists(fs::path(dir) / ("rank" + std::to_string(r)));
+    if (seen == n) return;
+    if (std::chrono::steady_clock::now() > limit) {
+      std::printf("rank %d: only %d of %d ranks reported within a minute\n", me, seen, n);
+      std::fflush(stdout);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2 || argc > 3) {
@@ -42,6 +76,8 @@ int main(int argc, char** argv) {
   }
   auto comm = connect();
   const int me = comm->rank();
+  const int n = comm->size();
+  const bool all_report = what == "mismatch" || what == "p2p" || what == "abort";
   // One good all-reduce first: every rank is in and MPI is warm.
   std::vector<float> warm(16, 1.0f);
   comm->allreduce(view_of(warm.data(), warm.size()), ReduceOp::sum).wait();
@@ -58,6 +94,7 @@ int main(int argc, char** argv) {
           comm->abort("rank 1 gives up on purpose");
           std::printf("rank 1: aborted\n");
           std::fflush(stdout);
+          wait_for_every_report(me, n);
           return 0;
         }
         if (what == "stall") std::this_thread::sleep_for(std::chrono::seconds(60));
@@ -69,6 +106,8 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     std::printf("rank %d: ERR %s: %s\n", me, std::string(to_string(e.code())).c_str(), e.what());
   }
+  std::fflush(stdout);
+  if (all_report) wait_for_every_report(me, n);
   if (own_init) {
     comm.reset();
     int finalized = 1;

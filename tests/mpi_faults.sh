@@ -9,13 +9,20 @@ COLLIE_RUN=$2
 PROG=$3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 COLLIE_BACKEND=mpi
 fails=0
+failed=()  # each failed check's line, repeated at the end (CI shows the tail)
 out=""
+done_dirs=$(mktemp -d)
+trap 'rm -rf "$done_dirs"' EXIT
 
 # run NP TIMEOUT_S CASE [own-init]: runs the case, sets $out, $rc and $took
 # (seconds).
 run() {
   local np=$1 t=$2 case=$3 start
   start=$(date +%s)
+  # The ranks wait for each other's reports through files here (see
+  # mpi_faults.cc), a fresh folder for each run.
+  export MPI_FAULTS_DONE
+  MPI_FAULTS_DONE=$(mktemp -d -p "$done_dirs")
   out=$(COLLIE_DEBUG=INFO COLLIE_TIMEOUT=$t timeout 120 "$MPIRUN" --oversubscribe -n "$np" "$PROG" "$case" ${4:-} 2>&1)
   rc=$?
   took=$(($(date +%s) - start))
@@ -30,6 +37,7 @@ expect() {  # expect CASE DESCRIPTION PATTERN (extended regex, in $out)
     echo "FAIL $1: $2 (no /$3/ in:)"
     echo "$out" | sed 's/^/    | /'
     fails=$((fails + 1))
+    failed+=("FAIL $1: $2")
   fi
 }
 within() {  # within CASE LIMIT_S
@@ -38,6 +46,7 @@ within() {  # within CASE LIMIT_S
   else
     echo "FAIL $1: the job took ${took} s, rc $rc (limit $2 s)"
     fails=$((fails + 1))
+    failed+=("FAIL $1: the job took ${took} s, rc $rc (limit $2 s)")
   fi
 }
 
@@ -91,6 +100,7 @@ within kill 30
 if [ "$rc" -eq 0 ]; then
   echo "FAIL kill: mpirun returned 0 after a rank was killed"
   fails=$((fails + 1))
+  failed+=("FAIL kill: mpirun returned 0 after a rank was killed")
 fi
 
 # Asked for under another launcher: a clear error, not MPI's singleton.
@@ -102,5 +112,6 @@ expect launch "collie-run's ranks are told to use mpirun" \
   "backend 'mpi' cannot serve these ranks: it needs an MPI launch \(mpirun or srun\)"
 within launch 30
 
+[ "$fails" -gt 0 ] && printf '%s\n' "${failed[@]}"
 echo "$fails failed"
 [ "$fails" -eq 0 ]
