@@ -2,6 +2,8 @@
 #include "comm/stall_inspector.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -19,7 +21,16 @@ using std::chrono::milliseconds;
 // freed.
 struct Progress {
   std::atomic<uint32_t> issued{0}, completed{0};
+  // When `completed` last moved (steady clock, ns): the last time this
+  // rank saw every other rank, since each took part in that collective.
+  std::atomic<int64_t> completed_ns{0};
 };
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 std::string state_of(uint32_t issued, uint32_t completed) {
   return std::to_string(issued) + " " + std::to_string(completed);
@@ -98,7 +109,7 @@ void StallInspector::stop() {
 }
 
 milliseconds StallInspector::budget() const {
-  return std::clamp(timeout_ / 4, milliseconds(1000), milliseconds(5000));
+  return std::clamp(timeout_ / 4, milliseconds(500), milliseconds(750));
 }
 
 void StallInspector::issued(uint32_t seq) {
@@ -111,7 +122,10 @@ void StallInspector::completed(uint32_t seq) {
   // store, not a compare-exchange loop (a locked instruction per op); the
   // check keeps a late store harmless.
   auto& c = progress_->completed;
-  if (c.load(std::memory_order_relaxed) < seq) c.store(seq, std::memory_order_relaxed);
+  if (c.load(std::memory_order_relaxed) < seq) {
+    c.store(seq, std::memory_order_relaxed);
+    progress_->completed_ns.store(now_ns(), std::memory_order_relaxed);
+  }
 }
 
 uint32_t StallInspector::last_completed() const {
@@ -211,9 +225,19 @@ Error StallInspector::explain(const OpDesc& desc, const Error& e) {
   if (!finished.empty())
     parts.push_back(ranks(finished) + (finished.size() > 1 ? " have" : " has") + " finished #" +
                     std::to_string(n));
-  if (!silent.empty())
+  if (!silent.empty()) {
+    // When they were last seen: the end of the collective before #n here,
+    // which every rank took part in (when this rank completed it).
+    std::string seen;
+    const uint32_t last = progress_->completed.load(std::memory_order_relaxed);
+    const int64_t at = progress_->completed_ns.load(std::memory_order_relaxed);
+    if (last + 1 == n && at > 0)
+      seen = "; last seen in #" + std::to_string(last) + ", which ended on rank " +
+             std::to_string(rank_) + " " +
+             log::seconds(milliseconds((now_ns() - at) / 100000000 * 100)) + " before this report";
     parts.push_back(ranks(silent) + " did not answer within " + log::seconds(budget) +
-                    " (dead, stopped, or cut off from the store)");
+                    " (dead, stopped, or cut off from the store)" + seen);
+  }
   std::string report;
   for (size_t i = 0; i < parts.size(); ++i) report += (i ? "; " : "") + parts[i];
   try {

@@ -11,8 +11,11 @@
 // (Store::connect_again), for the key that asks this rank; it costs nothing
 // until a rank times out. The rank whose op timed out sets every other
 // rank's ask key, and waits a short while (a quarter of the timeout, within
-// 1 to 5 s) for their answers. A rank that answers is alive, whatever it
-// is doing; one that does not is dead, stopped, or cut off from the store.
+// 0.5 to 0.75 s, so that a stalled rank is named within the deadline plus
+// a second) for their answers; a watcher answers in milliseconds. A rank
+// that answers is alive, whatever it is doing; one that does not is dead,
+// stopped, or cut off from the store, and the report says when it was last
+// seen: the end of the collective before the one that timed out.
 #pragma once
 
 #include <atomic>
@@ -62,7 +65,7 @@ class StallInspector {
   std::string state_key(int q) const;
   std::string report_key() const;
   // How long an inspection waits for answers, and the goodbye to the
-  // watcher for the store: a quarter of the timeout, within 1 to 5 s.
+  // watcher for the store: a quarter of the timeout, within 0.5 to 0.75 s.
   std::chrono::milliseconds budget() const;
 
   const std::shared_ptr<Store> store_;

@@ -2,7 +2,8 @@
 // exactly, one line per op with the time, while tests/launch/link_faults.sh
 // shapes, cuts or restores the link between two hosts under it.
 //
-//   link_fault_probe [--ops N] [--seconds S] [--mib M]      (under collie-run)
+//   link_fault_probe [--ops N] [--seconds S] [--mib M] [--stop-rank R --stop-at I]
+//                                                            (under collie-run)
 //
 // Each op all-reduces (sum) M MiB of f32 (default 4). Rank r's element j of
 // op i is (r + 1) * ((i + j) % 1024 + 1): integers, so the sum over W ranks,
@@ -13,6 +14,9 @@
 //
 // Prints, per op:   op 12 ok t=3.412 took=0.041
 // and at the end:   done: 40 ops, every result exact
+// With --stop-rank, rank R stops itself (SIGSTOP) before op I, after it
+// prints "rank R stopped before op I epoch=..." (tests/launch/stall_times.sh
+// times the others' errors and the job's end from that).
 // t is seconds since connect() returned; epoch= on an error line is the
 // wall clock (CLOCK_REALTIME), which the script compares with the moment it
 // injected the fault. COLLIE_EXPECT_BACKEND, when set, is the backend the
@@ -21,6 +25,7 @@
 // Exit status: 0 all ok; 2 usage, or another backend; 3 an op failed
 // ("op 13 FAILED t=... epoch=... took=... code=timeout: <message>");
 // 4 a result was wrong ("op 13 WRONG element j: got X, want Y").
+#include <signal.h>
 #include <time.h>
 
 #include <chrono>
@@ -50,7 +55,8 @@ double epoch_now() {
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
-               "link_fault_probe: %s\nusage: link_fault_probe [--ops N] [--seconds S] [--mib M]\n",
+               "link_fault_probe: %s\nusage: link_fault_probe [--ops N] [--seconds S] [--mib M] "
+               "[--stop-rank R --stop-at I]\n",
                why);
   std::exit(2);
 }
@@ -70,6 +76,7 @@ double number(const char* flag, const char* v, double lo, double hi) {
 int main(int argc, char** argv) {
   long ops = 20;
   double seconds = 0, mib = 4;
+  long stop_rank = -1, stop_at = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (i + 1 >= argc) usage(("missing value after " + a).c_str());
@@ -80,6 +87,10 @@ int main(int argc, char** argv) {
       seconds = number("--seconds", v, 0.001, 1e6);
     else if (a == "--mib")
       mib = number("--mib", v, 0.001, 1024);
+    else if (a == "--stop-rank")
+      stop_rank = static_cast<long>(number("--stop-rank", v, 0, 1e6));
+    else if (a == "--stop-at")
+      stop_at = static_cast<long>(number("--stop-at", v, 0, 1e9));
     else
       usage(("unknown option " + a).c_str());
   }
@@ -104,6 +115,11 @@ int main(int argc, char** argv) {
     for (size_t j = 0; j < n; ++j)
       buf[j] = static_cast<float>(me + 1) * static_cast<float>((i + j) % 1024 + 1);
     buf[n] = seconds > 0 && since(t0) >= seconds ? 1.0f : 0.0f;
+    if (me == stop_rank && i == stop_at) {
+      std::printf("rank %d stopped before op %ld epoch=%.3f\n", me, i, epoch_now());
+      std::fflush(stdout);
+      ::raise(SIGSTOP);
+    }
     const auto start = Clock::now();
     try {
       comm->allreduce(view_of(buf.data(), buf.size()), ReduceOp::sum).wait();

@@ -267,6 +267,9 @@ TEST(Faults, TheStallInspectorNamesARankThatDoesNotAnswer) {
     EXPECT_FALSE(out[r].hung) << describe(out);
     EXPECT_TRUE(contains(out[r].message(), "ranks 0, 1 wait in #2")) << describe(out);
     EXPECT_TRUE(contains(out[r].message(), "rank 2 did not answer within")) << describe(out);
+    // When it was last seen: the end of #1, which it took part in.
+    EXPECT_TRUE(contains(out[r].message(), "last seen in #1, which ended on rank "))
+        << describe(out);
   }
 }
 

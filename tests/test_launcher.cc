@@ -294,6 +294,24 @@ TEST_F(Launcher, ARankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   EXPECT_FALSE(contains(r.out, "survived")) << r.out;
 }
 
+// A stopped rank (SIGSTOP here; a debugger gone, a rank stalled by the
+// kernel) holds SIGTERM pending until it is continued: collie-run follows
+// SIGTERM with SIGCONT, so it ends by SIGTERM at once, not by SIGKILL after
+// the grace period (60 s here; it was 5 s by default, and a stalled rank's
+// job ended that long after its error). Rank 1 fails once rank 0's state is
+// T in /proc.
+TEST_F(Launcher, AStoppedRankEndsBySigtermNotAtTheGracePeriod) {
+  const std::string prog =
+      "if [ $RANK = 0 ]; then echo $$ > $T/pid.tmp; mv $T/pid.tmp $T/pid; kill -STOP $$; "
+      "echo continued; sleep 60; fi; "
+      "while [ ! -e $T/pid ]; do sleep 0.01; done; "
+      "while ! grep -q ') T ' /proc/$(cat $T/pid)/stat; do sleep 0.01; done; exit 4";
+  auto r = run({"-n", "2", "--grace-seconds", "60", "sh", "-c", prog});
+  EXPECT_EQ(r.status, 4) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 0, stopped by collie-run: was killed by signal SIGTERM"))
+      << r.err;
+}
+
 TEST_F(Launcher, ARankKilledBySignalIsReportedAs128PlusSignal) {
   auto r = run({"-n", "2", "sh", "-c", "if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60"});
   EXPECT_EQ(r.status, 128 + SIGKILL);

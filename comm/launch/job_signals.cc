@@ -118,11 +118,17 @@ void Job::stop_ranks(int sig) {
 
 // By process group (see exec_rank). A rank that has exited is still
 // signalled while its pipes are open: what holds them is its leftover
-// children, and they keep the group id from being reused.
+// children, and they keep the group id from being reused. Every signal but
+// SIGKILL is followed by SIGCONT, as systemd does: a stopped process
+// (SIGSTOP, SIGTSTP, a debugger gone) holds SIGTERM pending until it is
+// continued, and a job with a stopped rank ended only at the grace
+// period's SIGKILL, 5 s later.
 void Job::signal_ranks(int sig) {
   for (const Rank& r : ranks_)
-    if (r.running || r.out.fd >= 0 || r.err.fd >= 0)
+    if (r.running || r.out.fd >= 0 || r.err.fd >= 0) {
       if (kill(-r.pid, sig) != 0 && r.running) kill(r.pid, sig);
+      if (sig != SIGKILL && kill(-r.pid, SIGCONT) != 0 && r.running) kill(r.pid, SIGCONT);
+    }
 }
 
 }  // namespace collie::launch
