@@ -40,6 +40,46 @@ std::string state_of(uint32_t issued, uint32_t completed) {
 
 struct StallInspector::Shared : Progress {};
 
+std::string describe_positions(uint32_t n, const std::vector<RankPosition>& at,
+                               const std::string& silent_says) {
+  // Group the ranks that are where they should be; say the rest one by one.
+  std::vector<int> waiting, finished, silent;
+  std::vector<std::string> late;
+  for (int q = 0; q < static_cast<int>(at.size()); ++q) {
+    const RankPosition& s = at[static_cast<size_t>(q)];
+    const std::string rq = "rank " + std::to_string(q);
+    const std::string process = " (its process is " + s.process + ")";
+    if (!s.known)
+      silent.push_back(q);
+    else if (s.completed >= n)
+      finished.push_back(q);
+    else if (s.issued >= n)
+      waiting.push_back(q);
+    else if (s.issued > s.completed)
+      late.push_back(rq + " is still in #" + std::to_string(s.completed + 1) +
+                     " and has not called #" + std::to_string(n) + process);
+    else
+      late.push_back(rq + " last completed #" + std::to_string(s.completed) +
+                     " and has not called #" + std::to_string(n) + process);
+  }
+  RankNames names;
+  auto ranks = [&](const std::vector<int>& v) {
+    return std::string(v.size() > 1 ? "ranks " : "rank ") + names.list(v);
+  };
+  std::vector<std::string> parts;
+  if (!waiting.empty())
+    parts.push_back(ranks(waiting) + (waiting.size() > 1 ? " wait" : " waits") + " in #" +
+                    std::to_string(n));
+  for (auto& l : late) parts.push_back(l);
+  if (!finished.empty())
+    parts.push_back(ranks(finished) + (finished.size() > 1 ? " have" : " has") + " finished #" +
+                    std::to_string(n));
+  if (!silent.empty()) parts.push_back(ranks(silent) + " " + silent_says);
+  std::string report;
+  for (size_t i = 0; i < parts.size(); ++i) report += (i ? "; " : "") + parts[i];
+  return report;
+}
+
 StallInspector::StallInspector(std::shared_ptr<Store> store, std::string key, int rank, int size,
                                milliseconds timeout)
     : store_(std::move(store)),
@@ -150,11 +190,7 @@ Error StallInspector::explain(const OpDesc& desc, const Error& e) {
     return std::max(l, milliseconds(1));
   };
   const uint32_t n = desc.seq;
-  struct State {
-    bool answered = false;
-    uint32_t issued = 0, completed = 0;
-  };
-  std::vector<State> st(static_cast<size_t>(size_));
+  std::vector<RankPosition> st(static_cast<size_t>(size_));
   st[static_cast<size_t>(rank_)] = {true, progress_->issued.load(std::memory_order_relaxed),
                                     progress_->completed.load(std::memory_order_relaxed)};
   auto with = [&](const std::string& report) {
@@ -194,52 +230,18 @@ Error StallInspector::explain(const OpDesc& desc, const Error& e) {
     }
   }
 
-  // Group the ranks that are where they should be; say the rest one by one.
-  std::vector<int> waiting, finished, silent;
-  std::vector<std::string> late;
-  for (int q = 0; q < size_; ++q) {
-    const State& s = st[static_cast<size_t>(q)];
-    const std::string rq = "rank " + std::to_string(q);
-    if (!s.answered)
-      silent.push_back(q);
-    else if (s.completed >= n)
-      finished.push_back(q);
-    else if (s.issued >= n)
-      waiting.push_back(q);
-    else if (s.issued > s.completed)
-      late.push_back(rq + " is still in #" + std::to_string(s.completed + 1) +
-                     " and has not called #" + std::to_string(n) + " (its process is alive)");
-    else
-      late.push_back(rq + " last completed #" + std::to_string(s.completed) +
-                     " and has not called #" + std::to_string(n) + " (its process is alive)");
-  }
-  RankNames names;
-  auto ranks = [&](const std::vector<int>& v) {
-    return std::string(v.size() > 1 ? "ranks " : "rank ") + names.list(v);
-  };
-  std::vector<std::string> parts;
-  if (!waiting.empty())
-    parts.push_back(ranks(waiting) + (waiting.size() > 1 ? " wait" : " waits") + " in #" +
-                    std::to_string(n));
-  for (auto& l : late) parts.push_back(l);
-  if (!finished.empty())
-    parts.push_back(ranks(finished) + (finished.size() > 1 ? " have" : " has") + " finished #" +
-                    std::to_string(n));
-  if (!silent.empty()) {
-    // When they were last seen: the end of the collective before #n here,
-    // which every rank took part in (when this rank completed it).
-    std::string seen;
-    const uint32_t last = progress_->completed.load(std::memory_order_relaxed);
-    const int64_t at = progress_->completed_ns.load(std::memory_order_relaxed);
-    if (last + 1 == n && at > 0)
-      seen = "; last seen in #" + std::to_string(last) + ", which ended on rank " +
-             std::to_string(rank_) + " " +
-             log::seconds(milliseconds((now_ns() - at) / 100000000 * 100)) + " before this report";
-    parts.push_back(ranks(silent) + " did not answer within " + log::seconds(budget) +
-                    " (dead, stopped, or cut off from the store)" + seen);
-  }
-  std::string report;
-  for (size_t i = 0; i < parts.size(); ++i) report += (i ? "; " : "") + parts[i];
+  std::string silent_says = "did not answer within " + log::seconds(budget) +
+                            " (dead, stopped, or cut off from the store)";
+  // When they were last seen: the end of the collective before #n here,
+  // which every rank took part in (when this rank completed it).
+  const uint32_t last = progress_->completed.load(std::memory_order_relaxed);
+  const int64_t at = progress_->completed_ns.load(std::memory_order_relaxed);
+  if (last + 1 == n && at > 0)
+    silent_says += "; last seen in #" + std::to_string(last) + ", which ended on rank " +
+                   std::to_string(rank_) + " " +
+                   log::seconds(milliseconds((now_ns() - at) / 100000000 * 100)) +
+                   " before this report";
+  std::string report = describe_positions(n, st, silent_says);
   try {
     report = to_string(store_->compare_set(report_key(), {}, to_bytes(report)));
   } catch (const Error&) {

@@ -24,12 +24,29 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/op.h"
 #include "collie/error.h"
 #include "collie/store.h"
 
 namespace collie {
+
+// Where one rank is, for a stall report: its last collective issued and
+// completed, where known, and what its process is doing.
+struct RankPosition {
+  bool known = false;
+  uint32_t issued = 0, completed = 0;
+  std::string process = "alive";  // "... (its process is <process>)"
+};
+
+// A stall report's text for collective #n, the ranks grouped where they
+// are where they should be: "ranks 0, 1 wait in #6; rank 2 last completed
+// #5 and has not called #6 (its process is stopped)". The ranks whose
+// position is unknown are named, then `silent_says`. The stall inspector's
+// and the mpi backend's (through its shared check area).
+std::string describe_positions(uint32_t n, const std::vector<RankPosition>& at,
+                               const std::string& silent_says);
 
 class StallInspector {
  public:

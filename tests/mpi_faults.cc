@@ -9,6 +9,7 @@
 //   p2p       rank 0 sends 8 floats; rank 1 receives 4
 //   abort     rank 1 aborts its communicator instead of calling the op
 //   stall     rank 1 sleeps past the deadline before calling the op
+//   stop      rank 1 stops itself (SIGSTOP) before calling the op
 //   kill      rank 1 is killed (SIGKILL) before calling the op
 // Each rank prints "rank R: ERR <code>: <message>" for the error it gets,
 // or "rank R: OK", and exits 0 (the job's own fate is the script's to judge).
@@ -65,7 +66,7 @@ void wait_for_every_report(int me, int n) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || argc > 3) {
-    std::fprintf(stderr, "usage: mpi_faults mismatch|p2p|abort|stall|kill [own-init]\n");
+    std::fprintf(stderr, "usage: mpi_faults mismatch|p2p|abort|stall|stop|kill [own-init]\n");
     return 2;
   }
   const std::string what = argv[1];
@@ -98,6 +99,7 @@ int main(int argc, char** argv) {
           return 0;
         }
         if (what == "stall") std::this_thread::sleep_for(std::chrono::seconds(60));
+        if (what == "stop") ::raise(SIGSTOP);
         if (what == "kill") ::raise(SIGKILL);
       }
       comm->allreduce(view_of(big.data(), big.size()), ReduceOp::sum).wait();

@@ -80,7 +80,15 @@ within abort 30
 run 2 3 stall
 expect stall "the waiting rank times out naming the op" \
   "rank 0: ERR timeout: allreduce #[0-9]+ \(f32 x 1048576, sum\) on rank 0 timed out after 3 s in MPI"
+expect stall "the report says where each rank is" \
+  "rank 0: ERR timeout: .*Where the ranks are \(read from the shared check area\): rank 0 waits in #([0-9]+); rank 1 last completed #[0-9]+ and has not called #\1 \(its process is alive\)"
 within stall 30
+
+# A stopped rank: named as stopped at the deadline, from the check area.
+run 3 3 stop
+expect stop "the waiting ranks name the stopped rank" \
+  "rank [02]: ERR timeout: .*ranks 0, 2 wait in #([0-9]+); rank 1 last completed #[0-9]+ and has not called #\1 \(its process is stopped\)"
+within stop 30
 
 # The program initialised MPI itself: the same errors, and MPI is left to it
 # (not finalised by collie, MPI_COMM_WORLD's handler untouched). Each

@@ -16,7 +16,8 @@
 namespace collie::mpi {
 
 std::unique_ptr<CheckArea> CheckArea::make(MPI_Comm comm, int me, int n) {
-  const size_t bytes = 2 * static_cast<size_t>(n) * sizeof(Slot);
+  const size_t bytes =
+      2 * static_cast<size_t>(n) * sizeof(Slot) + static_cast<size_t>(n) * sizeof(Progress);
   char where[128] = {0};
   shared_file::Made made;  // rank 0's; the others' fd stays -1
   if (me == 0) {
@@ -48,7 +49,9 @@ std::unique_ptr<CheckArea> CheckArea::make(MPI_Comm comm, int me, int n) {
     if (p) munmap(p, bytes);
     return nullptr;
   }
-  return std::unique_ptr<CheckArea>(new CheckArea(static_cast<Slot*>(p), bytes));
+  std::unique_ptr<CheckArea> area(new CheckArea(static_cast<Slot*>(p), bytes, n));
+  area->progress(me).pid.store(getpid(), std::memory_order_relaxed);
+  return area;
 }
 
 CheckArea::~CheckArea() {

@@ -1,6 +1,7 @@
 // comm/mpi/check_area.h: where every rank of an MPI communicator shares one
 // host, the few cache lines of shared memory in which the ranks compare
-// their collectives (mpi_backend.cc's Check), instead of an MPI all-reduce.
+// their collectives (mpi_check.h), instead of an MPI all-reduce, and where
+// each posts its progress, for the report of a stall.
 #pragma once
 
 #include <mpi.h>
@@ -26,6 +27,13 @@ class CheckArea {
     std::atomic<uint64_t> number;  // k + 1 once check k's descriptor is in
     uint64_t desc[6];              // written before number, read after it
   };
+  // A rank's progress: the last collective it issued and completed, and
+  // its pid, which the others read when a collective passes its deadline
+  // (a stopped rank's counters are still there to read).
+  struct alignas(64) Progress {
+    std::atomic<uint32_t> issued, completed;
+    std::atomic<int64_t> pid;
+  };
 
   // Collective over `comm` (of `n` ranks, this one `me`, all on one host):
   // the area, or null on every rank when any of them cannot map rank 0's
@@ -40,11 +48,17 @@ class CheckArea {
   // it, after its own check k ended), so a slot is rewritten only after
   // every rank has read it.
   Slot& slot(int r, uint64_t k) { return slots_[2 * static_cast<size_t>(r) + (k & 1)]; }
+  // Rank r's progress, after every rank's slots.
+  Progress& progress(int r) {
+    return reinterpret_cast<Progress*>(slots_ + 2 * static_cast<size_t>(n_))[r];
+  }
+  int size() const { return n_; }
 
  private:
-  CheckArea(Slot* slots, size_t bytes) : slots_(slots), bytes_(bytes) {}
+  CheckArea(Slot* slots, size_t bytes, int n) : slots_(slots), bytes_(bytes), n_(n) {}
   Slot* slots_;
   size_t bytes_;
+  int n_;
 };
 
 }  // namespace collie::mpi

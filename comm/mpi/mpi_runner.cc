@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,7 @@
 #include "comm/mpi/mpi_check.h"
 #include "comm/mpi/mpi_process.h"
 #include "comm/mpi/mpi_runner.h"
+#include "comm/stall_inspector.h"
 
 namespace collie::mpi {
 
@@ -39,6 +41,19 @@ using Clock = std::chrono::steady_clock;
 // Room for an abort message between ranks: "code\ntext".
 constexpr int kAbortBytes = 1024;
 constexpr int kAbortTag = 1;
+
+// What the process `pid` (of this host) is doing, as a stall report says
+// it: "stopped" (SIGSTOP, a debugger), "gone" (exited), else "alive".
+std::string process_state(int64_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (pid <= 0 || !std::getline(stat, line)) return "gone";
+  const auto close = line.rfind(')');  // the name may hold spaces and parentheses
+  const char state = close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '?';
+  if (state == 'T' || state == 't') return "stopped";
+  if (state == 'Z' || state == 'X') return "gone";
+  return "alive";
+}
 
 }  // namespace
 
@@ -85,6 +100,7 @@ MpiRunner::MpiRunner(const BackendContext& ctx, MPI_Comm data)
 
 void MpiRunner::run_collective(const Op& op, Deadline dl) {
   const OpDesc& d = op.desc;
+  if (area_) area_->progress(me_).issued.store(d.seq, std::memory_order_relaxed);
   // The check's round trip overlaps the op's own (see Check).
   std::optional<Check> check;
   if (check_ && n_ > 1) {
@@ -190,6 +206,7 @@ void MpiRunner::run_collective(const Op& op, Deadline dl) {
   // been waited for: its buffers must outlive it, and a mismatch is one
   // still.
   if (c && !c->done()) c->finish(dl);
+  if (area_) area_->progress(me_).completed.store(d.seq, std::memory_order_relaxed);
 }
 
 void MpiRunner::run_p2p(P2pBatch& batch, Deadline dl) {
@@ -408,7 +425,21 @@ void MpiRunner::timed_out(const OpDesc& d) {
               what(d) + " timed out after " + std::to_string(timeout_.count() / 1000) +
                   " s in MPI (a rank is stalled, dead, or not calling the same operation; "
                   "COLLIE_TIMEOUT sets the deadline). MPI cannot cancel it: this process will "
-                  "not finalise MPI, and mpirun ends the job when it exits");
+                  "not finalise MPI, and mpirun ends the job when it exits" +
+                  where_ranks_are(d));
+}
+
+std::string MpiRunner::where_ranks_are(const OpDesc& d) {
+  if (!area_ || d.op == OpKind::p2p) return "";
+  std::vector<RankPosition> at(static_cast<size_t>(n_));
+  for (int q = 0; q < n_; ++q) {
+    auto& p = area_->progress(q);
+    at[static_cast<size_t>(q)] = {true, p.issued.load(std::memory_order_relaxed),
+                                  p.completed.load(std::memory_order_relaxed),
+                                  process_state(p.pid.load(std::memory_order_relaxed))};
+  }
+  return ". Where the ranks are (read from the shared check area): " +
+         describe_positions(d.seq, at, "");
 }
 
 }  // namespace collie::mpi

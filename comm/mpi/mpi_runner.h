@@ -72,6 +72,10 @@ class MpiRunner final : public HostRunner {
   // Throws the abort a peer told this rank of, if one has come.
   void look_for_abort(const OpDesc& d);
   [[noreturn]] void timed_out(const OpDesc& d);
+  // Where every rank is, from the progress each posts in the check area
+  // (", where the ranks are ..."); "" without one (ranks on several hosts,
+  // or the check by messages) and for point-to-point ops.
+  std::string where_ranks_are(const OpDesc& d);
 
   Process& proc_;
   MPI_Comm data_ = MPI_COMM_NULL, ctrl_ = MPI_COMM_NULL;
