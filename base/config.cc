@@ -239,6 +239,13 @@ Launch resolve_launch(const Options& o, const Env& env) {
                 "that arrives last)");
     l.arrivals = *v == 1;
   }
+  if (auto v = parse_int("COLLIE_JOIN", env("COLLIE_JOIN"))) {
+    if (*v != 0 && *v != 1)
+      throw bad("COLLIE_JOIN=" + std::to_string(*v) +
+                " is not 0 or 1 (1: this process joins a running job, as a rank that "
+                "collie-run --elastic restarted)");
+    l.join = *v == 1;
+  }
   if (const char* v = env("COLLIE_STORE_PREFIX"); v && *v) l.store_prefix = v;
   if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;
   if (l.world_size > 1 && !o.store && l.store_file.empty()) {

@@ -61,6 +61,10 @@ struct Launch {
   // COLLIE_ARRIVALS=0: the executor does not time each collective, and
   // Communicator::arrivals compares nothing (base/arrivals.h). On by default.
   bool arrivals = true;
+  // COLLIE_JOIN=1: this process replaces a lost rank (collie-run --elastic
+  // restarts one so): connect() joins the running job, as collie::join()
+  // does, instead of meeting the others at the start.
+  bool join = false;
 };
 
 Launch resolve_launch(const Options& options, const Env& env);

@@ -327,6 +327,21 @@ collie_status collie_comm_shrink(collie_comm* c, const int* exclude, size_t n_ex
   });
 }
 
+collie_status collie_comm_grow(collie_comm* c, int joiners, int wait_ms, collie_comm** out) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(out, "out");
+  *out = nullptr;
+  return guarded([&] {
+    *out = wrap(c->comm->grow(joiners, std::chrono::milliseconds(wait_ms > 0 ? wait_ms : 0)));
+  });
+}
+
+collie_status collie_comm_join(const collie_comm_options* o, collie_comm** out) {
+  COLLIE_REQUIRE(out, "out");
+  *out = nullptr;
+  return guarded([&] { *out = wrap(collie::join(to_options(o))); });
+}
+
 collie_status collie_comm_abort(collie_comm* c, const char* reason) {
   COLLIE_REQUIRE(c, "comm");
   return guarded([&] { c->comm->abort(reason ? reason : "(no reason given)"); });

@@ -110,6 +110,9 @@ struct BackendContext {
   // Makes this communicator's kind of backend for another context (shrink):
   // set by connect(); empty where the backend cannot be made again.
   std::function<std::unique_ptr<Backend>(const BackendContext&)> remake;
+  // The registry's name of the backend (connect() sets it): what grow tells
+  // the processes that join, so that they make the same kind.
+  std::string backend_name;
   std::shared_ptr<trace::Sink> trace;  // COLLIE_TRACE's file for this rank, or null
   // How long each host collective ran on this rank (base/arrivals.h): the
   // executor records, Communicator::arrivals compares. Null with one rank

@@ -203,6 +203,14 @@ class Reducer {
   // it checks that every rank loads a state from the same step and layout.
   Bytes save_state();
   void load_state(const Bytes& state);
+  // After a shrink or a grow (Communicator::grow): the state a rank's new
+  // reducer on `comm` loads, so that training goes on in memory, without a
+  // checkpoint. A rank with a reducer (`mine`) keeps its own state (its
+  // layout, its iteration count, its hook's state, which may be its own:
+  // PowerSGD's error feedback); a joiner passes null and gets rank `root`'s.
+  // Collective over `comm`: call it before building the new reducer, whose
+  // construction then broadcasts rank 0's parameters, and load the result.
+  static Bytes handoff_state(Communicator& comm, Reducer* mine, int root = 0);
 
   const BucketPlan& plan() const { return plan_; }
   CommHook& comm_hook() { return *hook_; }

@@ -30,6 +30,21 @@ Bytes Reducer::save_state() {
   return out;
 }
 
+Bytes Reducer::handoff_state(Communicator& comm, Reducer* mine, int root) {
+  const bool at_root = comm.rank() == root;
+  if (at_root && !mine)
+    throw Error(ErrorCode::invalid_argument,
+                "handoff_state on rank " + std::to_string(root) +
+                    ": the rank that hands its reducer's state to the others has no reducer");
+  Bytes own = mine ? mine->save_state() : Bytes{};
+  int64_t bytes = at_root ? static_cast<int64_t>(own.size()) : 0;
+  comm.broadcast(view_of(&bytes, 1), root).wait();
+  Bytes theirs(at_root ? 0 : static_cast<size_t>(bytes));
+  Bytes& moved = at_root ? own : theirs;
+  comm.broadcast(view_of(moved.data(), moved.size()), root).wait();
+  return mine ? own : theirs;
+}
+
 void Reducer::load_state(const Bytes& in) {
   std::lock_guard lk(mu_);
   if (in_backward_) throw misuse("load_state in the middle of a backward pass");

@@ -242,6 +242,149 @@ TEST(FakeBackend, AVanishedRankIsNamedAndTheSurvivorsShrinkAndGoOn) {
   expect_all_ok(ended, "vanish and shrink");
 }
 
+// A process that joins the running job (collie::join) as `rank` of
+// `world` by its launch variables, through `store`: its allreduce of its
+// new rank over the grown communicator, or its error.
+std::string join_and_sum(std::shared_ptr<Store> store, int rank, int world, milliseconds timeout,
+                         float want) {
+  try {
+    Options o;
+    o.rank = rank;
+    o.world_size = world;
+    o.backend = "fake";
+    o.store = std::move(store);
+    o.timeout = timeout;
+    auto c = join(o);
+    float x = static_cast<float>(c->rank());
+    c->allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
+    return x == want
+               ? "joined as rank " + std::to_string(c->rank()) + " of " + std::to_string(c->size())
+               : "sum " + std::to_string(x);
+  } catch (const Error& e) {
+    return std::string(to_string(e.code())) + ": " + e.what();
+  }
+}
+
+// grow(): three ranks take the joiner that queues in the store; the grown
+// communicator numbers it after its own and sums over all four. Then the
+// four, the joiner among them, grow by two more, numbered in the order
+// they came.
+TEST(FakeBackend, GrowTakesTheJoinersInTheOrderTheyCame) {
+  std::shared_ptr<Store> store = make_memory_store(milliseconds(20000));
+  std::string first, second, third;
+  std::vector<std::thread> later;  // the second grow's joiners
+  // The first joiner, once in, is a member like the others: it takes part
+  // in the second grow too.
+  std::thread j1([&] {
+    try {
+      Options o;
+      o.rank = 1;
+      o.world_size = 3;
+      o.backend = "fake";
+      o.store = store;
+      o.timeout = milliseconds(20000);
+      auto g = join(o);
+      float x = static_cast<float>(g->rank());
+      g->allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
+      first = "joined as rank " + std::to_string(g->rank()) + " of " + std::to_string(g->size()) +
+              ", sum " + std::to_string(static_cast<int>(x));
+      auto g2 = g->grow(2);
+      float y = static_cast<float>(g2->rank());
+      g2->allreduce(view_of(&y, 1), ReduceOp::sum, blocking);
+      first += "; rank " + std::to_string(g2->rank()) + " of " + std::to_string(g2->size()) +
+               ", sum " + std::to_string(static_cast<int>(y));
+    } catch (const Error& e) {
+      first = std::string(to_string(e.code())) + ": " + e.what();
+    }
+  });
+  auto ended = run_world(
+      3,
+      [&](Communicator& c) -> std::string {
+        auto g = c.grow(1);
+        if (g->size() != 4 || g->rank() != c.rank()) return "grown: rank of size wrong";
+        float x = static_cast<float>(g->rank());
+        g->allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
+        if (x != 0 + 1 + 2 + 3) return "sum over 4 is " + std::to_string(x);
+        // Two more join; the 4 ranks take both.
+        if (c.rank() == 0) {  // only rank 0 touches `later`
+          later.emplace_back([&] {
+            second = join_and_sum(store, 1, 3, milliseconds(20000), 0 + 1 + 2 + 3 + 4 + 5);
+          });
+          later.emplace_back([&] {
+            third = join_and_sum(store, 2, 3, milliseconds(20000), 0 + 1 + 2 + 3 + 4 + 5);
+          });
+        }
+        auto g2 = g->grow(2);
+        float y = static_cast<float>(g2->rank());
+        g2->allreduce(view_of(&y, 1), ReduceOp::sum, blocking);
+        return y == 0 + 1 + 2 + 3 + 4 + 5 ? "" : "sum over 6 is " + std::to_string(y);
+      },
+      milliseconds(20000), [&](Options& o) { o.store = store; });
+  j1.join();
+  for (auto& t : later) t.join();
+  expect_all_ok(ended, "grow");
+  EXPECT_EQ(first, "joined as rank 3 of 4, sum 6; rank 3 of 6, sum 15");
+  EXPECT_TRUE((second == "joined as rank 4 of 6" && third == "joined as rank 5 of 6") ||
+              (second == "joined as rank 5 of 6" && third == "joined as rank 4 of 6"))
+      << second << " / " << third;
+}
+
+// Bad grows: no joiner comes (every rank's timeout says how many came, and
+// a joiner that comes later is refused by name); joiners < 1; two joiners
+// for one place (the second is not taken, and says so at its deadline).
+TEST(FakeBackend, AGrowWithoutItsJoinersFailsByName) {
+  std::shared_ptr<Store> store = make_memory_store(milliseconds(20000));
+  auto ended = run_world(
+      2,
+      [&](Communicator& c) -> std::string {
+        try {
+          c.grow(0);
+          return "grow(0) went on";
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::invalid_argument ||
+              std::string(e.what()).find("joiners is 0, not 1 or more") == std::string::npos)
+            return std::string("grow(0): ") + e.what();
+        }
+        try {
+          c.grow(1, milliseconds(300));
+          return "grew without a joiner";
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::timeout ||
+              std::string(e.what()).find("0 of the 1 joining processes came within 0.3 s") ==
+                  std::string::npos)
+            return std::string("grow(1): ") + e.what();
+        }
+        // Two for one place: the first is taken, the other is not.
+        return "";
+      },
+      milliseconds(20000), [&](Options& o) { o.store = store; });
+  expect_all_ok(ended, "bad grows");
+  // The place the failed grow took is refused to whoever comes for it.
+  EXPECT_NE(join_and_sum(store, 1, 2, milliseconds(2000), 0)
+                .find("join: refused by the ranks' grow: grow on rank 0: 0 of the 1"),
+            std::string::npos);
+
+  std::string a, b;
+  std::thread ja([&] { a = join_and_sum(store, 0, 2, milliseconds(1500), 0 + 1 + 2); });
+  std::thread jb([&] { b = join_and_sum(store, 1, 2, milliseconds(1500), 0 + 1 + 2); });
+  auto grown = run_world(
+      2,
+      [&](Communicator& c) -> std::string {
+        auto g = c.grow(1);
+        float x = static_cast<float>(g->rank());
+        g->allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
+        return x == 0 + 1 + 2 ? "" : "sum " + std::to_string(x);
+      },
+      milliseconds(20000), [&](Options& o) { o.store = store; });
+  ja.join();
+  jb.join();
+  expect_all_ok(grown, "one of two joiners");
+  const std::string taken = "joined as rank 2 of 3",
+                    left = "timeout: join: no communicator of the job grew by this process within";
+  EXPECT_TRUE((a == taken && b.rfind(left, 0) == 0) || (b == taken && a.rfind(left, 0) == 0))
+      << a << " / " << b;
+}
+
 TEST(FakeBackend, AbortFromAnotherThreadEndsABlockedWaitOnEveryRank) {
   // Ranks 0 and 1 wait in an all-reduce that rank 2 never joins (it stays
   // until they are done); a thread of rank 0 aborts, and both waits end
@@ -439,6 +582,116 @@ TEST(FakeBackend, ReducerTrainsAsSerialFloat64DoesInEveryMode) {
   }
 }
 
+// A rank replaced in memory: 3 ranks train kSteps steps with the reducer,
+// grow by a joiner, hand it their reducer's state (Reducer::handoff_state)
+// and rank 0's parameters (the new reducer's construction), and train
+// kSteps more as 4. The result equals serial float64 training on the 3
+// ranks' samples, then on the 4 ranks' samples.
+TEST(FakeBackend, TheReducerReformsInMemoryAfterAGrow) {
+  auto steps = [](Reducer& red, std::vector<std::vector<float>>& params, int r, int n) {
+    const int total = kPerRank * n;
+    auto data = testing::make_dataset(total, 11);
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<float*> g;
+      for (size_t i = 0; i < params.size(); ++i) {
+        TensorView v = red.grad_view(i);
+        std::memset(v.data, 0, v.nbytes());
+        g.push_back(static_cast<float*>(v.data));
+      }
+      std::vector<const float*> pp;
+      for (auto& v : params) pp.push_back(v.data());
+      red.prepare_for_backward(std::vector<bool>(params.size(), true));
+      testing::backward<float>(pp, g, data, r * kPerRank, kPerRank, kPerRank, true,
+                               [&](size_t i) { red.mark_grad_ready(i); });
+      red.finalize_backward();
+      for (size_t i = 0; i < params.size(); ++i) {
+        const float* gv = static_cast<const float*>(red.grad_view(i).data);
+        for (size_t k = 0; k < params[i].size(); ++k)
+          params[i][k] -= static_cast<float>(kLr) * gv[k];
+      }
+    }
+  };
+  auto parameters = [](std::vector<std::vector<float>>& params) {
+    std::vector<Parameter> ps;
+    for (auto& v : params) ps.push_back({view_of(v.data(), v.size()), {}});
+    return ps;
+  };
+  ReducerOptions opt;
+  opt.gradient_as_bucket_view = true;
+  opt.first_bucket_bytes = 16;
+  opt.bucket_bytes = 32;
+  // Serial float64: kSteps on 3 ranks' samples, then kSteps on 4 ranks'.
+  auto ref = testing::init_params<double>(7);
+  for (int n : {3, 4}) {
+    const int total = kPerRank * n;
+    auto data = testing::make_dataset(total, 11);
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<std::vector<double>> g;
+      for (auto& v : ref) g.emplace_back(v.size(), 0.0);
+      std::vector<const double*> pp;
+      std::vector<double*> gp;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        pp.push_back(ref[i].data());
+        gp.push_back(g[i].data());
+      }
+      testing::backward<double>(pp, gp, data, 0, total, total, true, [](size_t) {});
+      for (size_t i = 0; i < ref.size(); ++i)
+        for (size_t k = 0; k < ref[i].size(); ++k) ref[i][k] -= kLr * g[i][k];
+    }
+  }
+  auto off = [&](const std::vector<std::vector<float>>& params) {
+    double worst = 0;
+    for (size_t i = 0; i < params.size(); ++i)
+      for (size_t k = 0; k < params[i].size(); ++k)
+        worst = std::max(worst,
+                         std::abs(params[i][k] - ref[i][k]) / std::max(1.0, std::abs(ref[i][k])));
+    return worst <= 1e-5 ? std::string() : "off the reference by " + std::to_string(worst);
+  };
+
+  std::shared_ptr<Store> store = make_memory_store(milliseconds(20000));
+  std::string joined;
+  std::thread joiner([&] {
+    try {
+      Options o;
+      o.rank = 1;
+      o.world_size = 3;
+      o.backend = "fake";
+      o.store = store;
+      o.timeout = milliseconds(20000);
+      auto g = join(o);
+      auto params = testing::init_params<float>(999);  // not the model: rank 0's comes
+      Bytes st = Reducer::handoff_state(*g, nullptr);
+      Reducer red(*g, parameters(params), opt);
+      red.load_state(st);
+      if (red.iterations() != kSteps) {
+        joined = "iterations " + std::to_string(red.iterations());
+        return;
+      }
+      steps(red, params, g->rank(), g->size());
+      joined = off(params);
+    } catch (const Error& e) {
+      joined = std::string(to_string(e.code())) + ": " + e.what();
+    }
+  });
+  auto ended = run_world(
+      3,
+      [&](Communicator& c) -> std::string {
+        auto params = testing::init_params<float>(c.rank() == 0 ? 7 : 1000 + c.rank());
+        auto red = std::make_unique<Reducer>(c, parameters(params), opt);
+        steps(*red, params, c.rank(), c.size());
+        auto g = c.grow(1);
+        Bytes st = Reducer::handoff_state(*g, red.get());
+        red = std::make_unique<Reducer>(*g, parameters(params), opt);
+        red->load_state(st);
+        steps(*red, params, g->rank(), g->size());
+        return off(params);
+      },
+      milliseconds(20000), [&](Options& o) { o.store = store; });
+  joiner.join();
+  expect_all_ok(ended, "survivors");
+  EXPECT_EQ(joined, "");
+}
+
 TEST(FakeBackend, CompressionHooksStayWithinTheirPrecision) {
   // fp16 and bf16 halve the bytes; the result stays within the narrow
   // type's rounding of the reference (11 and 8 significant bits).
@@ -470,6 +723,55 @@ TEST(FakeBackend, TheCAbiConnectsAndReducesOverIt) {
     return "";
   });
   for (size_t r = 0; r < bad.size(); ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
+}
+
+// collie_comm_grow and collie_comm_join: two ranks grow by a joiner and
+// sum their new ranks over the three.
+TEST(FakeBackend, TheCAbiGrowsByAJoiner) {
+  auto sum_ranks = [](collie_comm* comm) -> std::string {
+    int r = -1, n = 0;
+    collie_comm_rank(comm, &r);
+    collie_comm_size(comm, &n);
+    double v = r;
+    collie_tensor t{};
+    t.data = &v;
+    t.numel = 1;
+    t.dtype = COLLIE_F64;
+    if (collie_comm_allreduce(comm, t, t, COLLIE_SUM, nullptr) != COLLIE_OK)
+      return std::string("allreduce: ") + collie_last_error();
+    return "rank " + std::to_string(r) + " of " + std::to_string(n) + ", sum " +
+           std::to_string(static_cast<int>(v));
+  };
+  std::string joiner;
+  const auto bad = run_c_world(2, "fake_c_grow", [&](collie_comm* comm, int r) -> std::string {
+    std::thread j;
+    if (r == 0)
+      j = std::thread([&] {
+        collie_comm_options o;
+        collie_comm_options_init(&o);
+        o.rank = 1;
+        o.world_size = 2;
+        o.backend = "fake";
+        o.timeout_seconds = 20;
+        collie_comm* g = nullptr;
+        if (collie_comm_join(&o, &g) != COLLIE_OK) {
+          joiner = std::string("join: ") + collie_last_error();
+          return;
+        }
+        joiner = sum_ranks(g);
+        collie_comm_destroy(g);
+      });
+    collie_comm* g = nullptr;
+    std::string got = collie_comm_grow(comm, 1, 0, &g) == COLLIE_OK
+                          ? sum_ranks(g)
+                          : std::string("grow: ") + collie_last_error();
+    if (g) collie_comm_destroy(g);
+    if (j.joinable()) j.join();
+    const std::string want = "rank " + std::to_string(r) + " of 3, sum 3";
+    return got == want ? "" : got;
+  });
+  for (size_t r = 0; r < bad.size(); ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
+  EXPECT_EQ(joiner, "rank 2 of 3, sum 3");
 }
 
 }  // namespace

@@ -443,6 +443,10 @@ TEST_F(Launcher, BadUsageSaysWhatToChange) {
        "needs --master-addr and --master-port"},
       {{"-n", "2", "--grace-seconds"}, "--grace-seconds needs a value"},
       {{"-n", "2", "--max-restarts", "-1", "true"}, "--max-restarts takes a whole number in 0.."},
+      {{"-n", "2", "--elastic", "true"}, "--elastic needs --max-restarts M"},
+      {{"-n", "2", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "29500",
+        "--max-restarts", "1", "--elastic", "true"},
+       "--elastic runs on one node for now"},
   };
   for (const auto& c : cases) {
     auto r = run(c.args);

@@ -17,6 +17,7 @@
 #include "comm/backend.h"
 #include "comm/cuda/staged_backend.h"
 #include "comm/front/front.h"
+#include "comm/front/grow.h"
 
 namespace collie {
 
@@ -214,10 +215,48 @@ std::vector<std::string> available_backends() {
   return v;
 }
 
+namespace {
+
+// join(): the launch and the store as connect() makes them, then a place
+// in a communicator that grows by this process (comm/front/grow.h).
+std::unique_ptr<Communicator> join_job(const Options& options, BackendContext ctx) {
+  const std::string who = "join (rank " + std::to_string(ctx.launch.rank) + "'s replacement)";
+  if (ctx.launch.world_size < 2 && !options.store)
+    throw Error(ErrorCode::invalid_argument,
+                who + ": no job to join: the launch variables say a world of one rank");
+  if (!options.store && !ctx.launch.launcher_store && ctx.launch.store_file.empty())
+    throw Error(ErrorCode::invalid_argument,
+                who +
+                    ": the job's store must outlive its ranks (collie-run's, with "
+                    "COLLIE_LAUNCHER_STORE=1; a file store; or Options::store): under "
+                    "another launcher, rank 0 serves it and a lost rank 0 takes it along");
+  ctx.key = "collie/join";
+  ctx.failure = std::make_shared<FailureLatch>();
+  make_rendezvous(options, ctx);
+  std::string backend;
+  BackendContext c = joiner_context(ctx, ctx.launch.timeout, backend);
+  const BackendEntry& entry = pick_backend(backend, c.launch);
+  c.backend_name = entry.name;
+  c.trace = trace::Sink::open(config::trace(c.env), c.launch.rank, c.launch.world_size);
+  c.remake = [&entry](const BackendContext& x) { return make_backend(entry, x); };
+  return make_front(c, make_backend(entry, c));
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> join(const Options& options) {
+  BackendContext ctx;
+  ctx.env = config::process_env();
+  ctx.launch = config::resolve_launch(options, ctx.env);
+  return join_job(options, std::move(ctx));
+}
+
 std::unique_ptr<Communicator> connect(const Options& options) {
   BackendContext ctx;
   ctx.env = config::process_env();
   ctx.launch = config::resolve_launch(options, ctx.env);
+  // A rank that collie-run --elastic restarted joins the running job.
+  if (ctx.launch.join) return join_job(options, std::move(ctx));
   // Nothing said how many ranks there are: a world of one, which may be
   // meant (a test, a notebook) or may be ranks started by hand that will
   // each train alone. Said once per process, never an error.
@@ -249,6 +288,7 @@ std::unique_ptr<Communicator> connect(const Options& options) {
             ", launch variables from " + ctx.launch.source);
   ctx.trace = trace::Sink::open(config::trace(ctx.env), ctx.launch.rank, ctx.launch.world_size);
   if (ctx.store) ctx.remake = [&entry](const BackendContext& c) { return make_backend(entry, c); };
+  ctx.backend_name = entry.name;
   say_whether_tracing(ctx);
   auto comm = make_front(ctx, make_backend(entry, ctx));
   if (ctx.trace && !ctx.trace->clock_started()) align_trace_clock(*comm, *ctx.trace, ctx);

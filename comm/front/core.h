@@ -119,6 +119,7 @@ class Core {
   std::vector<uint32_t> send_seq, recv_seq;
   int splits = 0;
   int shrinks = 0;
+  int grows = 0;
   bool destroyed = false;
   const std::shared_ptr<trace::Track> trace;
 };

@@ -12,6 +12,7 @@
 #include "comm/deterministic.h"
 #include "comm/front/all_of.h"
 #include "comm/front/core.h"
+#include "comm/front/grow.h"
 #include "comm/front/shrink.h"
 
 namespace collie {
@@ -251,6 +252,24 @@ class Front final : public Communicator {
       no = ++core_->shrinks;
     }
     BackendContext c = survivors_context(ctx, std::move(out), no, wait, timeout(), what);
+    return make_front(c, c.remake(c));
+  }
+
+  std::unique_ptr<Communicator> grow(int joiners, std::chrono::milliseconds wait) override {
+    const BackendContext& ctx = core_->ctx;
+    const validate::Where what = where("grow");
+    if (!ctx.store || !ctx.remake)
+      throw Error(ErrorCode::unavailable, what.str() + ": the " + backend() +
+                                              " backend has no rendezvous store to grow through");
+    if (joiners < 1)
+      throw Error(ErrorCode::invalid_argument,
+                  what.str() + ": joiners is " + std::to_string(joiners) + ", not 1 or more");
+    int no;
+    {
+      std::lock_guard lk(core_->mu);
+      no = ++core_->grows;
+    }
+    BackendContext c = grown_context(ctx, joiners, no, wait, what);
     return make_front(c, c.remake(c));
   }
 

@@ -12,8 +12,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]\n"
-    "                  [--max-restarts M | --keep-going] [--grace-seconds S] [--log-dir D]\n"
-    "                  [--no-prefix] program [args...]\n"
+    "                  [--max-restarts M [--elastic] | --keep-going] [--grace-seconds S]\n"
+    "                  [--log-dir D] [--no-prefix] program [args...]\n"
     "  -n N               ranks to start on this node\n"
     "  --nnodes K         nodes in the job (default 1)\n"
     "  --node-rank R      this node's index, 0..K-1 (default 0)\n"
@@ -25,6 +25,10 @@ constexpr const char* kUsage =
     "                     read the count in COLLIE_RESTART_COUNT and should resume\n"
     "                     from a checkpoint; on several nodes, every node's\n"
     "                     launcher takes part (give each the same value)\n"
+    "  --elastic          with --max-restarts M, one node: a rank that fails is\n"
+    "                     started again alone, up to M times in all, and joins the\n"
+    "                     running job (COLLIE_JOIN=1: its connect() waits for the\n"
+    "                     others' Communicator::grow) while the others go on\n"
     "  --keep-going       a rank that fails does not stop the others (for programs\n"
     "                     whose survivors shrink the communicator and go on); the job\n"
     "                     fails if a rank exits non-zero or none finishes\n"
@@ -91,6 +95,10 @@ Args parse_args(int argc, char** argv) {
       a.keep_going = true;
       continue;
     }
+    if (flag == "--elastic") {
+      a.elastic = true;
+      continue;
+    }
     auto take = [&]() -> std::string {
       if (has_value) return value;
       if (i + 1 >= argc) usage_error(flag + " needs a value");
@@ -131,6 +139,11 @@ Args parse_args(int argc, char** argv) {
     usage_error(
         "--keep-going and --max-restarts ask for opposite things after a failure (the "
         "survivors go on, or every rank starts again); give one");
+  if (a.elastic && a.max_restarts < 1)
+    usage_error("--elastic needs --max-restarts M: how many ranks may be started again in all");
+  if (a.elastic && a.nnodes > 1)
+    usage_error("--elastic runs on one node for now (--nnodes " + std::to_string(a.nnodes) +
+                "); on several, --max-restarts restarts every node's ranks");
   if (a.master_addr.empty()) a.master_addr = "127.0.0.1";
   return a;
 }

@@ -18,6 +18,9 @@ struct Args {
   int grace_seconds = 5;
   int max_restarts = 0;
   bool keep_going = false;
+  // --elastic: with --max-restarts M, a rank that fails is started again
+  // alone (COLLIE_JOIN=1), up to M times in all, while the others go on.
+  bool elastic = false;
   bool prefix = true;
   std::string log_dir;
   std::vector<std::string> prog;

@@ -46,7 +46,8 @@ int Job::run() {
   share_cpus();
   do {
     started_ = Clock::now();
-    ranks_.reserve(a_.nproc);
+    // Room for --elastic's replacements too: reap() holds references.
+    ranks_.reserve(static_cast<size_t>(a_.nproc + (a_.elastic ? a_.max_restarts : 0)));
     for (int local = 0; local < a_.nproc; ++local)
       if (!spawn(local)) return 1;  // children die with us (PR_SET_PDEATHSIG)
     supervise();
@@ -193,13 +194,18 @@ bool Job::spawn(int local) {
     std::string path = a_.log_dir + "/rank." + std::to_string(r.rank) + ".log";
     // A restarted rank's output follows its earlier rounds'.
     r.log_fd =
-        open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (restarts_ ? O_APPEND : O_TRUNC), 0644);
+        open(path.c_str(),
+             O_WRONLY | O_CREAT | O_CLOEXEC | (restarts_ || joining_ ? O_APPEND : O_TRUNC), 0644);
     if (r.log_fd < 0) {
       std::fprintf(stderr, "collie-run: --log-dir: cannot write %s: %s\n", path.c_str(),
                    std::strerror(errno));
       return false;
     }
     if (restarts_ > 0) write_all(r.log_fd, "---- collie-run: " + attempt() + " ----\n");
+    if (joining_)
+      write_all(r.log_fd, "---- collie-run: --elastic: started again (" +
+                              std::to_string(replacements_) + " of " +
+                              std::to_string(a_.max_restarts) + ") ----\n");
   }
   // Output goes through pipes (prefixed, kept for the summary and the log
   // files) unless --no-prefix without --log-dir asks for the plain streams.
@@ -268,8 +274,10 @@ void Job::exec_rank(const Rank& r, int local, pid_t launcher, int out, int err) 
   set("COLLIE_JOB_SECRET", secret_);
   set("COLLIE_LAUNCHER_STORE", "1");
   if (store_for_the_job()) set("COLLIE_STORE_PREFIX", round_key(""));
-  set("COLLIE_RESTART_COUNT", std::to_string(restarts_));
-  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_));
+  // --elastic: how many ranks were started again so far, this one too.
+  set("COLLIE_RESTART_COUNT", std::to_string(restarts_ + replacements_));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_ + replacements_));
+  if (joining_) set("COLLIE_JOIN", "1");
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(a_.max_restarts));
   set("RANK", std::to_string(r.rank));
   set("WORLD_SIZE", std::to_string(world_));
@@ -329,6 +337,7 @@ void Job::supervise() {
 // stop asked of collie-run (SIGINT, SIGTERM, SIGHUP) is never restarted,
 // nor is a round whose ranks all finished.
 bool Job::restart() {
+  if (a_.elastic) return false;  // its restarts were of single ranks, within the round
   if (agents()) return restart_every_node();
   if (!first_failure_ || restarts_ >= a_.max_restarts) return false;
   handle_signals();  // one that came while the round ended wins over a restart

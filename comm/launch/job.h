@@ -149,6 +149,10 @@ class Job {
   // SIGCHLDs coalesce, so every running rank is asked, not just one.
   void reap();
 
+  // --elastic: starts a rank again alone for each that reap() took as
+  // lost, to join the running job (COLLIE_JOIN=1).
+  void start_replacements();
+
   // Asks every rank still running to stop, and kills them after the grace
   // period.
   void stop_ranks(int sig);
@@ -193,6 +197,11 @@ class Job {
   std::optional<std::string> remote_failure_;
   int remote_exit_ = 1;
   std::vector<size_t> lost_;  // --keep-going: ranks that failed
+  // --elastic: ranks started again alone so far, the local indices waiting
+  // to be, and whether the rank being spawned is one (it joins the job).
+  int replacements_ = 0;
+  std::vector<int> to_replace_;
+  bool joining_ = false;
   sigset_t handled_{}, saved_mask_{};
   int sigfd_ = -1;
   std::vector<Rank> ranks_;

@@ -61,6 +61,7 @@ void Job::handle_signals() {
     int sig = static_cast<int>(info.ssi_signo);
     if (sig == SIGCHLD) {
       reap();
+      start_replacements();
       continue;
     }
     if (!stop_signal_) {
@@ -86,6 +87,16 @@ void Job::reap() {
     bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     // Once we are stopping the job, exits are our doing, not new failures.
     if (!failed || stopping()) continue;
+    if (a_.elastic && replacements_ + static_cast<int>(to_replace_.size()) < a_.max_restarts) {
+      const int local = r.rank - a_.node_rank * a_.nproc;
+      to_replace_.push_back(local);
+      std::fprintf(stderr,
+                   "collie-run: rank %d %s; --elastic: starting it again (%d of %d) to join the "
+                   "others\n",
+                   r.rank, describe(status).c_str(),
+                   replacements_ + static_cast<int>(to_replace_.size()), a_.max_restarts);
+      continue;
+    }
     if (a_.keep_going) {
       lost_.push_back(static_cast<size_t>(&r - ranks_.data()));
       bool others = false;
@@ -106,6 +117,24 @@ void Job::reap() {
     // worth keeping.
     if (others) stop_at_ = Clock::now() + kReportWindow;
   }
+}
+
+void Job::start_replacements() {
+  for (int local : to_replace_) {
+    if (stopping()) break;
+    ++replacements_;
+    joining_ = true;
+    const bool ok = spawn(local);
+    joining_ = false;
+    if (!ok) {
+      std::fprintf(stderr, "collie-run: --elastic: rank %d could not be started again\n",
+                   a_.node_rank * a_.nproc + local);
+      first_failure_ = 1 << 8;  // exit status 1
+      stop_ranks(SIGTERM);
+      break;
+    }
+  }
+  to_replace_.clear();
 }
 
 // Asks every rank still running to stop, and kills them after the grace

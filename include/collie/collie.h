@@ -185,6 +185,18 @@ collie_status collie_comm_split(collie_comm* comm, int color, int key, collie_co
  * 10 s). */
 collie_status collie_comm_shrink(collie_comm* comm, const int* exclude, size_t n_exclude,
                                  int wait_ms, collie_comm** out);
+/* A new communicator of this one's ranks, numbered as here, and `joiners`
+ * processes that join the running job (collie_comm_join, or
+ * collie_comm_connect under COLLIE_JOIN=1, as collie-run --elastic restarts
+ * a lost rank), numbered after them in the order they came
+ * (Communicator::grow). Collective over this communicator; waits up to
+ * wait_ms (0: the timeout) for the joiners. */
+collie_status collie_comm_grow(collie_comm* comm, int joiners, int wait_ms, collie_comm** out);
+/* A process that joins a running job: waits (up to the timeout) until a
+ * communicator of the job grows by it, and returns its place there
+ * (collie::join). The options give the store and the secret as for
+ * collie_comm_connect; the rank and world size come from the grow. */
+collie_status collie_comm_join(const collie_comm_options* options, collie_comm** out);
 /* Which rank arrived last, and how long after the first, at the host
  * collectives since the last call (Communicator::arrivals). Collective.
  * *collectives gets how many were compared; last and median_late_ms (each

@@ -167,6 +167,23 @@ class Communicator {
     throw Error(ErrorCode::unavailable, "shrink: this communicator cannot shrink");
   }
 
+  // A new communicator of this one's ranks, numbered as here, and `joiners`
+  // processes that join the running job (collie::join(), or connect()
+  // under COLLIE_JOIN=1, as collie-run --elastic restarts a lost rank),
+  // numbered size() .. size() + joiners - 1 in the order they came (NCCL's
+  // ncclCommGrow). Collective over this communicator's ranks; it need not
+  // work (shrink() it first after a loss, or grow the shrunk one). Waits up
+  // to `wait` (0: the timeout) for the joiners, then fails with `timeout`
+  // naming how many came. Rank 0 takes the joiners through the job's store,
+  // which must outlive the lost ranks (collie-run's does). The new
+  // communicator is a generation of its own: nothing of this one's traffic
+  // or keys is taken for its. Not on the mpi backend (no store).
+  virtual std::unique_ptr<Communicator> grow(int joiners, std::chrono::milliseconds wait = {}) {
+    (void)joiners;
+    (void)wait;
+    throw Error(ErrorCode::unavailable, "grow: this communicator cannot grow");
+  }
+
   // Fails this communicator (code `aborted`, with `reason`): the operation
   // in flight stops, every later call fails at once, and the peers are told,
   // so that they fail too instead of waiting for their deadline. Any thread.
@@ -209,6 +226,13 @@ class Communicator {
 };
 
 std::unique_ptr<Communicator> connect(const Options& options = {});
+
+// A process that joins a running job: it waits (up to the timeout) in the
+// job's store until a communicator of the job grows by it
+// (Communicator::grow), and returns its place there. The launch variables
+// and Options give the store and the secret as for connect(); its rank and
+// world size come from the grow. connect() does this under COLLIE_JOIN=1.
+std::unique_ptr<Communicator> join(const Options& options = {});
 
 // The CUDA stream (a cudaStream_t) that this thread's operations on CUDA
 // tensors are ordered after, as PyTorch's current stream: each starts once

@@ -19,8 +19,8 @@ from ._lib import Error, lib, check
 from . import _lib
 from .launch import ProcessFailed, spawn, start_processes  # noqa: F401
 
-__all__ = ["Error", "Communicator", "Work", "ProcessFailed", "connect", "default_communicator",
-           "spawn", "start_processes"]
+__all__ = ["Error", "Communicator", "Work", "ProcessFailed", "connect", "join",
+           "default_communicator", "spawn", "start_processes"]
 
 _TORCH_DTYPES = {"float32": _lib.F32, "float64": _lib.F64, "float16": _lib.F16,
                  "bfloat16": _lib.BF16, "int32": _lib.I32, "int64": _lib.I64, "uint8": _lib.U8}
@@ -329,6 +329,29 @@ class Communicator:
         check(lib.collie_comm_split(self._h, color, key, ctypes.byref(out)))
         return Communicator(out.value) if out.value else None
 
+    def shrink(self, exclude=(), wait=0.0):
+        """After ranks are lost: a new communicator of the survivors, in the
+        old order, numbered from 0 (collective over the survivors; ranks in
+        `exclude` and those this rank saw die are left out at once, the
+        others waited for up to `wait` seconds, 0: the smaller of the
+        timeout and 10 s)."""
+        out = ctypes.c_void_p()
+        ex = (ctypes.c_int * max(len(exclude), 1))(*exclude)
+        check(lib.collie_comm_shrink(self._h, ex, len(exclude), int(wait * 1000),
+                                     ctypes.byref(out)))
+        return Communicator(out.value)
+
+    def grow(self, joiners, wait=0.0):
+        """A new communicator of this one's ranks, numbered as here, and
+        `joiners` processes that join the running job (collie.join(), or
+        collie.connect() under COLLIE_JOIN=1, as collie-run --elastic
+        restarts a lost rank), numbered after them in the order they came.
+        Collective over this communicator; waits up to `wait` seconds (0:
+        the timeout) for the joiners."""
+        out = ctypes.c_void_p()
+        check(lib.collie_comm_grow(self._h, joiners, int(wait * 1000), ctypes.byref(out)))
+        return Communicator(out.value)
+
     def arrivals(self):
         """Which rank arrived last, and how long after the first, at the
         host collectives since the last call (collective: every rank calls
@@ -404,6 +427,29 @@ def connect(rank=None, world_size=None, master_addr=None, master_port=None, back
         o.local_world_size = local_world_size
     h = ctypes.c_void_p()
     check(lib.collie_comm_connect(ctypes.byref(o), ctypes.byref(h)))
+    return Communicator(h.value)
+
+
+def join(master_addr=None, master_port=None, timeout=None, secret=None, backend=None):
+    """A process that joins a running job: waits (up to the timeout) until a
+    communicator of the job grows by it (Communicator.grow), and returns its
+    place there. The store and the secret come from the arguments or the
+    launcher's variables, as for connect(); the rank and the world size from
+    the grow. collie.connect() does this under COLLIE_JOIN=1."""
+    o = _lib.CommOptions(ctypes.sizeof(_lib.CommOptions), _lib.STRUCT_TAG, -1, -1, None, -1, -1,
+                         None, 0.0, -1, 0, None, -1, 0)
+    if master_addr:
+        o.master_addr = master_addr.encode()
+    if master_port:
+        o.master_port = master_port
+    if backend:
+        o.backend = backend.encode()
+    if timeout:
+        o.timeout_seconds = float(timeout)
+    if secret:
+        o.secret = secret.encode()
+    h = ctypes.c_void_p()
+    check(lib.collie_comm_join(ctypes.byref(o), ctypes.byref(h)))
     return Communicator(h.value)
 
 

@@ -1,0 +1,144 @@
+// comm/front/grow.cc: how a communicator grows by processes that join the
+// running job, through the job's store.
+//
+// A joiner (collie::join, or connect() with COLLIE_JOIN=1) queues: it takes
+// the next ticket t of the job-wide counter collie/join/queued and writes
+// its host name under collie/join/<t>/host, then waits for
+// collie/join/<t>/assigned. Each grow is collective over the members of one
+// communicator; rank 0 of it takes the next `joiners` tickets (the counter
+// collie/join/taken, so two grows never take the same one), waits for
+// their host names, and writes each one's place ("<key> <rank> <size>
+// <backend> <local>") and, for the members, the outcome under
+// <key>/grow<no>/outcome. The new communicator's key is that
+// <key>/grow<no>: a generation of its own, so that no key of the old
+// communicator is read as the new one's. Joiners beyond those a grow takes
+// wait for the next grow, up to their deadline.
+#include "comm/front/grow.h"
+
+#include <unistd.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/log.h"
+#include "comm/stall_inspector.h"
+
+namespace collie {
+
+namespace {
+
+const std::string kJoin = "collie/join";
+
+std::string ticket_key(int64_t t, const char* what) {
+  return kJoin + "/" + std::to_string(t) + "/" + what;
+}
+
+std::string this_host() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// `ctx` for rank `rank` of `size` under `key`: a new communicator's own
+// failure latch, names, stall inspector and arrivals log.
+BackendContext renumbered(const BackendContext& ctx, const std::string& key, int rank, int size,
+                          bool local) {
+  BackendContext c = ctx;
+  c.key = key;
+  c.launch.rank = rank;
+  c.launch.world_size = size;
+  if (local) {
+    c.launch.local_rank = rank;
+    c.launch.local_world_size = size;
+  }
+  c.failure = std::make_shared<FailureLatch>();
+  c.names = RankNames();
+  c.inspector = StallInspector::start(c.store, c.key, rank, size, c.launch.timeout);
+  c.arrivals = arrivals::log_for(size, c.launch.arrivals);
+  return c;
+}
+
+}  // namespace
+
+BackendContext grown_context(const BackendContext& ctx, int joiners, int no,
+                             std::chrono::milliseconds wait, const validate::Where& what) {
+  const int me = ctx.launch.rank, n = ctx.launch.world_size, size = n + joiners;
+  Store& store = *ctx.store;
+  const std::string key = ctx.key + "/grow" + std::to_string(no);
+  const std::string outcome_key = key + "/outcome";
+  if (wait.count() <= 0) wait = ctx.launch.timeout;
+  if (me == 0) {
+    const int64_t first = store.add(kJoin + "/taken", joiners) - joiners + 1;
+    std::vector<std::string> hosts;
+    for (int i = 0; i < joiners; ++i) hosts.push_back(ticket_key(first + i, "host"));
+    std::string failed;
+    try {
+      store.wait(hosts, wait);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::timeout) throw;
+      int came = 0;
+      for (const auto& h : hosts) came += store.check({h});
+      failed = what.str() + ": " + std::to_string(came) + " of the " + std::to_string(joiners) +
+               " joining processes came within " + log::seconds(wait) +
+               " (start them with collie::join, or connect() under COLLIE_JOIN=1, as "
+               "collie-run --elastic does for a rank it restarts)";
+    }
+    // Every member on this host, and every joiner too: the new
+    // communicator is one host's (shm's segment, local ranks).
+    bool local = ctx.launch.local_world_size == n;
+    if (failed.empty())
+      for (const auto& h : hosts) local = local && to_string(store.get(h)) == this_host();
+    const std::string backend = ctx.backend_name.empty() ? "auto" : ctx.backend_name;
+    for (int i = 0; i < joiners; ++i)
+      store.set(
+          ticket_key(first + i, "assigned"),
+          to_bytes(failed.empty() ? key + " " + std::to_string(n + i) + " " + std::to_string(size) +
+                                        " " + backend + " " + (local ? "1" : "0")
+                                  : "refused " + failed));
+    store.set(outcome_key,
+              to_bytes(failed.empty() ? "ok " + std::string(local ? "1" : "0") : "fail " + failed));
+    if (!failed.empty()) throw Error(ErrorCode::timeout, failed);
+    log::info(what.str() + ": " + std::to_string(joiners) + " joined, " + std::to_string(size) +
+              " ranks");
+    return renumbered(ctx, key, me, size, local);
+  }
+  const std::string outcome = to_string(store.get(outcome_key, wait + ctx.launch.timeout));
+  if (outcome.rfind("fail ", 0) == 0) throw Error(ErrorCode::timeout, outcome.substr(5));
+  return renumbered(ctx, key, me, size, outcome == "ok 1");
+}
+
+BackendContext joiner_context(const BackendContext& ctx, std::chrono::milliseconds wait,
+                              std::string& backend) {
+  Store& store = *ctx.store;
+  const int64_t t = store.add(kJoin + "/queued", 1);
+  store.set(ticket_key(t, "host"), to_bytes(this_host()));
+  log::info("join: waiting (place " + std::to_string(t) +
+            " in the queue) for a communicator of the job to grow by this process");
+  std::string place;
+  try {
+    place = to_string(store.get(ticket_key(t, "assigned"), wait));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::timeout) throw;
+    throw Error(ErrorCode::timeout,
+                "join: no communicator of the job grew by this process within " +
+                    log::seconds(wait) + " (it was number " + std::to_string(t) +
+                    " in the queue of joiners; the ranks call Communicator::grow, which takes "
+                    "the joiners in the order they came)");
+  }
+  if (place.rfind("refused ", 0) == 0)
+    throw Error(ErrorCode::timeout, "join: refused by the ranks' grow: " + place.substr(8));
+  std::istringstream in(place);
+  std::string key;
+  int rank = -1, size = 0, local = 0;
+  if (!(in >> key >> rank >> size >> backend >> local) || rank < 0 || rank >= size)
+    throw Error(ErrorCode::internal,
+                "join: the store's word on this joiner's place is not "
+                "'<key> <rank> <size> <backend> <local>': '" +
+                    place + "'");
+  log::info("join: rank " + std::to_string(rank) + " of " + std::to_string(size) + " (" + key +
+            ")");
+  return renumbered(ctx, key, rank, size, local == 1);
+}
+
+}  // namespace collie
