@@ -57,6 +57,13 @@ class _Checkpoint:
         finally:
             self._every_rank_state = False
 
+    def load_handoff(self, state):
+        """Loads what collie.torch.handoff_state() gave this rank after a
+        shrink or a grow: its own reducer state, or (a joiner's) rank 0's.
+        Collective, as set_extra_state is."""
+        self.set_extra_state({"collie_reducer_rank": 0, "collie_world_size": self._comm.size,
+                              "collie_reducer": [_as_uint8(state)]})
+
     def set_extra_state(self, state):
         """Loads the reducer state of a checkpoint (every rank loads one saved
         at the same step: the load checks that, collectively). A checkpoint

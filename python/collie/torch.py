@@ -46,7 +46,32 @@ from ._ddp_join import _UnevenInputs
 from ._lib import check, lib
 from .averaging import PeriodicModelAverager, PostLocalSGDOptimizer
 
-__all__ = ["DistributedDataParallel", "GradBucket", "PeriodicModelAverager", "PostLocalSGDOptimizer"]
+__all__ = ["DistributedDataParallel", "GradBucket", "PeriodicModelAverager", "PostLocalSGDOptimizer",
+           "handoff_state"]
+
+
+def handoff_state(ddp, comm, root=0):
+    """After a shrink or a grow (collie.Communicator.grow): the reducer state
+    a rank's new DistributedDataParallel on `comm` loads (its
+    load_handoff()), so that training goes on in memory, without a
+    checkpoint. A rank with a wrapper (`ddp`) keeps its own state (bucket
+    layout, iteration, the comm hook's state, PowerSGD's error feedback); a
+    joiner passes None and gets rank `root`'s. Collective over `comm`: call
+    it before making the new wrapper, whose construction broadcasts rank 0's
+    parameters and buffers; close() the old wrapper first (its hooks stay
+    on the parameters until then)."""
+    at_root = comm.rank == root
+    if at_root and ddp is None:
+        raise _lib.error("invalid_argument", f"handoff_state on rank {root}: the rank that hands "
+                                             "its reducer's state to the others has no wrapper")
+    mine = ddp._save_reducer_state() if ddp is not None else b""
+    size = torch.tensor([len(mine) if at_root else 0], dtype=torch.int64)
+    comm.broadcast(size, root=root)
+    buf = torch.zeros(max(int(size[0]), 1), dtype=torch.uint8)
+    if at_root and mine:
+        buf[:len(mine)] = torch.tensor(bytearray(mine), dtype=torch.uint8)
+    comm.broadcast(buf[:int(size[0])], root=root)
+    return mine if ddp is not None else bytes(buf[:int(size[0])].tolist())
 
 # collie's errors as PyTorch's (collie.distributed makes them: importing
 # the backend alone must give them too): collie.torch.DistError and
