@@ -289,6 +289,12 @@ collie_status collie_reducer_load_state(collie_reducer* r, const void* buf, size
   return guarded([&] { r->reducer->load_state(bytes_in(buf, size)); });
 }
 
+collie_status collie_reducer_iterations(const collie_reducer* r, uint64_t* iterations) {
+  COLLIE_REQUIRE(r, "reducer");
+  COLLIE_REQUIRE(iterations, "iterations");
+  return guarded([&] { *iterations = r->reducer->iterations(); });
+}
+
 }  // extern "C"
 
 namespace {

@@ -23,6 +23,17 @@
 // checkpoint and ends with the parameters of a run that never stopped.
 // --dump-params FILE writes the final parameters (f32, w0 b0 w1 b1 ...) for
 // such comparisons; rank 0 also prints their FNV-1a checksum.
+//
+// Under `collie-run --elastic --max-restarts N` (COLLIE_ELASTIC=1), a rank
+// that dies is replaced in the running job instead: the others catch
+// peer_lost, shrink and grow their communicator by the rank collie-run
+// starts again (COLLIE_JOIN=1, whose connect() joins), hand it their
+// reducer's state (Reducer::handoff_state) and the step, and rebuild the
+// reducer, which broadcasts rank 0's parameters. Batches follow the new
+// ranks, so the run still ends with the parameters of one that never
+// stopped. Rank 0 prints "back at step S with W ranks epoch=..." after the
+// first step done with the replacement (and "first step after resuming
+// epoch=..." after a restart from a checkpoint), for the soak's timings.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -31,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -134,6 +146,12 @@ void unflatten(Mlp& m, const std::vector<float>& flat) {
   }
 }
 
+// The wall clock (CLOCK_REALTIME), in seconds: the soak compares it with
+// the moment it killed a rank.
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -177,9 +195,16 @@ int main(int argc, char** argv) {
     usage_error("--checkpoint-every needs --checkpoint PATH: where to write the checkpoints");
   int rank = -1;
   try {
+    auto env_is = [](const char* name, const char* value) {
+      const char* v = std::getenv(name);
+      return v && std::strcmp(v, value) == 0;
+    };
+    const bool elastic = env_is("COLLIE_ELASTIC", "1"), joining = env_is("COLLIE_JOIN", "1");
     auto comm = collie::connect();
     rank = comm->rank();
-    const int n = comm->size();
+    const int world = comm->size();
+    // A joiner's model, step and reducer state come from the others.
+    if (joining) checkpoint.clear();
     const std::vector<int> sizes{16, hidden, hidden, hidden, 4};
     const int batch = 64;  // per rank
     Mlp teacher(sizes, 2024);
@@ -218,10 +243,19 @@ int main(int argc, char** argv) {
     opt.gradient_as_bucket_view = bucket_view;
     opt.first_bucket_bytes = 64 * 1024;  // a small model: small buckets
     opt.bucket_bytes = 256 * 1024;
-    collie::Reducer reducer(*comm, params, opt);
     int first_step = 0;
+    // The state a joiner's reducer starts from, and the step: the others'.
+    collie::Bytes handed;
+    if (joining) {
+      handed = collie::Reducer::handoff_state(*comm, nullptr);
+      int64_t s = 0;
+      comm->broadcast(collie::view_of(&s, 1), 0).wait();
+      first_step = static_cast<int>(s);
+    }
+    auto reducer = std::make_unique<collie::Reducer>(*comm, params, opt);
+    if (joining) reducer->load_state(handed);
     if (resume) {
-      reducer.load_state(resume->rank_states[static_cast<size_t>(rank)]);
+      reducer->load_state(resume->rank_states[static_cast<size_t>(rank)]);
       first_step = static_cast<int>(std::min<uint64_t>(resume->step, steps + 1u));
       if (rank == 0)
         std::printf("resuming from checkpoint %s at step %d\n", checkpoint.c_str(), first_step);
@@ -231,91 +265,118 @@ int main(int argc, char** argv) {
       std::printf(
           "training a %d-%d-%d-%d-%d MLP on %d ranks x %d samples, %zu buckets, %s, "
           "comm hook %s\n",
-          sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], n, batch,
-          reducer.plan().buckets().size(), bucket_view ? "bucket views" : "copies",
-          reducer.comm_hook().name().c_str());
+          sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], world, batch,
+          reducer->plan().buckets().size(), bucket_view ? "bucket views" : "copies",
+          reducer->comm_hook().name().c_str());
 
     const float lr = 0.05f;
     const int L = static_cast<int>(model.layers.size());
-    for (int step = first_step; step <= steps; ++step) {
-      // This step's batch from (rank, step) alone: the same whether the run
-      // started at step 0 or resumed.
-      std::seed_seq seed{100u, static_cast<unsigned>(rank), static_cast<unsigned>(step)};
-      std::mt19937 data_rng(seed);
-      std::normal_distribution<float> gauss(0.0f, 1.0f);
-      std::vector<float> x(static_cast<size_t>(batch) * sizes[0]);
-      for (auto& v : x) v = gauss(data_rng);
-      auto target = teacher.forward(x, batch).back();
-      auto acts = model.forward(x, batch);
+    // Say when the first step after a resume or a replacement is done.
+    const char* back = first_step > 0 ? "first step after resuming" : nullptr;
+    int next = first_step;  // the step to do next: this rank's, for a recovery
+    for (int step = first_step; step <= steps; ++step) try {
+        // This step's batch from (rank, step) alone: the same whether the run
+        // started at step 0 or resumed.
+        std::seed_seq seed{100u, static_cast<unsigned>(rank), static_cast<unsigned>(step)};
+        std::mt19937 data_rng(seed);
+        std::normal_distribution<float> gauss(0.0f, 1.0f);
+        std::vector<float> x(static_cast<size_t>(batch) * sizes[0]);
+        for (auto& v : x) v = gauss(data_rng);
+        auto target = teacher.forward(x, batch).back();
+        auto acts = model.forward(x, batch);
 
-      reducer.prepare_for_backward();
-      // d loss / d output for loss = mean over the batch of |y - t|^2 / 2.
-      std::vector<float> delta(acts.back().size());
-      double loss = 0;
-      for (size_t k = 0; k < delta.size(); ++k) {
-        float d = acts.back()[k] - target[k];
-        loss += 0.5 * d * d / batch;
-        delta[k] = d / batch;
+        reducer->prepare_for_backward();
+        // d loss / d output for loss = mean over the batch of |y - t|^2 / 2.
+        std::vector<float> delta(acts.back().size());
+        double loss = 0;
+        for (size_t k = 0; k < delta.size(); ++k) {
+          float d = acts.back()[k] - target[k];
+          loss += 0.5 * d * d / batch;
+          delta[k] = d / batch;
+        }
+        for (int l = L - 1; l >= 0; --l) {
+          const Layer& Ly = model.layers[l];
+          auto gw = reducer->grad_view(2 * l), gb = reducer->grad_view(2 * l + 1);
+          auto* dw = static_cast<float*>(gw.data);
+          auto* db = static_cast<float*>(gb.data);
+          std::memset(dw, 0, gw.nbytes());
+          std::memset(db, 0, gb.nbytes());
+          const auto& xin = acts[l];
+          for (int s = 0; s < batch; ++s)
+            for (int o = 0; o < Ly.out; ++o) {
+              float d = delta[static_cast<size_t>(s) * Ly.out + o];
+              db[o] += d;
+              const float* xr = &xin[static_cast<size_t>(s) * Ly.in];
+              float* wr = &dw[static_cast<size_t>(o) * Ly.in];
+              for (int i = 0; i < Ly.in; ++i) wr[i] += d * xr[i];
+            }
+          // This layer's gradients are complete: hand them to the reducer now,
+          // while the layers below are still to be computed.
+          reducer->mark_grad_ready(2 * l);
+          reducer->mark_grad_ready(2 * l + 1);
+          if (l == 0) break;
+          std::vector<float> prev(static_cast<size_t>(batch) * Ly.in, 0.0f);
+          for (int s = 0; s < batch; ++s)
+            for (int o = 0; o < Ly.out; ++o) {
+              float d = delta[static_cast<size_t>(s) * Ly.out + o];
+              const float* wr = &Ly.w[static_cast<size_t>(o) * Ly.in];
+              for (int i = 0; i < Ly.in; ++i) prev[static_cast<size_t>(s) * Ly.in + i] += d * wr[i];
+            }
+          for (size_t k = 0; k < prev.size(); ++k) prev[k] *= 1.0f - xin[k] * xin[k];  // tanh'
+          delta = std::move(prev);
+        }
+        reducer->finalize_backward();
+        for (int l = 0; l < L; ++l) {
+          auto& Ly = model.layers[l];
+          const float* dw = static_cast<const float*>(reducer->grad_view(2 * l).data);
+          const float* db = static_cast<const float*>(reducer->grad_view(2 * l + 1).data);
+          for (size_t k = 0; k < Ly.w.size(); ++k) Ly.w[k] -= lr * dw[k];
+          for (size_t k = 0; k < Ly.b.size(); ++k) Ly.b[k] -= lr * db[k];
+        }
+        next = step + 1;
+        comm->allreduce(collie::view_of(&loss, 1), collie::ReduceOp::avg).wait();
+        if (back && rank == 0) {
+          std::printf("%s at step %d with %d ranks epoch=%.3f\n", back, step, comm->size(),
+                      wall_seconds());
+          std::fflush(stdout);
+        }
+        back = nullptr;
+        if (rank == 0 && step % log_every == 0) {
+          const auto& st = reducer->last_stats();
+          std::printf("step %4d  loss %.5f  (backward %.2f ms, exposed comm %.2f ms)\n", step, loss,
+                      st.backward_us / 1e3, st.exposed_us / 1e3);
+          std::fflush(stdout);  // a watcher (the restart test) acts on it
+        }
+        // After step s, s + 1 steps are done: the checkpoint resumes at s + 1.
+        if (!checkpoint.empty() && (step + 1) % checkpoint_every == 0)
+          collie::example::save(*comm, *reducer, static_cast<uint64_t>(step + 1), shape,
+                                flatten(model), checkpoint);
+        if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+      } catch (const collie::Error& e) {
+        if (!elastic || e.code() != collie::ErrorCode::peer_lost) throw;
+        // A rank is gone, and collie-run starts it again: go on with it.
+        // Rank 0's step and parameters (the new reducer broadcasts them)
+        // stand for everyone, whichever collective each survivor failed in.
+        if (rank == 0) std::printf("step %d: %s\n", step, e.what());
+        comm = comm->shrink();
+        comm = comm->grow(world - comm->size());
+        collie::Bytes mine = collie::Reducer::handoff_state(*comm, reducer.get());
+        int64_t s = next;
+        comm->broadcast(collie::view_of(&s, 1), 0).wait();
+        reducer.reset();
+        reducer = std::make_unique<collie::Reducer>(*comm, params, opt);
+        reducer->load_state(mine);
+        rank = comm->rank();
+        back = "back";
+        step = static_cast<int>(s) - 1;  // the loop's ++ makes it s
       }
-      for (int l = L - 1; l >= 0; --l) {
-        const Layer& Ly = model.layers[l];
-        auto gw = reducer.grad_view(2 * l), gb = reducer.grad_view(2 * l + 1);
-        auto* dw = static_cast<float*>(gw.data);
-        auto* db = static_cast<float*>(gb.data);
-        std::memset(dw, 0, gw.nbytes());
-        std::memset(db, 0, gb.nbytes());
-        const auto& xin = acts[l];
-        for (int s = 0; s < batch; ++s)
-          for (int o = 0; o < Ly.out; ++o) {
-            float d = delta[static_cast<size_t>(s) * Ly.out + o];
-            db[o] += d;
-            const float* xr = &xin[static_cast<size_t>(s) * Ly.in];
-            float* wr = &dw[static_cast<size_t>(o) * Ly.in];
-            for (int i = 0; i < Ly.in; ++i) wr[i] += d * xr[i];
-          }
-        // This layer's gradients are complete: hand them to the reducer now,
-        // while the layers below are still to be computed.
-        reducer.mark_grad_ready(2 * l);
-        reducer.mark_grad_ready(2 * l + 1);
-        if (l == 0) break;
-        std::vector<float> prev(static_cast<size_t>(batch) * Ly.in, 0.0f);
-        for (int s = 0; s < batch; ++s)
-          for (int o = 0; o < Ly.out; ++o) {
-            float d = delta[static_cast<size_t>(s) * Ly.out + o];
-            const float* wr = &Ly.w[static_cast<size_t>(o) * Ly.in];
-            for (int i = 0; i < Ly.in; ++i) prev[static_cast<size_t>(s) * Ly.in + i] += d * wr[i];
-          }
-        for (size_t k = 0; k < prev.size(); ++k) prev[k] *= 1.0f - xin[k] * xin[k];  // tanh'
-        delta = std::move(prev);
-      }
-      reducer.finalize_backward();
-      for (int l = 0; l < L; ++l) {
-        auto& Ly = model.layers[l];
-        const float* dw = static_cast<const float*>(reducer.grad_view(2 * l).data);
-        const float* db = static_cast<const float*>(reducer.grad_view(2 * l + 1).data);
-        for (size_t k = 0; k < Ly.w.size(); ++k) Ly.w[k] -= lr * dw[k];
-        for (size_t k = 0; k < Ly.b.size(); ++k) Ly.b[k] -= lr * db[k];
-      }
-      comm->allreduce(collie::view_of(&loss, 1), collie::ReduceOp::avg).wait();
-      if (rank == 0 && step % log_every == 0) {
-        const auto& st = reducer.last_stats();
-        std::printf("step %4d  loss %.5f  (backward %.2f ms, exposed comm %.2f ms)\n", step, loss,
-                    st.backward_us / 1e3, st.exposed_us / 1e3);
-        std::fflush(stdout);  // a watcher (the restart test) acts on it
-      }
-      // After step s, s + 1 steps are done: the checkpoint resumes at s + 1.
-      if (!checkpoint.empty() && (step + 1) % checkpoint_every == 0)
-        collie::example::save(*comm, reducer, static_cast<uint64_t>(step + 1), shape,
-                              flatten(model), checkpoint);
-      if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
-    }
     // Replicas must agree to the bit: compare every rank's weights with rank 0's.
     std::vector<float> flat = flatten(model), ref = flat;
     comm->broadcast(collie::view_of(ref.data(), ref.size()), 0).wait();
     int64_t differs = std::memcmp(ref.data(), flat.data(), flat.size() * sizeof(float)) != 0;
     comm->allreduce(collie::view_of(&differs, 1), collie::ReduceOp::sum).wait();
     if (rank == 0) {
-      std::printf("replicas identical on all %d ranks: %s\n", n, differs ? "NO" : "yes");
+      std::printf("replicas identical on all %d ranks: %s\n", comm->size(), differs ? "NO" : "yes");
       std::printf("final parameters: %zu floats, FNV-1a %016llx\n", flat.size(),
                   static_cast<unsigned long long>(checksum(flat)));
       if (!dump.empty()) {

@@ -207,7 +207,9 @@ class Reducer {
   // reducer on `comm` loads, so that training goes on in memory, without a
   // checkpoint. A rank with a reducer (`mine`) keeps its own state (its
   // layout, its iteration count, its hook's state, which may be its own:
-  // PowerSGD's error feedback); a joiner passes null and gets rank `root`'s.
+  // PowerSGD's error feedback); a joiner passes null and gets rank `root`'s,
+  // and so does every rank when the ones with reducers finished different
+  // iterations (they failed in different collectives).
   // Collective over `comm`: call it before building the new reducer, whose
   // construction then broadcasts rank 0's parameters, and load the result.
   static Bytes handoff_state(Communicator& comm, Reducer* mine, int root = 0);

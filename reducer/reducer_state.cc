@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/fingerprint.h"
+#include "base/log.h"
 #include "base/state_bytes.h"
 #include "reducer/reducer.h"
 
@@ -37,12 +38,34 @@ Bytes Reducer::handoff_state(Communicator& comm, Reducer* mine, int root) {
                 "handoff_state on rank " + std::to_string(root) +
                     ": the rank that hands its reducer's state to the others has no reducer");
   Bytes own = mine ? mine->save_state() : Bytes{};
+  // Survivors that failed in different collectives (a rank that died in
+  // the middle of one gave its part to some and not to others) may have
+  // finished different iterations: then rank `root`'s state stands for
+  // every rank, as its parameters do (the new reducer broadcasts them).
+  const size_t n = static_cast<size_t>(comm.size());
+  int64_t done = mine ? static_cast<int64_t>(mine->iterations()) : -1;
+  std::vector<int64_t> all(n);
+  comm.allgather(view_of(&done, 1), view_of(all.data(), n)).wait();
+  bool agree = true;
+  for (int64_t d : all) agree = agree && (d < 0 || d == all[static_cast<size_t>(root)]);
   int64_t bytes = at_root ? static_cast<int64_t>(own.size()) : 0;
   comm.broadcast(view_of(&bytes, 1), root).wait();
   Bytes theirs(at_root ? 0 : static_cast<size_t>(bytes));
   Bytes& moved = at_root ? own : theirs;
   comm.broadcast(view_of(moved.data(), moved.size()), root).wait();
-  return mine ? own : theirs;
+  if (!agree && at_root)
+    log::warn("handoff_state: the ranks had finished different iterations (" +
+              [&] {
+                std::string s;
+                for (size_t q = 0; q < n; ++q)
+                  if (all[q] >= 0)
+                    s += (s.empty() ? "rank " : ", rank ") + std::to_string(q) + ": " +
+                         std::to_string(all[q]);
+                return s;
+              }() +
+              "): every rank goes on from rank " + std::to_string(root) + "'s");
+  if (at_root) return own;
+  return mine && agree ? own : theirs;
 }
 
 void Reducer::load_state(const Bytes& in) {

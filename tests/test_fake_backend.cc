@@ -692,6 +692,37 @@ TEST(FakeBackend, TheReducerReformsInMemoryAfterAGrow) {
   EXPECT_EQ(joined, "");
 }
 
+// Survivors whose reducers finished different iterations (they failed in
+// different collectives) all go on from rank 0's state: here rank 2's
+// reducer, on a communicator of its own, did one iteration where the
+// others' did kSteps; after the handoff every new reducer is at kSteps.
+TEST(FakeBackend, SurvivorsThatFinishedDifferentStepsGoOnFromRankZeros) {
+  auto ended = run_world(3, [](Communicator& c) -> std::string {
+    auto params = testing::init_params<float>(7);
+    std::vector<Parameter> ps;
+    for (auto& v : params) ps.push_back({view_of(v.data(), v.size()), {}});
+    ReducerOptions opt;
+    opt.gradient_as_bucket_view = true;
+    auto solo = c.split(c.rank(), 0);  // each rank alone
+    auto iterate = [&](Reducer& red, int times) {
+      for (int k = 0; k < times; ++k) {
+        red.prepare_for_backward(std::vector<bool>(ps.size(), true));
+        for (size_t i = 0; i < ps.size(); ++i) red.mark_grad_ready(i);
+        red.finalize_backward();
+      }
+    };
+    Reducer red(*solo, ps, opt);
+    iterate(red, c.rank() == 2 ? 1 : kSteps);
+    Bytes st = Reducer::handoff_state(c, &red);
+    Reducer next(c, ps, opt);
+    next.load_state(st);
+    return next.iterations() == kSteps
+               ? ""
+               : "iterations after the handoff: " + std::to_string(next.iterations());
+  });
+  expect_all_ok(ended, "different steps");
+}
+
 TEST(FakeBackend, CompressionHooksStayWithinTheirPrecision) {
   // fp16 and bf16 halve the bytes; the result stays within the narrow
   // type's rounding of the reference (11 and 8 significant bits).

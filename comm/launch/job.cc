@@ -278,6 +278,9 @@ void Job::exec_rank(const Rank& r, int local, pid_t launcher, int out, int err) 
   set("COLLIE_RESTART_COUNT", std::to_string(restarts_ + replacements_));
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_ + replacements_));
   if (joining_) set("COLLIE_JOIN", "1");
+  // Every rank of an --elastic job: a lost peer is replaced, so a program
+  // may wait for it (shrink, then grow) instead of ending.
+  if (a_.elastic) set("COLLIE_ELASTIC", "1");
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(a_.max_restarts));
   set("RANK", std::to_string(r.rank));
   set("WORLD_SIZE", std::to_string(world_));

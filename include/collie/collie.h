@@ -407,6 +407,10 @@ collie_status collie_reducer_get_bucket_times(const collie_reducer* red, double*
 collie_status collie_reducer_save_state(collie_reducer* red, void* buf, size_t capacity,
                                         size_t* size);
 collie_status collie_reducer_load_state(collie_reducer* red, const void* buf, size_t size);
+/* The synchronised iterations it has finished (as the saved state counts
+ * them): after a shrink or a grow, the ranks compare them to know whether
+ * each may go on from its own state (Reducer::handoff_state). */
+collie_status collie_reducer_iterations(const collie_reducer* red, uint64_t* iterations);
 
 /* ---- comm hooks written in C ---- */
 

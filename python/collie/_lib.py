@@ -195,6 +195,7 @@ def _load():
         "collie_reducer_get_stats": (c_int, [c_void_p, POINTER(ReducerStats)]),
         "collie_reducer_save_state": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
         "collie_reducer_load_state": (c_int, [c_void_p, c_void_p, c_size_t]),
+        "collie_reducer_iterations": (c_int, [c_void_p, POINTER(c_uint64)]),
         "collie_hook_register": (c_int, [c_char_p, HOOK_FN, c_void_p]),
         "collie_hook_complete": (c_int, [c_void_p, c_int, c_char_p]),
         "collie_hook_complete_after": (c_int, [c_void_p, c_void_p]),

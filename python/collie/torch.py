@@ -56,7 +56,8 @@ def handoff_state(ddp, comm, root=0):
     load_handoff()), so that training goes on in memory, without a
     checkpoint. A rank with a wrapper (`ddp`) keeps its own state (bucket
     layout, iteration, the comm hook's state, PowerSGD's error feedback); a
-    joiner passes None and gets rank `root`'s. Collective over `comm`: call
+    joiner passes None and gets rank `root`'s, and so does every rank when
+    the wrappers finished different iterations. Collective over `comm`: call
     it before making the new wrapper, whose construction broadcasts rank 0's
     parameters and buffers; close() the old wrapper first (its hooks stay
     on the parameters until then)."""
@@ -65,13 +66,27 @@ def handoff_state(ddp, comm, root=0):
         raise _lib.error("invalid_argument", f"handoff_state on rank {root}: the rank that hands "
                                              "its reducer's state to the others has no wrapper")
     mine = ddp._save_reducer_state() if ddp is not None else b""
+    # Ranks whose wrappers finished different iterations (they failed in
+    # different collectives) all go on from rank `root`'s state, as from
+    # its parameters.
+    done = ctypes.c_uint64(0)
+    if ddp is not None:
+        check(lib.collie_reducer_iterations(ddp._h, ctypes.byref(done)))
+    every = torch.zeros(comm.size, dtype=torch.int64)
+    comm.allgather(torch.tensor([done.value if ddp is not None else -1], dtype=torch.int64), every)
+    agree = all(int(d) < 0 or int(d) == int(every[root]) for d in every)
+    if not agree and at_root:
+        warnings.warn(f"handoff_state: the ranks had finished different iterations "
+                      f"({[int(d) for d in every]}): every rank goes on from rank {root}'s")
     size = torch.tensor([len(mine) if at_root else 0], dtype=torch.int64)
     comm.broadcast(size, root=root)
     buf = torch.zeros(max(int(size[0]), 1), dtype=torch.uint8)
     if at_root and mine:
         buf[:len(mine)] = torch.tensor(bytearray(mine), dtype=torch.uint8)
     comm.broadcast(buf[:int(size[0])], root=root)
-    return mine if ddp is not None else bytes(buf[:int(size[0])].tolist())
+    if at_root or (ddp is not None and agree):
+        return mine
+    return bytes(buf[:int(size[0])].tolist())
 
 # collie's errors as PyTorch's (collie.distributed makes them: importing
 # the backend alone must give them too): collie.torch.DistError and

@@ -8,7 +8,14 @@ memory (RSS) of the launcher and the ranks, entries in /dev/shm, processes
 left behind. Prints what it counted and exits 1 on any wrong result, hang,
 failure, leftover process or growth.
 
-  soak.py --collie-run PATH --train-mlp PATH [--duration 1800] [--kill-every 120]
+  soak.py --collie-run PATH --train-mlp PATH [--duration 1800] [--kill-every 120] [--elastic]
+
+With --elastic, jobs run under `collie-run --elastic`: a killed rank is
+started again alone and joins the running job, the others keep their state
+in memory (train_mlp's shrink, grow and handoff), and no checkpoint is
+written. Either way the soak times each recovery: from the kill to rank 0's
+first step done after it ("back at step ..." or "first step after
+resuming ...", with the wall clock), and reports the median and the most.
 
 The kills come at uniformly random times, 0.5 to 1.5 times --kill-every
 apart, each on a uniformly random rank of the job running then (rank 0, the
@@ -43,6 +50,8 @@ ap.add_argument("--job-timeout", type=float, default=0,
                 help="a job still running after this many seconds is a hang (default: five "
                 "times an uninterrupted run and 120 s)")
 ap.add_argument("--seed", type=int, default=None)
+ap.add_argument("--elastic", action="store_true",
+                help="collie-run --elastic: a killed rank is replaced in the running job")
 ap.add_argument("--rss-report-only", action="store_true",
                 help="report RSS but do not judge it (sanitizer builds: their allocators keep "
                 "freed memory in quarantine, so RSS wanders by tens of percent)")
@@ -75,6 +84,8 @@ def children(pid):
             rounds.add(int(env[b"COLLIE_RESTART_COUNT"]))
         except (OSError, IndexError, ValueError, KeyError):
             continue
+    if args.elastic:  # a replacement's count is the replacements so far; the others' older
+        return out, (max(rounds) if rounds else None)
     return out, (rounds.pop() if len(rounds) == 1 else None)
 
 
@@ -216,10 +227,12 @@ while time.monotonic() - start < args.duration:
     backend = backends[i % len(backends)]
     ck, dump = os.path.join(work, "job%d.ck" % i), os.path.join(work, "job%d.bin" % i)
     env = dict(os.environ, COLLIE_BACKEND=backend, COLLIE_TIMEOUT="120")
+    how = ["--elastic"] if args.elastic else []
+    keep = [] if args.elastic else ["--checkpoint", ck, "--checkpoint-every",
+                                    str(args.checkpoint_every)]
     p = subprocess.Popen(
-        [COLLIE_RUN, "-n", str(args.ranks), "--max-restarts", str(args.max_restarts)] +
-        mlp_args(["--checkpoint", ck, "--checkpoint-every", str(args.checkpoint_every),
-                        "--step-sleep-ms", str(args.step_sleep_ms), "--dump-params", dump]),
+        [COLLIE_RUN, "-n", str(args.ranks), "--max-restarts", str(args.max_restarts)] + how +
+        mlp_args(keep + ["--step-sleep-ms", str(args.step_sleep_ms), "--dump-params", dump]),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = [], []
     readers = [threading.Thread(target=lambda s=s, into=into: into.append(s.read()))
@@ -245,6 +258,7 @@ while time.monotonic() - start < args.duration:
             try:
                 os.kill(ranks[rank], signal.SIGKILL)
                 job["kills"].append(rank)
+                job.setdefault("killed_at", []).append(time.time())
                 say("job %d (%s): killed rank %d (pid %d) %.1f s in"
                     % (i, backend, rank, ranks[rank], now - began))
             except ProcessLookupError:
@@ -272,7 +286,19 @@ while time.monotonic() - start < args.duration:
     p.stderr.close()
     job["rc"] = p.returncode
     job["secs"] = round(time.monotonic() - began, 1)
-    job["restarts"] = len(re.findall(r"restarting \(attempt \d+ of", err[0] if err else ""))
+    job["restarts"] = len(re.findall(r"restarting \(attempt \d+ of|--elastic: starting it again",
+                                     err[0] if err else ""))
+    # Each kill's recovery: to rank 0's first step done after it.
+    # (The prefix is collie-run's rank, the process's first; only the
+    # communicator's rank 0 prints these.)
+    backs = [float(x) for x in re.findall(r"^\[\d+\] (?:back|first step after resuming) at step "
+                                          r"\d+ with \d+ ranks epoch=([\d.]+)",
+                                          out[0] if out else "", re.M)]
+    job["recoveries"] = []
+    for t in job.get("killed_at", []):
+        later = [b - t for b in backs if b > t]
+        if later:
+            job["recoveries"].append(min(later))
     try:
         with open(dump, "rb") as f:
             job["same"] = f.read() == refs[backend]
@@ -312,8 +338,15 @@ left = leftovers()
 elapsed = time.monotonic() - start
 
 
-say("---- %.0f s, %d jobs, %d kills, %d restarts, seed %d ----"
-    % (elapsed, len(jobs), sum(len(j["kills"]) for j in jobs), sum(j["restarts"] for j in jobs), seed))
+say("---- %.0f s, %d jobs, %d kills, %d %s, seed %d ----"
+    % (elapsed, len(jobs), sum(len(j["kills"]) for j in jobs), sum(j["restarts"] for j in jobs),
+       "replacements" if args.elastic else "restarts", seed))
+recoveries = sorted(r for j in jobs for r in j["recoveries"])
+if recoveries:
+    say("recovery, from a kill to rank 0's first step after it (%s): median %.2f s, most %.2f s, "
+        "%d recoveries" % ("a rank replaced in the running job" if args.elastic
+                            else "every rank restarted from the checkpoint",
+                            recoveries[len(recoveries) // 2], recoveries[-1], len(recoveries)))
 say("hangs %d, failed jobs %d, wrong final parameters %d, processes left behind %d"
     % (sum(j["hang"] for j in jobs), sum(j["rc"] != 0 for j in jobs),
        sum(not j["same"] for j in jobs), len(left) + sum(len(j["left"]) for j in jobs)))
