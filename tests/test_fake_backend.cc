@@ -723,6 +723,46 @@ TEST(FakeBackend, SurvivorsThatFinishedDifferentStepsGoOnFromRankZeros) {
   expect_all_ok(ended, "different steps");
 }
 
+// A joiner with another model is refused by name where the reducer is
+// built on the grown communicator, on every rank.
+TEST(FakeBackend, AJoinerWithAnotherModelIsRefusedByName) {
+  std::shared_ptr<Store> store = make_memory_store(milliseconds(20000));
+  auto build = [](Communicator& g, size_t extra) {
+    std::vector<std::vector<float>> params{std::vector<float>(8 + extra), std::vector<float>(3)};
+    std::vector<Parameter> ps;
+    for (auto& v : params) ps.push_back({view_of(v.data(), v.size()), {}});
+    try {
+      Reducer red(g, ps, ReducerOptions{});
+      return std::string("built");
+    } catch (const Error& e) {
+      return std::string(to_string(e.code())) + ": " + e.what();
+    }
+  };
+  std::string joiner;
+  std::thread j([&] {
+    Options o;
+    o.rank = 0;
+    o.world_size = 2;
+    o.backend = "fake";
+    o.store = store;
+    o.timeout = milliseconds(20000);
+    auto g = join(o);
+    joiner = build(*g, 1);  // 9 floats where the others have 8
+  });
+  auto ended = run_world(
+      2,
+      [&](Communicator& c) -> std::string {
+        auto g = c.grow(1);
+        const std::string got = build(*g, 0);
+        return got.rfind("mismatch: ", 0) == 0 && got.find("rank 2") != std::string::npos ? ""
+                                                                                          : got;
+      },
+      milliseconds(20000), [&](Options& o) { o.store = store; });
+  j.join();
+  expect_all_ok(ended, "another model");
+  EXPECT_EQ(joiner.rfind("mismatch: ", 0), 0u) << joiner;
+}
+
 TEST(FakeBackend, CompressionHooksStayWithinTheirPrecision) {
   // fp16 and bf16 halve the bytes; the result stays within the narrow
   // type's rounding of the reference (11 and 8 significant bits).
