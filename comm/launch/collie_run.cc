@@ -1,8 +1,8 @@
 // comm/launch/collie_run.cc: collie-run, the launcher.
 //
 //   collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]
-//              [--max-restarts M | --keep-going] [--grace-seconds S] [--log-dir D]
-//              [--no-prefix] prog args...
+//              [--max-restarts M [--elastic] | --keep-going] [--grace-seconds S]
+//              [--log-dir D] [--no-prefix] prog args...
 //
 // Starts N local ranks of a K-node job with collie's and torchrun's launch
 // variables, prefixes every output line with the rank, forwards SIGINT,
@@ -30,6 +30,12 @@
 // them restart (or all stop: no restarts left, or one was told to stop).
 // The ranks of round r put their keys under "round<r>/"
 // (COLLIE_STORE_PREFIX), so nothing of an earlier round meets them.
+//
+// With --elastic (and --max-restarts M, one node), a failed rank is started
+// again alone, up to M times in all, while the others go on: with
+// COLLIE_JOIN=1 its connect() joins the running job, whose ranks grow their
+// communicator by it (Communicator::grow); every rank sees COLLIE_ELASTIC=1,
+// and COLLIE_RESTART_COUNT counts the ranks started again.
 //
 // With --keep-going, a failed rank is reported and the others go on: for
 // programs whose survivors shrink the communicator and carry on
