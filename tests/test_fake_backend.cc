@@ -723,6 +723,34 @@ TEST(FakeBackend, SurvivorsThatFinishedDifferentStepsGoOnFromRankZeros) {
   expect_all_ok(ended, "different steps");
 }
 
+// A grow while an op of the old communicator is in flight neither waits
+// for it nor disturbs it: rank 0 starts an all-reduce before the grow, the
+// others after it; it completes with the right sum, and the grown
+// communicator works beside it.
+TEST(FakeBackend, AGrowLeavesTheOpsInFlightAlone) {
+  std::shared_ptr<Store> store = make_memory_store(milliseconds(20000));
+  std::string joiner;
+  std::thread j([&] { joiner = join_and_sum(store, 0, 2, milliseconds(20000), 0 + 1 + 2); });
+  auto ended = run_world(
+      2,
+      [&](Communicator& c) -> std::string {
+        float x = 1, y = 0;
+        Work w;
+        if (c.rank() == 0) w = c.allreduce(view_of(&x, 1), ReduceOp::sum);
+        auto g = c.grow(1);
+        if (c.rank() != 0) w = c.allreduce(view_of(&x, 1), ReduceOp::sum);
+        y = static_cast<float>(g->rank());
+        g->allreduce(view_of(&y, 1), ReduceOp::sum, blocking);
+        w.wait();
+        if (x != 2) return "the old communicator's sum is " + std::to_string(x);
+        return y == 0 + 1 + 2 ? "" : "the grown communicator's sum is " + std::to_string(y);
+      },
+      milliseconds(20000), [&](Options& o) { o.store = store; });
+  j.join();
+  expect_all_ok(ended, "in flight");
+  EXPECT_EQ(joiner, "joined as rank 2 of 3");
+}
+
 // A joiner with another model is refused by name where the reducer is
 // built on the grown communicator, on every rank.
 TEST(FakeBackend, AJoinerWithAnotherModelIsRefusedByName) {
