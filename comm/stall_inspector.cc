@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/log.h"
+#include "base/trace.h"
 #include "comm/backend.h"
 
 namespace collie {
@@ -25,12 +26,6 @@ struct Progress {
   // rank saw every other rank, since each took part in that collective.
   std::atomic<int64_t> completed_ns{0};
 };
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string state_of(uint32_t issued, uint32_t completed) {
   return std::to_string(issued) + " " + std::to_string(completed);
@@ -164,7 +159,7 @@ void StallInspector::completed(uint32_t seq) {
   auto& c = progress_->completed;
   if (c.load(std::memory_order_relaxed) < seq) {
     c.store(seq, std::memory_order_relaxed);
-    progress_->completed_ns.store(now_ns(), std::memory_order_relaxed);
+    progress_->completed_ns.store(trace::now(), std::memory_order_relaxed);
   }
 }
 
@@ -239,7 +234,7 @@ Error StallInspector::explain(const OpDesc& desc, const Error& e) {
   if (last + 1 == n && at > 0)
     silent_says += "; last seen in #" + std::to_string(last) + ", which ended on rank " +
                    std::to_string(rank_) + " " +
-                   log::seconds(milliseconds((now_ns() - at) / 100000000 * 100)) +
+                   log::seconds(milliseconds((trace::now() - at) / 100000000 * 100)) +
                    " before this report";
   std::string report = describe_positions(n, st, silent_says);
   try {

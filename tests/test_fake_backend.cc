@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <initializer_list>
 #include <latch>
 #include <string>
 #include <thread>
@@ -501,23 +502,38 @@ TEST(FakeBackend, BadFailureInjectionIsRefusedByName) {
 constexpr int kPerRank = 8, kSteps = 4;
 constexpr double kLr = 0.05;
 
-std::vector<std::vector<double>> serial_reference(int total) {
+// kSteps steps on the first `total` samples for each total in turn (a
+// world that grows trains on more samples a step).
+std::vector<std::vector<double>> serial_reference(std::initializer_list<int> totals) {
   auto p = testing::init_params<double>(7);
-  auto data = testing::make_dataset(total, 11);
-  for (int step = 0; step < kSteps; ++step) {
-    std::vector<std::vector<double>> g;
-    for (auto& v : p) g.emplace_back(v.size(), 0.0);
-    std::vector<const double*> pp;
-    std::vector<double*> gp;
-    for (size_t i = 0; i < p.size(); ++i) {
-      pp.push_back(p[i].data());
-      gp.push_back(g[i].data());
+  for (int total : totals) {
+    auto data = testing::make_dataset(total, 11);
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<std::vector<double>> g;
+      for (auto& v : p) g.emplace_back(v.size(), 0.0);
+      std::vector<const double*> pp;
+      std::vector<double*> gp;
+      for (size_t i = 0; i < p.size(); ++i) {
+        pp.push_back(p[i].data());
+        gp.push_back(g[i].data());
+      }
+      testing::backward<double>(pp, gp, data, 0, total, total, true, [](size_t) {});
+      for (size_t i = 0; i < p.size(); ++i)
+        for (size_t k = 0; k < p[i].size(); ++k) p[i][k] -= kLr * g[i][k];
     }
-    testing::backward<double>(pp, gp, data, 0, total, total, true, [](size_t) {});
-    for (size_t i = 0; i < p.size(); ++i)
-      for (size_t k = 0; k < p[i].size(); ++k) p[i][k] -= kLr * g[i][k];
   }
   return p;
+}
+
+// The largest distance of `params` from `ref`, relative where |ref| > 1.
+double worst_distance(const std::vector<std::vector<float>>& params,
+                      const std::vector<std::vector<double>>& ref) {
+  double worst = 0;
+  for (size_t i = 0; i < params.size(); ++i)
+    for (size_t k = 0; k < params[i].size(); ++k)
+      worst =
+          std::max(worst, std::abs(params[i][k] - ref[i][k]) / std::max(1.0, std::abs(ref[i][k])));
+  return worst;
 }
 
 // Trains on this rank's shard; returns the largest relative distance from
@@ -559,13 +575,7 @@ double train(Communicator& c, const ReducerOptions& opt_in, bool no_sync) {
       for (size_t k = 0; k < params[i].size(); ++k) params[i][k] -= static_cast<float>(kLr) * gv[k];
     }
   }
-  auto ref = serial_reference(total);
-  double worst = 0;
-  for (size_t i = 0; i < params.size(); ++i)
-    for (size_t k = 0; k < params[i].size(); ++k)
-      worst =
-          std::max(worst, std::abs(params[i][k] - ref[i][k]) / std::max(1.0, std::abs(ref[i][k])));
-  return worst;
+  return worst_distance(params, serial_reference({total}));
 }
 
 TEST(FakeBackend, ReducerTrainsAsSerialFloat64DoesInEveryMode) {
@@ -621,30 +631,9 @@ TEST(FakeBackend, TheReducerReformsInMemoryAfterAGrow) {
   opt.first_bucket_bytes = 16;
   opt.bucket_bytes = 32;
   // Serial float64: kSteps on 3 ranks' samples, then kSteps on 4 ranks'.
-  auto ref = testing::init_params<double>(7);
-  for (int n : {3, 4}) {
-    const int total = kPerRank * n;
-    auto data = testing::make_dataset(total, 11);
-    for (int step = 0; step < kSteps; ++step) {
-      std::vector<std::vector<double>> g;
-      for (auto& v : ref) g.emplace_back(v.size(), 0.0);
-      std::vector<const double*> pp;
-      std::vector<double*> gp;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        pp.push_back(ref[i].data());
-        gp.push_back(g[i].data());
-      }
-      testing::backward<double>(pp, gp, data, 0, total, total, true, [](size_t) {});
-      for (size_t i = 0; i < ref.size(); ++i)
-        for (size_t k = 0; k < ref[i].size(); ++k) ref[i][k] -= kLr * g[i][k];
-    }
-  }
+  const auto ref = serial_reference({kPerRank * 3, kPerRank * 4});
   auto off = [&](const std::vector<std::vector<float>>& params) {
-    double worst = 0;
-    for (size_t i = 0; i < params.size(); ++i)
-      for (size_t k = 0; k < params[i].size(); ++k)
-        worst = std::max(worst,
-                         std::abs(params[i][k] - ref[i][k]) / std::max(1.0, std::abs(ref[i][k])));
+    const double worst = worst_distance(params, ref);
     return worst <= 1e-5 ? std::string() : "off the reference by " + std::to_string(worst);
   };
 

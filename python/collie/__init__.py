@@ -393,24 +393,11 @@ class Communicator:
             pass
 
 
-def connect(rank=None, world_size=None, master_addr=None, master_port=None, backend=None,
-            timeout=None, secret=None, local_rank=None, local_world_size=None,
-            deterministic=None):
-    """Connects this process to the job. Everything left None comes from the
-    launcher's variables (collie-run's, torchrun's, Open MPI's, SLURM's).
-    local_rank and local_world_size say which ranks share this host (shm
-    needs all of them on one): launchers that set no LOCAL_WORLD_SIZE, as
-    Lightning's do not, leave collie to assume one host. deterministic=True
-    (None: COLLIE_DETERMINISTIC): all-reduce and reduce-scatter sum in rank
-    order, the same bits on every backend; set it alike on every rank."""
+def _options(master_addr, master_port, backend, timeout, secret):
+    """The C ABI's options with what connect() and join() share set; every
+    other field left to the launcher's variables."""
     o = _lib.CommOptions(ctypes.sizeof(_lib.CommOptions), _lib.STRUCT_TAG, -1, -1, None, -1, -1,
                          None, 0.0, -1, 0, None, -1, 0)
-    if deterministic is not None:
-        o.deterministic = int(bool(deterministic))
-    if rank is not None:
-        o.rank = rank
-    if world_size is not None:
-        o.world_size = world_size
     if master_addr:
         o.master_addr = master_addr.encode()
     if master_port:
@@ -421,6 +408,26 @@ def connect(rank=None, world_size=None, master_addr=None, master_port=None, back
         o.timeout_seconds = float(timeout)
     if secret:
         o.secret = secret.encode()
+    return o
+
+
+def connect(rank=None, world_size=None, master_addr=None, master_port=None, backend=None,
+            timeout=None, secret=None, local_rank=None, local_world_size=None,
+            deterministic=None):
+    """Connects this process to the job. Everything left None comes from the
+    launcher's variables (collie-run's, torchrun's, Open MPI's, SLURM's).
+    local_rank and local_world_size say which ranks share this host (shm
+    needs all of them on one): launchers that set no LOCAL_WORLD_SIZE, as
+    Lightning's do not, leave collie to assume one host. deterministic=True
+    (None: COLLIE_DETERMINISTIC): all-reduce and reduce-scatter sum in rank
+    order, the same bits on every backend; set it alike on every rank."""
+    o = _options(master_addr, master_port, backend, timeout, secret)
+    if deterministic is not None:
+        o.deterministic = int(bool(deterministic))
+    if rank is not None:
+        o.rank = rank
+    if world_size is not None:
+        o.world_size = world_size
     if local_rank is not None:
         o.local_rank = local_rank
     if local_world_size is not None:
@@ -436,18 +443,7 @@ def join(master_addr=None, master_port=None, timeout=None, secret=None, backend=
     place there. The store and the secret come from the arguments or the
     launcher's variables, as for connect(); the rank and the world size from
     the grow. collie.connect() does this under COLLIE_JOIN=1."""
-    o = _lib.CommOptions(ctypes.sizeof(_lib.CommOptions), _lib.STRUCT_TAG, -1, -1, None, -1, -1,
-                         None, 0.0, -1, 0, None, -1, 0)
-    if master_addr:
-        o.master_addr = master_addr.encode()
-    if master_port:
-        o.master_port = master_port
-    if backend:
-        o.backend = backend.encode()
-    if timeout:
-        o.timeout_seconds = float(timeout)
-    if secret:
-        o.secret = secret.encode()
+    o = _options(master_addr, master_port, backend, timeout, secret)
     h = ctypes.c_void_p()
     check(lib.collie_comm_join(ctypes.byref(o), ctypes.byref(h)))
     return Communicator(h.value)
