@@ -11,6 +11,7 @@
 #include "base/validate.h"
 #include "comm/deterministic.h"
 #include "comm/front/all_of.h"
+#include "comm/front/context.h"
 #include "comm/front/core.h"
 #include "comm/front/grow.h"
 #include "comm/front/shrink.h"
@@ -209,18 +210,10 @@ class Front final : public Communicator {
         plan.members.push_back(members[i].second);
         if (members[i].second == rank()) plan.new_rank = static_cast<int>(i);
       }
-      plan.context = core_->ctx;
-      plan.context.launch.rank = plan.new_rank;
-      plan.context.launch.world_size = static_cast<int>(plan.members.size());
-      plan.context.key =
-          core_->ctx.key + "/s" + std::to_string(split_no) + "c" + std::to_string(color);
-      plan.context.failure = std::make_shared<FailureLatch>();
-      plan.context.names = RankNames();  // a new communicator: its own numbers
-      plan.context.inspector =
-          StallInspector::start(plan.context.store, plan.context.key, plan.new_rank,
-                                plan.context.launch.world_size, plan.context.launch.timeout);
-      plan.context.arrivals =
-          arrivals::log_for(plan.context.launch.world_size, plan.context.launch.arrivals);
+      plan.context =
+          renumbered(core_->ctx,
+                     core_->ctx.key + "/s" + std::to_string(split_no) + "c" + std::to_string(color),
+                     plan.new_rank, static_cast<int>(plan.members.size()), false);
     }
     auto b = core_->backend->split(plan);
     if (color < 0) return nullptr;

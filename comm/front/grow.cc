@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "base/log.h"
-#include "comm/stall_inspector.h"
+#include "comm/front/context.h"
 
 namespace collie {
 
@@ -38,25 +38,6 @@ std::string this_host() {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   return host;
-}
-
-// `ctx` for rank `rank` of `size` under `key`: a new communicator's own
-// failure latch, names, stall inspector and arrivals log.
-BackendContext renumbered(const BackendContext& ctx, const std::string& key, int rank, int size,
-                          bool local) {
-  BackendContext c = ctx;
-  c.key = key;
-  c.launch.rank = rank;
-  c.launch.world_size = size;
-  if (local) {
-    c.launch.local_rank = rank;
-    c.launch.local_world_size = size;
-  }
-  c.failure = std::make_shared<FailureLatch>();
-  c.names = RankNames();
-  c.inspector = StallInspector::start(c.store, c.key, rank, size, c.launch.timeout);
-  c.arrivals = arrivals::log_for(size, c.launch.arrivals);
-  return c;
 }
 
 }  // namespace

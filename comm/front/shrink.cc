@@ -11,7 +11,7 @@
 #include <string>
 
 #include "base/log.h"
-#include "comm/stall_inspector.h"
+#include "comm/front/context.h"
 
 namespace collie {
 
@@ -63,19 +63,10 @@ BackendContext survivors_context(const BackendContext& ctx, std::vector<bool> ou
                                           (members.size() > 1 ? "s " : " ") +
                                           RankNames().list(members) +
                                           " before this rank called shrink");
-  BackendContext c = ctx;
   const int new_rank = static_cast<int>(pos - members.begin());
-  c.launch.rank = new_rank;
-  c.launch.world_size = static_cast<int>(members.size());
-  if (ctx.launch.local_world_size == n) {  // one host: every survivor is local
-    c.launch.local_rank = new_rank;
-    c.launch.local_world_size = c.launch.world_size;
-  }
-  c.key = prefix;
-  c.failure = std::make_shared<FailureLatch>();
-  c.names = RankNames();
-  c.inspector = StallInspector::start(c.store, c.key, new_rank, c.launch.world_size, timeout);
-  c.arrivals = arrivals::log_for(c.launch.world_size, c.launch.arrivals);
+  // One host (every survivor local): the local numbering is the new one.
+  BackendContext c = renumbered(ctx, prefix, new_rank, static_cast<int>(members.size()),
+                                ctx.launch.local_world_size == n);
   if (!left_out.empty())
     log::warn(what.str() + ": going on as rank " + std::to_string(new_rank) + " of " +
               std::to_string(members.size()) + ", without rank" +
