@@ -312,6 +312,24 @@ TEST_F(Launcher, AStoppedRankEndsBySigtermNotAtTheGracePeriod) {
       << r.err;
 }
 
+TEST_F(Launcher, ElasticWithoutReplacementsLeftSaysSoNotThatARoundCouldNotStart) {
+  // Rank 1 fails, is started again once (--max-restarts 1), and fails
+  // again: the job ends with its status, and the summary counts the ranks
+  // started again (there is no next round under --elastic to fail to start).
+  auto r = run({"-n", "2", "--elastic", "--max-restarts", "1", "sh", "-c",
+                "if [ $RANK = 1 ]; then echo restart-count=$COLLIE_RESTART_COUNT "
+                "join=${COLLIE_JOIN:-0}; exit 3; fi; exec sleep 60"});
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_TRUE(contains(r.out, "[1] restart-count=0 join=0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[1] restart-count=1 join=1")) << r.out;
+  EXPECT_TRUE(contains(r.err, "--elastic: starting it again (1 of 1)")) << r.err;
+  EXPECT_TRUE(contains(r.err,
+                       "collie-run: --elastic: no ranks left to start again: 1 of 1 started "
+                       "again"))
+      << r.err;
+  EXPECT_FALSE(contains(r.err, "could not start")) << r.err;
+}
+
 TEST_F(Launcher, ARankKilledBySignalIsReportedAs128PlusSignal) {
   auto r = run({"-n", "2", "sh", "-c", "if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60"});
   EXPECT_EQ(r.status, 128 + SIGKILL);
@@ -444,9 +462,6 @@ TEST_F(Launcher, BadUsageSaysWhatToChange) {
       {{"-n", "2", "--grace-seconds"}, "--grace-seconds needs a value"},
       {{"-n", "2", "--max-restarts", "-1", "true"}, "--max-restarts takes a whole number in 0.."},
       {{"-n", "2", "--elastic", "true"}, "--elastic needs --max-restarts M"},
-      {{"-n", "2", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "29500",
-        "--max-restarts", "1", "--elastic", "true"},
-       "--elastic runs on one node for now"},
   };
   for (const auto& c : cases) {
     auto r = run(c.args);

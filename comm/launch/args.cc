@@ -25,10 +25,10 @@ constexpr const char* kUsage =
     "                     read the count in COLLIE_RESTART_COUNT and should resume\n"
     "                     from a checkpoint; on several nodes, every node's\n"
     "                     launcher takes part (give each the same value)\n"
-    "  --elastic          with --max-restarts M, one node: a rank that fails is\n"
-    "                     started again alone, up to M times in all, and joins the\n"
-    "                     running job (COLLIE_JOIN=1: its connect() waits for the\n"
-    "                     others' Communicator::grow) while the others go on\n"
+    "  --elastic          with --max-restarts M: a rank that fails is started again\n"
+    "                     alone, on its node, up to M times in the whole job, and\n"
+    "                     joins the running job (COLLIE_JOIN=1: its connect() waits\n"
+    "                     for the others' Communicator::grow) while the others go on\n"
     "  --keep-going       a rank that fails does not stop the others (for programs\n"
     "                     whose survivors shrink the communicator and go on); the job\n"
     "                     fails if a rank exits non-zero or none finishes\n"
@@ -141,9 +141,6 @@ Args parse_args(int argc, char** argv) {
         "survivors go on, or every rank starts again); give one");
   if (a.elastic && a.max_restarts < 1)
     usage_error("--elastic needs --max-restarts M: how many ranks may be started again in all");
-  if (a.elastic && a.nnodes > 1)
-    usage_error("--elastic runs on one node for now (--nnodes " + std::to_string(a.nnodes) +
-                "); on several, --max-restarts restarts every node's ranks");
   if (a.master_addr.empty()) a.master_addr = "127.0.0.1";
   return a;
 }

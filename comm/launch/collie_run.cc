@@ -31,8 +31,10 @@
 // The ranks of round r put their keys under "round<r>/"
 // (COLLIE_STORE_PREFIX), so nothing of an earlier round meets them.
 //
-// With --elastic (and --max-restarts M, one node), a failed rank is started
-// again alone, up to M times in all, while the others go on: with
+// With --elastic (and --max-restarts M), a failed rank is started again
+// alone by its node's launcher, up to M times in the whole job (on several
+// nodes the launchers draw from one count in the store), while the others
+// go on: with
 // COLLIE_JOIN=1 its connect() joins the running job, whose ranks grow their
 // communicator by it (Communicator::grow); every rank sees COLLIE_ELASTIC=1,
 // and COLLIE_RESTART_COUNT counts the ranks started again.

@@ -340,8 +340,11 @@ void Job::supervise() {
 // stop asked of collie-run (SIGINT, SIGTERM, SIGHUP) is never restarted,
 // nor is a round whose ranks all finished.
 bool Job::restart() {
-  if (a_.elastic) return false;  // its restarts were of single ranks, within the round
+  // --elastic restarts single ranks within the round; on several nodes the
+  // launchers still end the round together (restart_every_node never
+  // starts another for it).
   if (agents()) return restart_every_node();
+  if (a_.elastic) return false;
   if (!first_failure_ || restarts_ >= a_.max_restarts) return false;
   handle_signals();  // one that came while the round ended wins over a restart
   if (stop_signal_) return false;

@@ -85,6 +85,7 @@ class Job {
   //   collie-run/round<r>/ended/<k>  node k's ranks have all ended
   //   collie-run/round<r>/read/<k>   node k has read the round's outcome
   //   collie-run/stop                a launcher was told to stop: no more rounds
+  //   collie-run/replacements        --elastic: ranks started again in the job so far
 
   bool agents() const { return a_.nnodes > 1 && a_.max_restarts > 0; }
   // Whether every round uses the store of the first (under its own key
@@ -149,6 +150,12 @@ class Job {
   // SIGCHLDs coalesce, so every running rank is asked, not just one.
   void reap();
 
+  // --elastic: whether one more rank may be started again, up to M in all:
+  // counted by this launcher alone, or on several nodes in the job's store
+  // (every node's launcher draws from the one count). Returns its number
+  // in the job (1 for the first), or nothing when none are left.
+  std::optional<int> take_replacement();
+
   // --elastic: starts a rank again alone for each that reap() took as
   // lost, to join the running job (COLLIE_JOIN=1).
   void start_replacements();
@@ -175,7 +182,8 @@ class Job {
 
   void print_summary() const {
     collie::launch::print_summary({ranks_, root_cause_, remote_failure_, restarts_, a_.max_restarts,
-                                   stop_signal_, captures(), a_.log_dir});
+                                   a_.elastic, replacements_, stop_signal_, captures(),
+                                   a_.log_dir});
   }
 
   Args a_;
@@ -197,10 +205,11 @@ class Job {
   std::optional<std::string> remote_failure_;
   int remote_exit_ = 1;
   std::vector<size_t> lost_;  // --keep-going: ranks that failed
-  // --elastic: ranks started again alone so far, the local indices waiting
-  // to be, and whether the rank being spawned is one (it joins the job).
+  // --elastic: ranks started again alone so far in the job (the number of
+  // the last one this node started), the local indices waiting to be with
+  // their numbers, and whether the rank being spawned is one (it joins).
   int replacements_ = 0;
-  std::vector<int> to_replace_;
+  std::vector<std::pair<int, int>> to_replace_;
   bool joining_ = false;
   sigset_t handled_{}, saved_mask_{};
   int sigfd_ = -1;

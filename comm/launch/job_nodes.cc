@@ -5,6 +5,7 @@
 //   collie-run/round<r>/ended/<k>  node k's ranks have all ended
 //   collie-run/round<r>/read/<k>   node k has read the round's outcome
 //   collie-run/stop                a launcher was told to stop: no more rounds
+//   collie-run/replacements        --elastic: ranks started again in the job so far
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -120,6 +121,24 @@ void Job::publish(const std::string& value) {
   if (now && *now != value) take_remote_failure(*now);
 }
 
+// --elastic: the single-node count is this launcher's; on several nodes
+// every launcher draws from one count in the job's store.
+std::optional<int> Job::take_replacement() {
+  if (!agents()) {
+    const int next = replacements_ + static_cast<int>(to_replace_.size()) + 1;
+    return next <= a_.max_restarts ? std::optional<int>(next) : std::nullopt;
+  }
+  // A count in the store only grows: a launcher that draws past M has
+  // taken nothing, and the job fails as without --elastic.
+  const auto drawn = agent_call([&] { return agent_->add("collie-run/replacements", 1); });
+  if (!drawn) return std::nullopt;
+  if (*drawn > a_.max_restarts) {
+    replacements_ = a_.max_restarts;  // every one was taken, if not by this node
+    return std::nullopt;
+  }
+  return static_cast<int>(*drawn);
+}
+
 void Job::publish_failure(const Rank& r) {
   char when[64];
   std::snprintf(when, sizeof when, "%.2f s after the %s", r.ended_s,
@@ -211,7 +230,8 @@ bool Job::restart_every_node() {
   if (!outcome) return false;
   const auto& [failure, stopped] = *outcome;
   if (!failure.empty() && !first_failure_ && !remote_failure_) take_remote_failure(failure);
-  const bool again = !failure.empty() && !stopped && !stop_signal_ && restarts_ < a_.max_restarts;
+  const bool again =
+      !a_.elastic && !failure.empty() && !stopped && !stop_signal_ && restarts_ < a_.max_restarts;
   if (!again) {
     // Node 0's store goes with it: let the others read the outcome first.
     if (a_.node_rank == 0) {

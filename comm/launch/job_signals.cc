@@ -87,15 +87,16 @@ void Job::reap() {
     bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     // Once we are stopping the job, exits are our doing, not new failures.
     if (!failed || stopping()) continue;
-    if (a_.elastic && replacements_ + static_cast<int>(to_replace_.size()) < a_.max_restarts) {
-      const int local = r.rank - a_.node_rank * a_.nproc;
-      to_replace_.push_back(local);
-      std::fprintf(stderr,
-                   "collie-run: rank %d %s; --elastic: starting it again (%d of %d) to join the "
-                   "others\n",
-                   r.rank, describe(status).c_str(),
-                   replacements_ + static_cast<int>(to_replace_.size()), a_.max_restarts);
-      continue;
+    if (a_.elastic) {
+      if (const auto number = take_replacement()) {
+        const int local = r.rank - a_.node_rank * a_.nproc;
+        to_replace_.emplace_back(local, *number);
+        std::fprintf(stderr,
+                     "collie-run: rank %d %s; --elastic: starting it again (%d of %d) to join the "
+                     "others\n",
+                     r.rank, describe(status).c_str(), *number, a_.max_restarts);
+        continue;
+      }
     }
     if (a_.keep_going) {
       lost_.push_back(static_cast<size_t>(&r - ranks_.data()));
@@ -120,9 +121,9 @@ void Job::reap() {
 }
 
 void Job::start_replacements() {
-  for (int local : to_replace_) {
+  for (const auto& [local, number] : to_replace_) {
     if (stopping()) break;
-    ++replacements_;
+    replacements_ = number;
     joining_ = true;
     const bool ok = spawn(local);
     joining_ = false;

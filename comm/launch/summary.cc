@@ -41,7 +41,19 @@ void print_summary(const JobEnd& end) {
              (r.tail.empty() ? "\n" : "; its last line:\ncollie-run:   " + r.tail.back() + "\n");
     }
   }
-  if (end.max_restarts > 0) {
+  if (end.elastic) {
+    // --elastic starts single ranks again within the one round: there is
+    // no "next round" that could not start.
+    const std::string used =
+        std::to_string(end.replacements) + " of " + std::to_string(end.max_restarts);
+    if (end.replacements >= end.max_restarts)
+      out += "collie-run: --elastic: no ranks left to start again: " + used + " started again\n";
+    else if (end.stop_signal)
+      out += "collie-run: --elastic: collie-run was told to stop (" + signal_name(end.stop_signal) +
+             "); " + used + " ranks started again\n";
+    else
+      out += "collie-run: --elastic: " + used + " ranks started again\n";
+  } else if (end.max_restarts > 0) {
     const std::string used =
         std::to_string(end.restarts) + " of " + std::to_string(end.max_restarts) + " used";
     if (end.restarts >= end.max_restarts)

@@ -20,6 +20,8 @@ struct JobEnd {
   std::optional<std::string> remote_failure;  // the root cause, when on another node
   int restarts = 0;                           // rounds started again
   int max_restarts = 0;                       // --max-restarts
+  bool elastic = false;                       // --elastic: restarts are of single ranks
+  int replacements = 0;                       // --elastic: ranks started again, in the job
   int stop_signal = 0;                        // the signal collie-run was told to stop with
   bool captured = false;                      // output went through collie-run
   std::string log_dir;                        // --log-dir ("" when not given)
