@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/config.h"
 #include "collie/collie.h"
 #include "collie/comm.h"
 #include "collie/store.h"
@@ -384,6 +385,65 @@ TEST(FakeBackend, AGrowWithoutItsJoinersFailsByName) {
                     left = "timeout: join: no communicator of the job grew by this process within";
   EXPECT_TRUE((a == taken && b.rfind(left, 0) == 0) || (b == taken && a.rfind(left, 0) == 0))
       << a << " / " << b;
+}
+
+// A replacement that comes with another job's secret (a process of
+// another job, or one started with a stale secret) is refused by the job's
+// store by name, and so never takes a place: the grow that is waiting
+// takes the next joiner, which has the job's own secret.
+TEST(FakeBackend, AReplacementWithAnotherJobsSecretIsRefusedByName) {
+  const std::string secret = "this-jobs-secret";
+  const std::string job = config::job_identity(config::process_env(), 2);
+  auto server = TcpStoreServer::start(0, {secret, job});
+  const int port = server->port();
+  // One client per rank, as processes have (a client serves one request
+  // at a time).
+  auto own_store = [&](Options& o) {
+    o.store = TcpStore::connect("127.0.0.1", port, {secret, job}, milliseconds(5000),
+                                "rank " + std::to_string(o.rank));
+  };
+  // As collie-run tells its ranks: its store outlives them, so a
+  // replacement may join through it.
+  ScopedEnv launcher_store("COLLIE_LAUNCHER_STORE", "1");
+  auto joiner = [&](const std::string& its_secret) -> std::string {
+    try {
+      Options o;
+      o.rank = 1;
+      o.world_size = 2;
+      o.backend = "fake";
+      o.master_addr = "127.0.0.1";
+      o.master_port = port;
+      o.secret = its_secret;
+      o.timeout = milliseconds(20000);
+      auto c = join(o);
+      float x = static_cast<float>(c->rank());
+      c->allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
+      return "joined as rank " + std::to_string(c->rank()) + " of " + std::to_string(c->size()) +
+             ", sum " + std::to_string(static_cast<int>(x));
+    } catch (const Error& e) {
+      return std::string(to_string(e.code())) + ": " + e.what();
+    }
+  };
+  std::string stranger, own;
+  std::thread js([&] { stranger = joiner("another-jobs-secret"); });
+  std::thread jo([&] {
+    js.join();  // the stranger has been answered before the job's own comes
+    own = joiner(secret);
+  });
+  auto grown = run_world(
+      2,
+      [&](Communicator& c) -> std::string {
+        auto g = c.grow(1);
+        float x = static_cast<float>(g->rank());
+        g->allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
+        return x == 0 + 1 + 2 ? "" : "sum " + std::to_string(x);
+      },
+      milliseconds(20000), own_store);
+  jo.join();
+  expect_all_ok(grown, "grow past a stranger");
+  EXPECT_NE(stranger.find("could not prove that it knows this job's secret"), std::string::npos)
+      << stranger;
+  EXPECT_EQ(own, "joined as rank 2 of 3, sum 3");
 }
 
 TEST(FakeBackend, AbortFromAnotherThreadEndsABlockedWaitOnEveryRank) {
