@@ -12,6 +12,7 @@ collie.spawn(fn, nprocs). Errors are collie.Error, whose `code` says what kind
 import atexit
 import ctypes
 import itertools
+import os
 import threading
 import weakref
 
@@ -233,6 +234,10 @@ class Communicator:
     """collie's communicator: every rank of the job calls the same
     collectives in the same order. async_op=True returns a Work."""
 
+    # Whether it joined a running job and its first DistributedDataParallel
+    # has yet to take the survivors' hand-off (collie.torch's reform()).
+    _handoff_pending = False
+
     def __init__(self, handle, owned=True):
         self._h = ctypes.c_void_p(handle)
         self._owned = owned
@@ -434,7 +439,12 @@ def connect(rank=None, world_size=None, master_addr=None, master_port=None, back
         o.local_world_size = local_world_size
     h = ctypes.c_void_p()
     check(lib.collie_comm_connect(ctypes.byref(o), ctypes.byref(h)))
-    return Communicator(h.value)
+    comm = Communicator(h.value)
+    # Under COLLIE_JOIN=1 the connect joined a running job (as join()):
+    # the first DistributedDataParallel built on it takes the survivors'
+    # hand-off (collie.torch's reform()).
+    comm._handoff_pending = os.environ.get("COLLIE_JOIN", "").strip() == "1"
+    return comm
 
 
 def join(master_addr=None, master_port=None, timeout=None, secret=None, backend=None):
@@ -446,7 +456,9 @@ def join(master_addr=None, master_port=None, timeout=None, secret=None, backend=
     o = _options(master_addr, master_port, backend, timeout, secret)
     h = ctypes.c_void_p()
     check(lib.collie_comm_join(ctypes.byref(o), ctypes.byref(h)))
-    return Communicator(h.value)
+    comm = Communicator(h.value)
+    comm._handoff_pending = True  # see connect()
+    return comm
 
 
 _default = None

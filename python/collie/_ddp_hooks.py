@@ -37,6 +37,7 @@ class _CommHooks:
                     raise _lib.error("invalid_argument", f"{hook!r} is not a comm hook")
                 spec = self._register_python_hook(state, hook)
         check(lib.collie_reducer_set_comm_hook(self._h, spec.encode()))
+        self._hook_spec = spec  # set again on the reducer a reform() builds
 
     def _register_python_hook(self, state, fn):
         try:

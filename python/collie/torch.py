@@ -41,52 +41,15 @@ from ._ddp_parts import (REFUSED_OPTIONS, _DTYPES, _MiB, _TORCH_OF, GradBucket, 
                          _check_torch_world, _eager_under_compile, _JoinHook, _map_tensors,
                          _Sink)
 from ._ddp_checkpoint import _Checkpoint
+from ._ddp_elastic import _Elastic, broadcast_object, handoff_state
 from ._ddp_hooks import _CommHooks
 from ._ddp_join import _UnevenInputs
 from ._lib import check, lib
 from .averaging import PeriodicModelAverager, PostLocalSGDOptimizer
 
 __all__ = ["DistributedDataParallel", "GradBucket", "PeriodicModelAverager", "PostLocalSGDOptimizer",
-           "handoff_state"]
+           "broadcast_object", "handoff_state"]
 
-
-def handoff_state(ddp, comm, root=0):
-    """After a shrink or a grow (collie.Communicator.grow): the reducer state
-    a rank's new DistributedDataParallel on `comm` loads (its
-    load_handoff()), so that training goes on in memory, without a
-    checkpoint. A rank with a wrapper (`ddp`) keeps its own state (bucket
-    layout, iteration, the comm hook's state, PowerSGD's error feedback); a
-    joiner passes None and gets rank `root`'s, and so does every rank when
-    the wrappers finished different iterations. Collective over `comm`: call
-    it before making the new wrapper, whose construction broadcasts rank 0's
-    parameters and buffers; close() the old wrapper first (its hooks stay
-    on the parameters until then)."""
-    at_root = comm.rank == root
-    if at_root and ddp is None:
-        raise _lib.error("invalid_argument", f"handoff_state on rank {root}: the rank that hands "
-                                             "its reducer's state to the others has no wrapper")
-    mine = ddp._save_reducer_state() if ddp is not None else b""
-    # Ranks whose wrappers finished different iterations (they failed in
-    # different collectives) all go on from rank `root`'s state, as from
-    # its parameters.
-    done = ctypes.c_uint64(0)
-    if ddp is not None:
-        check(lib.collie_reducer_iterations(ddp._h, ctypes.byref(done)))
-    every = torch.zeros(comm.size, dtype=torch.int64)
-    comm.allgather(torch.tensor([done.value if ddp is not None else -1], dtype=torch.int64), every)
-    agree = all(int(d) < 0 or int(d) == int(every[root]) for d in every)
-    if not agree and at_root:
-        warnings.warn(f"handoff_state: the ranks had finished different iterations "
-                      f"({[int(d) for d in every]}): every rank goes on from rank {root}'s")
-    size = torch.tensor([len(mine) if at_root else 0], dtype=torch.int64)
-    comm.broadcast(size, root=root)
-    buf = torch.zeros(max(int(size[0]), 1), dtype=torch.uint8)
-    if at_root and mine:
-        buf[:len(mine)] = torch.tensor(bytearray(mine), dtype=torch.uint8)
-    comm.broadcast(buf[:int(size[0])], root=root)
-    if at_root or (ddp is not None and agree):
-        return mine
-    return bytes(buf[:int(size[0])].tolist())
 
 # collie's errors as PyTorch's (collie.distributed makes them: importing
 # the backend alone must give them too): collie.torch.DistError and
@@ -111,7 +74,8 @@ def _check_options(replicas, nonfinite, action):
             -1 if nonfinite is None else int(bool(nonfinite)), actions[action])
 
 
-class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, torch.nn.Module, Joinable):
+class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, torch.nn.Module,
+                              Joinable):
     """torch.nn.parallel.DistributedDataParallel's constructor and methods
     over collie. The communicator: `comm` (or a collie.Communicator passed as
     process_group); by default one connected from the launcher's variables.
@@ -184,8 +148,29 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, torch.nn.M
             if p.is_sparse:
                 raise _lib.error("invalid_argument", f"parameter {n} is sparse; collie reduces dense "
                                                 "gradients only")
-        n = len(self._params)
         self._index_of = {p.data_ptr(): i for i, p in enumerate(self._params)}
+        self._reducer_options = (first_bucket_cap_mb, bucket_cap_mb,
+                                 comm_hook if isinstance(comm_hook, str) else None,
+                                 _check_options(check_replicas, check_nonfinite, check_action))
+        self._init_sync = bool(init_sync)
+        self._hook_spec = None  # the last register_comm_hook's, for a reform
+        self._python_hooks = []
+        self._synced_steps = 0  # synchronised backward passes finished
+        self._steps = 0
+        # A process that joined a running job (collie-run --elastic): the
+        # survivors' reform() hands it their state and rank 0's object.
+        handed = self._take_handoff()
+        self._build()
+        if comm_hook is not None and not isinstance(comm_hook, str):
+            self.register_comm_hook(None, comm_hook)
+        if handed is not None:
+            self.load_handoff(handed)
+
+    def _build(self):
+        """The reducer over self._comm, the gradient hooks on the parameters
+        and the step's state: at construction, and again by reform()."""
+        n = len(self._params)
+        first_bucket_cap_mb, bucket_cap_mb, spec, checks = self._reducer_options
         tensors = (_lib.Tensor * n)(*[as_tensor(p.data) for p in self._params])
         rows = (ctypes.c_uint64 * n)(*[p.shape[0] if p.dim() >= 2 else 0 for p in self._params])
         self._arenas = _Arenas(self._comm)
@@ -197,20 +182,21 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, torch.nn.M
         opts = _lib.ReducerOptions(
             ctypes.sizeof(_lib.ReducerOptions), _lib.STRUCT_TAG, int(first_bucket_cap_mb * _MiB),
             int(bucket_cap_mb * _MiB), int(self._bucket_view), int(self._find_unused),
-            int(self._static_graph), int(bool(init_sync)),
-            comm_hook.encode() if isinstance(comm_hook, str) else None, rows,
-            ctypes.pointer(self._arenas.struct), 1, 0, names,
-            *_check_options(check_replicas, check_nonfinite, check_action))
+            int(self._static_graph), int(self._init_sync),
+            spec.encode() if spec is not None else None, rows,
+            ctypes.pointer(self._arenas.struct), 1, 0, names, *checks)
         h = ctypes.c_void_p()
         check(lib.collie_reducer_create(self._comm.handle, tensors, None, n, ctypes.byref(opts),
                                         ctypes.byref(h)))
         self._h = h
         _open_wrappers.add(self)  # closed at exit, before the interpreter finalizes
+        if self._hook_spec is not None:
+            check(lib.collie_reducer_set_comm_hook(self._h, self._hook_spec.encode()))
         self._generation = None
         self._views = [None] * n
         if self._bucket_view:
             self._bind_views()
-        if init_sync:
+        if self._init_sync:
             self._sync_buffers()
         # A hook per parameter, after its gradient has been accumulated:
         # PyTorch's own (2.1 and later), else one on the parameter's gradient
@@ -227,7 +213,6 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, torch.nn.M
         self._in_backward = False
         self._armed = False
         self._warned_unarmed = False
-        self._synced_steps = 0  # synchronised backward passes finished
         self.require_backward_grad_sync = True
         # As PyTorch's DDP: buffers go out before a forward when the last
         # forward was a synchronising one (or there was none).
@@ -237,10 +222,6 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, torch.nn.M
         self._divide_by_initial = True
         self._throw_on_early_termination = False
         self._every_rank_state = False
-        self._steps = 0
-        self._python_hooks = []
-        if comm_hook is not None and not isinstance(comm_hook, str):
-            self.register_comm_hook(None, comm_hook)
 
     @property
     def comm(self):
@@ -481,13 +462,18 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, torch.nn.M
         """Waits for what is in flight and frees the reducer (and the
         communicator, when this DDP connected it)."""
         if getattr(self, "_h", None):
-            for h in self._handles:
-                h.remove()
-            check(lib.collie_reducer_destroy(self._h))
-            self._h = None
-            _open_wrappers.discard(self)
+            self._release()
             if self._owns_comm:
                 self._comm.close()
+
+    def _release(self):
+        """The gradient hooks off the parameters, the reducer freed."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        check(lib.collie_reducer_destroy(self._h))
+        self._h = None
+        _open_wrappers.discard(self)
 
     def __del__(self):
         try:
