@@ -81,6 +81,13 @@ std::optional<LauncherStore> launcher_store(const Env& env);
 // The job identity a rank of `world_size` ranks resolves from `env`
 // (Launch::job), for a launcher that serves the store.
 std::string job_identity(const Env& env, int world_size);
+// Under collie-run, the key (under the round's prefix) each rank sets once
+// it is in the job's world communicator; collie-run --elastic reads them to
+// tell a rank lost after the world formed (replaced alone) from one lost
+// before (the round starts again).
+inline std::string world_formed_key(int rank) {
+  return "collie/world/formed/" + std::to_string(rank);
+}
 
 // The environment with COLLIE_TUNING_FILE's settings under it: a file of
 // NAME=value lines (# comments), written by `collie-bench --tune`, whose

@@ -1,7 +1,7 @@
 // tests/elastic_probe.cc: a training loop that loses a rank and goes on
 // with a replacement, under collie-run --elastic --max-restarts M.
 //
-//   elastic_probe [--steps N] [--kill-rank R --kill-at S] [--floats K]
+//   elastic_probe [--steps N] [--kill-rank R --kill-at S] [--floats K] [--joiners-die 1]
 //
 // The "model" is K floats; at step i, rank r's "gradient" element j is
 // (r + 1) * ((i + j) % 7 + 1), all-reduced (sum) and added to the model.
@@ -46,7 +46,7 @@ double epoch_now() {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "elastic_probe: %s\nusage: elastic_probe [--steps N] [--kill-rank R --kill-at S] "
-               "[--floats K]\n",
+               "[--floats K] [--joiners-die 1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -70,6 +70,7 @@ void share_state(Communicator& comm, long& step, std::vector<float>& model) {
 
 int main(int argc, char** argv) {
   long steps = 40, kill_rank = -1, kill_at = -1, floats = 1 << 16;
+  bool joiners_die = false;  // a replacement kills itself once it has the state
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (i + 1 >= argc) usage("missing value after " + a);
@@ -82,6 +83,8 @@ int main(int argc, char** argv) {
       kill_at = number(a, v);
     else if (a == "--floats")
       floats = number(a, v);
+    else if (a == "--joiners-die")
+      joiners_die = number(a, v) != 0;
     else
       usage("unknown option " + a);
   }
@@ -104,6 +107,11 @@ int main(int argc, char** argv) {
       std::printf("joined as rank %d of %d\n", comm->rank(), comm->size());
       std::fflush(stdout);
       share_state(*comm, step, model);
+      if (joiners_die) {
+        std::printf("joiner killed at step %ld\n", step);
+        std::fflush(stdout);
+        ::raise(SIGKILL);
+      }
     }
     while (step < steps) {
       if (first_life && !joining && born == kill_rank && step == kill_at) {

@@ -344,7 +344,7 @@ bool Job::restart() {
   // launchers still end the round together (restart_every_node never
   // starts another for it).
   if (agents()) return restart_every_node();
-  if (a_.elastic) return false;
+  if (a_.elastic && !round_again_) return false;
   if (!first_failure_ || restarts_ >= a_.max_restarts) return false;
   handle_signals();  // one that came while the round ended wins over a restart
   if (stop_signal_) return false;
@@ -383,6 +383,7 @@ void Job::next_round() {
   drain_until_.reset();
   stop_sent_ = false;
   remote_failure_.reset();
+  round_again_ = false;
 }
 
 }  // namespace collie::launch

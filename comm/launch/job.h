@@ -156,6 +156,12 @@ class Job {
   // in the job (1 for the first), or nothing when none are left.
   std::optional<int> take_replacement();
 
+  // --elastic: whether every rank of this round is in the job's world
+  // communicator (each set config::world_formed_key in the store). A rank
+  // lost before that cannot be grown back: the others still wait for it in
+  // the rendezvous, so the round starts again instead.
+  bool world_formed();
+
   // --elastic: starts a rank again alone for each that reap() took as
   // lost, to join the running job (COLLIE_JOIN=1).
   void start_replacements();
@@ -210,6 +216,10 @@ class Job {
   // their numbers, and whether the rank being spawned is one (it joins).
   int replacements_ = 0;
   std::vector<std::pair<int, int>> to_replace_;
+  // --elastic: the round's first failure came before its world formed (or
+  // after every other rank ended), so the round starts again as without
+  // --elastic.
+  bool round_again_ = false;
   bool joining_ = false;
   sigset_t handled_{}, saved_mask_{};
   int sigfd_ = -1;

@@ -139,6 +139,25 @@ std::optional<int> Job::take_replacement() {
   return static_cast<int>(*drawn);
 }
 
+bool Job::world_formed() {
+  const std::string prefix = store_for_the_job() ? round_key("") : "";
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_; ++r) keys.push_back(prefix + collie::config::world_formed_key(r));
+  if (agents()) return agent_call([&] { return agent_->check(keys); }).value_or(false);
+  // A client of its own store for the one question (asked only when a
+  // rank fails), not kept: the launcher's descriptors stay as they were.
+  if (!server_) return false;
+  try {
+    const collie::StoreAuth auth{
+        secret_, collie::config::job_identity(collie::config::process_env(), world_)};
+    return collie::TcpStore::connect("127.0.0.1", server_->port(), auth, std::chrono::seconds(2),
+                                     "collie-run", "collie-run")
+        ->check(keys);
+  } catch (const collie::Error&) {
+    return false;  // cannot tell: start the round again, the safe way
+  }
+}
+
 void Job::publish_failure(const Rank& r) {
   char when[64];
   std::snprintf(when, sizeof when, "%.2f s after the %s", r.ended_s,
@@ -230,8 +249,10 @@ bool Job::restart_every_node() {
   if (!outcome) return false;
   const auto& [failure, stopped] = *outcome;
   if (!failure.empty() && !first_failure_ && !remote_failure_) take_remote_failure(failure);
-  const bool again =
-      !a_.elastic && !failure.empty() && !stopped && !stop_signal_ && restarts_ < a_.max_restarts;
+  // --elastic restarts the round only for a rank lost before its world
+  // formed; every node reads the same keys, so all decide alike.
+  const bool again = (!a_.elastic || !world_formed()) && !failure.empty() && !stopped &&
+                     !stop_signal_ && restarts_ < a_.max_restarts;
   if (!again) {
     // Node 0's store goes with it: let the others read the outcome first.
     if (a_.node_rank == 0) {

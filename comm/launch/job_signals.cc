@@ -87,7 +87,19 @@ void Job::reap() {
     bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     // Once we are stopping the job, exits are our doing, not new failures.
     if (!failed || stopping()) continue;
-    if (a_.elastic) {
+    bool others = false;  // on this node, still running
+    for (const Rank& o : ranks_) others = others || o.running;
+    // On one node, a rank lost once every other has ended has no one left
+    // to join (a replacement would wait out its deadline for a grow).
+    const bool alone = !others && a_.nnodes == 1;
+    if (a_.elastic && (alone || !world_formed())) {
+      round_again_ = true;
+      std::fprintf(stderr, "collie-run: --elastic: rank %d was lost %s; starting the round again\n",
+                   r.rank,
+                   alone ? "after every other rank had ended: no one is left for a replacement "
+                           "to join"
+                         : "before every rank was in the job's world");
+    } else if (a_.elastic) {
       if (const auto number = take_replacement()) {
         const int local = r.rank - a_.node_rank * a_.nproc;
         to_replace_.emplace_back(local, *number);
@@ -100,8 +112,6 @@ void Job::reap() {
     }
     if (a_.keep_going) {
       lost_.push_back(static_cast<size_t>(&r - ranks_.data()));
-      bool others = false;
-      for (const Rank& o : ranks_) others = others || o.running;
       std::fprintf(stderr, "collie-run: rank %d %s%s\n", r.rank, describe(status).c_str(),
                    others ? "; --keep-going: the other ranks go on" : "");
       continue;
@@ -109,8 +119,6 @@ void Job::reap() {
     first_failure_ = status;
     root_cause_ = static_cast<size_t>(&r - ranks_.data());
     if (agents()) publish_failure(r);
-    bool others = false;
-    for (const Rank& o : ranks_) others = others || o.running;
     std::fprintf(stderr, "collie-run: rank %d %s%s\n", r.rank, describe(status).c_str(),
                  others ? "; stopping the other ranks" : "");
     // A moment for the others to end on their own, and say why, before
