@@ -24,33 +24,40 @@ def handoff_state(ddp, comm, root=0):
     it before making the new wrapper, whose construction broadcasts rank 0's
     parameters and buffers; close() the old wrapper first (its hooks stay
     on the parameters until then)."""
+    if ddp is None:
+        return _handoff(None, comm, root)
+    done = ctypes.c_uint64(0)
+    check(lib.collie_reducer_iterations(ddp._h, ctypes.byref(done)))
+    return _handoff((ddp._save_reducer_state(), done.value), comm, root)
+
+
+def _handoff(mine, comm, root=0):
+    """handoff_state() on this rank's saved state: (its bytes, the
+    iterations its reducer finished), or None for a joiner."""
     at_root = comm.rank == root
     # Taken by hand: the next wrapper on `comm` does not take it again.
     comm._handoff_pending = False
-    if at_root and ddp is None:
+    if at_root and mine is None:
         raise _lib.error("invalid_argument", f"handoff_state on rank {root}: the rank that hands "
                                              "its reducer's state to the others has no wrapper")
-    mine = ddp._save_reducer_state() if ddp is not None else b""
     # Ranks whose wrappers finished different iterations (they failed in
     # different collectives) all go on from rank `root`'s state, as from
     # its parameters.
-    done = ctypes.c_uint64(0)
-    if ddp is not None:
-        check(lib.collie_reducer_iterations(ddp._h, ctypes.byref(done)))
     every = torch.zeros(comm.size, dtype=torch.int64)
-    comm.allgather(torch.tensor([done.value if ddp is not None else -1], dtype=torch.int64), every)
+    comm.allgather(torch.tensor([mine[1] if mine is not None else -1], dtype=torch.int64), every)
     agree = all(int(d) < 0 or int(d) == int(every[root]) for d in every)
     if not agree and at_root:
         warnings.warn(f"handoff_state: the ranks had finished different iterations "
                       f"({[int(d) for d in every]}): every rank goes on from rank {root}'s")
-    size = torch.tensor([len(mine) if at_root else 0], dtype=torch.int64)
+    own = mine[0] if mine is not None else b""
+    size = torch.tensor([len(own) if at_root else 0], dtype=torch.int64)
     comm.broadcast(size, root=root)
     buf = torch.zeros(max(int(size[0]), 1), dtype=torch.uint8)
-    if at_root and mine:
-        buf[:len(mine)] = torch.tensor(bytearray(mine), dtype=torch.uint8)
+    if at_root and own:
+        buf[:len(own)] = torch.tensor(bytearray(own), dtype=torch.uint8)
     comm.broadcast(buf[:int(size[0])], root=root)
-    if at_root or (ddp is not None and agree):
-        return mine
+    if at_root or (mine is not None and agree):
+        return own
     return bytes(buf[:int(size[0])].tolist())
 
 
@@ -83,7 +90,7 @@ class _Elastic:
 
     handed_over = None
 
-    def reform(self, state=None, world=None, wait=0.0):
+    def reform(self, state=None, world=None, wait=0.0, attempts=10):
         """After a collie.Error whose code is "peer_lost" (a rank died under
         the step): re-forms this wrapper in place on a new communicator of
         the survivors grown back to `world` ranks (default: the job's
@@ -94,25 +101,58 @@ class _Elastic:
         and buffers to every rank, as at construction. Returns rank 0's
         `state` (any picklable object: the step to redo, the optimizer's
         state_dict) on every rank; a newcomer finds it in `handed_over`.
-        The step that failed is not taken: do it again. `ddp.comm` is the new
+        The step that failed is not taken: do it again. A rank lost during
+        the re-form itself (a newcomer killed as it joins, another survivor)
+        is one more to replace: the survivors start again from the
+        communicator they have, up to `attempts` times. `ddp.comm` is the new
         communicator (the wrapper closes it with itself); the old one is
         left to its owner. Collective over the survivors and the joiners."""
-        old = self._comm
         if world is None:
-            world = self._world if self._world is not None else old.size
-        comm = old.shrink(wait=wait)
-        if world > comm.size:
-            comm = comm.grow(world - comm.size, wait=wait)
-        handed = handoff_state(self, comm)
-        extra = broadcast_object(comm, state)
-        self._release()
-        if self._owns_comm:
-            old.close()
-        self._comm, self._owns_comm = comm, True
-        self._build()
-        self.load_handoff(handed)
+            world = self._world if self._world is not None else self._comm.size
+        done = ctypes.c_uint64(0)
+        check(lib.collie_reducer_iterations(self._h, ctypes.byref(done)))
+        mine = (self._save_reducer_state(), done.value)  # what this rank hands over, each try
+        comm, tried = self._comm, 0
+        while True:
+            try:
+                comm = comm.shrink(wait=wait)
+                if world > comm.size:
+                    comm = comm.grow(world - comm.size, wait=wait)
+                handed = _handoff(mine, comm)
+                extra = broadcast_object(comm, state)
+                if self._h:
+                    self._release()
+                owns = self._adopt(comm)
+                if self._owns_comm and self._comm is not comm:
+                    self._comm.close()
+                self._comm, self._owns_comm = comm, owns
+                self._build()
+                self.load_handoff(handed)
+                break
+            except _lib.Error as e:
+                tried += 1
+                if e.code != "peer_lost" or tried >= attempts:
+                    raise
+                warnings.warn(f"reform: a rank was lost while re-forming ({e}); starting again "
+                              f"({tried} of {attempts})")
         self.handed_over = extra
         return extra
+
+    def _adopt(self, comm):
+        """The re-formed communicator's owner: when the wrapper's was the
+        process's default communicator (collie.default_communicator(), which
+        the averagers and collie.distributed's groups use too), the new one
+        takes its place there and the old one, dead, is closed (its sockets
+        and segment go); else the wrapper owns it. Returns whether the
+        wrapper does."""
+        import collie
+        with collie._default_lock:
+            if collie._default is not None and collie._default is self._comm:
+                old, collie._default = collie._default, comm
+                if old is not comm:
+                    old.close()
+                return False
+        return True
 
     def _take_handoff(self):
         """At construction on a communicator that joined a running job: the
@@ -123,6 +163,6 @@ class _Elastic:
         if not getattr(self._comm, "_handoff_pending", False):
             return None
         self._comm._handoff_pending = False
-        handed = handoff_state(None, self._comm)
+        handed = _handoff(None, self._comm)
         self.handed_over = broadcast_object(self._comm, None)
         return handed

@@ -9,6 +9,13 @@ left behind. Prints what it counted and exits 1 on any wrong result, hang,
 failure, leftover process or growth.
 
   soak.py --collie-run PATH --train-mlp PATH [--duration 1800] [--kill-every 120] [--elastic]
+          [--torch PYTHON]
+
+With --torch PYTHON the jobs are PyTorch's instead of the example engine's:
+examples/train_ddp.py (collie.torch's DistributedDataParallel, SGD with
+momentum) run by PYTHON, with PYTHONPATH and COLLIE_LIBRARY from the
+environment; under --elastic its survivors call ddp.reform(), and without
+it rank 0 checkpoints the model, the optimizer and the wrapper's state.
 
 With --elastic, jobs run under `collie-run --elastic`: a killed rank is
 started again alone and joins the running job, the others keep their state
@@ -36,6 +43,8 @@ import time
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--collie-run", required=True)
 ap.add_argument("--train-mlp", required=True)
+ap.add_argument("--torch", default="",
+                help="a Python with PyTorch: run examples/train_ddp.py instead of train_mlp")
 ap.add_argument("--duration", type=float, default=1800, help="seconds of jobs to start (default 1800)")
 ap.add_argument("--kill-every", type=float, default=120, help="mean seconds between kills (default 120)")
 ap.add_argument("--ranks", type=int, default=2)
@@ -50,6 +59,9 @@ ap.add_argument("--job-timeout", type=float, default=0,
                 help="a job still running after this many seconds is a hang (default: five "
                 "times an uninterrupted run and 120 s)")
 ap.add_argument("--seed", type=int, default=None)
+ap.add_argument("--settle", type=float, default=None,
+                help="seconds into a round before its samples count (default 2; 10 with --torch, "
+                "whose ranks take seconds to import PyTorch and re-form)")
 ap.add_argument("--elastic", action="store_true",
                 help="collie-run --elastic: a killed rank is replaced in the running job")
 ap.add_argument("--rss-report-only", action="store_true",
@@ -158,8 +170,14 @@ def leftovers():
     return found
 
 
+TRAIN_DDP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
+                         "train_ddp.py")
+PROGRAM = [args.torch, os.path.normpath(TRAIN_DDP)] if args.torch else [TRAIN_MLP]
+settle = args.settle if args.settle is not None else (10.0 if args.torch else 2.0)
+
+
 def mlp_args(extra):
-    return [TRAIN_MLP, "--steps", str(args.steps), "--log-every", "100"] + extra
+    return PROGRAM + ["--steps", str(args.steps), "--log-every", "100"] + extra
 
 
 def reference(backend):
@@ -266,14 +284,15 @@ while time.monotonic() - start < args.duration:
             else:
                 next_kill = now + args.kill_every * rng.uniform(0.5, 1.5)
                 ranks = {}
-        # Whole groups only, settled (two seconds into their round): a
-        # group being started or stopped holds fewer or transient things.
+        # Whole groups only, settled (--settle seconds into their round): a
+        # group being started, stopped or re-formed holds fewer or transient
+        # things.
         if len(ranks) == args.ranks and rnd is not None:
             round_began.setdefault(rnd, now)
             lf, lr = fds(p.pid), rss_kib(p.pid)
             rf = [fds(q, files_of=work) for q in ranks.values()]
             rr = [rss_kib(q) for q in ranks.values()]
-            if now - round_began[rnd] >= 2 and None not in [lf, lr] + rf + rr:
+            if now - round_began[rnd] >= settle and None not in [lf, lr] + rf + rr:
                 job["samples"].append({"round": rnd, "launcher_fds": lf, "launcher_rss": lr,
                                        "rank_fds": max(rf), "rank_rss": max(rr)})
         shm_max = max(shm_max, shm_entries())
