@@ -2,6 +2,7 @@
 // with a replacement, under collie-run --elastic --max-restarts M.
 //
 //   elastic_probe [--steps N] [--kill-rank R --kill-at S] [--floats K] [--joiners-die 1]
+//                 [--lost-at-end R --sync-dir D]
 //
 // The "model" is K floats; at step i, rank r's "gradient" element j is
 // (r + 1) * ((i + j) % 7 + 1), all-reduced (sum) and added to the model.
@@ -23,6 +24,7 @@
 // Exit status: 0 all ok; 2 usage; 3 an error; 4 a wrong model.
 #include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -46,7 +48,7 @@ double epoch_now() {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "elastic_probe: %s\nusage: elastic_probe [--steps N] [--kill-rank R --kill-at S] "
-               "[--floats K] [--joiners-die 1]\n",
+               "[--floats K] [--joiners-die 1] [--lost-at-end R --sync-dir D]\n",
                why.c_str());
   std::exit(2);
 }
@@ -66,11 +68,54 @@ void share_state(Communicator& comm, long& step, std::vector<float>& model) {
   step = static_cast<long>(s);
 }
 
+bool exists(const std::string& path) {
+  return access(path.c_str(), F_OK) == 0;
+}
+
+// Whether process `pid` has ended (a zombie not yet reaped, or gone).
+bool ended(pid_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return true;
+  char line[512] = {0};
+  const bool read = std::fgets(line, sizeof line, f) != nullptr;
+  std::fclose(f);
+  const char* close = std::strrchr(line, ')');
+  return !read || !close || close[2] == 'Z';
+}
+
+// --lost-at-end R: rank R dies once every other rank has finished its work,
+// while they are still running; they end once it has. Ordered by files in
+// `dir` (done.<rank>, lost.pid), not by time.
+void end_with_a_loss(const std::string& dir, int born, long lost, int world) {
+  if (born == lost) {
+    for (int r = 0; r < world; ++r)
+      while (r != lost && !exists(dir + "/done." + std::to_string(r))) usleep(1000);
+    if (FILE* f = std::fopen((dir + "/lost.pid.tmp").c_str(), "w")) {
+      std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+      std::fclose(f);
+      std::rename((dir + "/lost.pid.tmp").c_str(), (dir + "/lost.pid").c_str());
+    }
+    std::printf("lost as the others finish\n");
+    std::fflush(stdout);
+    ::raise(SIGKILL);
+  }
+  if (FILE* f = std::fopen((dir + "/done." + std::to_string(born)).c_str(), "w")) std::fclose(f);
+  while (!exists(dir + "/lost.pid")) usleep(1000);
+  pid_t pid = 0;
+  if (FILE* f = std::fopen((dir + "/lost.pid").c_str(), "r")) {
+    if (std::fscanf(f, "%d", &pid) != 1) pid = 0;
+    std::fclose(f);
+  }
+  while (pid > 0 && !ended(pid)) usleep(1000);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   long steps = 40, kill_rank = -1, kill_at = -1, floats = 1 << 16;
   bool joiners_die = false;  // a replacement kills itself once it has the state
+  long lost_at_end = -1;     // this rank, in its first life, dies as the others finish
+  std::string sync_dir;      // where --lost-at-end's ranks order themselves
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (i + 1 >= argc) usage("missing value after " + a);
@@ -85,6 +130,10 @@ int main(int argc, char** argv) {
       floats = number(a, v);
     else if (a == "--joiners-die")
       joiners_die = number(a, v) != 0;
+    else if (a == "--lost-at-end")
+      lost_at_end = number(a, v);
+    else if (a == "--sync-dir")
+      sync_dir = v;
     else
       usage("unknown option " + a);
   }
@@ -163,6 +212,9 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("done: %ld steps, model exact, rank %d of %d\n", steps, comm->rank(), comm->size());
+    std::fflush(stdout);
+    if (lost_at_end >= 0 && first_life && !joining)
+      end_with_a_loss(sync_dir, born, lost_at_end, world);
   } catch (const Error& e) {
     std::printf("ERROR code=%s: %s\n", std::string(to_string(e.code())).c_str(), e.what());
     return 3;

@@ -332,6 +332,28 @@ TEST_F(Launcher, ElasticWithoutReplacementsLeftSaysSoNotThatARoundCouldNotStart)
   EXPECT_FALSE(contains(r.err, "could not start")) << r.err;
 }
 
+TEST_F(Launcher, ElasticStopsAReplacementNoGrowWillTakeAndStartsTheRoundAgain) {
+  // Rank 1 dies once the others have done their work, while they are still
+  // running: collie-run starts it again to join, but the others end and no
+  // grow will take it. It used to wait out its deadline; now, once only
+  // replacements run and one has queued untaken, it is stopped and the
+  // round starts again (its second life ends well).
+  const char* probe = std::getenv("ELASTIC_PROBE");
+  if (!probe) GTEST_SKIP() << "ELASTIC_PROBE is not set";
+  auto r = run({"-n", "3", "--elastic", "--max-restarts", "2", probe, "--steps", "5", "--floats",
+                "16", "--lost-at-end", "1", "--sync-dir", dir_.string()},
+               {"COLLIE_TIMEOUT=60"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "[1] lost as the others finish")) << r.out;
+  EXPECT_TRUE(contains(r.err, "--elastic: starting it again (1 of 2)")) << r.err;
+  EXPECT_TRUE(contains(r.err,
+                       "--elastic: every other rank has ended and rank 1's replacement was "
+                       "never taken"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting (attempt 1 of 2)")) << r.err;
+  EXPECT_TRUE(contains(r.out, "[2] done: 5 steps, model exact, rank 2 of 3")) << r.out;
+}
+
 TEST_F(Launcher, ElasticStartsTheRoundAgainWhenAReplacementWouldHaveNoOneToJoin) {
   // These ranks never connect, so no world forms: the others would wait
   // for rank 1 in the rendezvous, and a replacement could not join. The

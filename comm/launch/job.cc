@@ -189,6 +189,7 @@ bool Job::serve_store() {
 bool Job::spawn(int local) {
   Rank& r = ranks_.emplace_back();
   r.rank = a_.node_rank * a_.nproc + local;
+  r.joiner = joining_;
   if (a_.prefix) r.prefix = "[" + std::to_string(r.rank) + "] ";
   if (!a_.log_dir.empty()) {
     std::string path = a_.log_dir + "/rank." + std::to_string(r.rank) + ".log";
@@ -331,6 +332,7 @@ void Job::supervise() {
       kill_at_.reset();
     }
     watch_other_nodes();
+    check_waiting_joiners();
     wait_and_handle();
   }
 }
@@ -384,6 +386,8 @@ void Job::next_round() {
   stop_sent_ = false;
   remote_failure_.reset();
   round_again_ = false;
+  lost_last_.reset();
+  joiners_idle_at_.reset();
 }
 
 }  // namespace collie::launch

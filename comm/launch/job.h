@@ -161,10 +161,20 @@ class Job {
   // lost before that cannot be grown back: the others still wait for it in
   // the rendezvous, so the round starts again instead.
   bool world_formed();
+  std::unique_ptr<collie::TcpStore> ask_own_store();
 
   // --elastic: starts a rank again alone for each that reap() took as
   // lost, to join the running job (COLLIE_JOIN=1).
   void start_replacements();
+
+  // --elastic, one node: once every rank but the replacements has ended,
+  // a replacement still running a moment later was never taken (the rank
+  // it replaces was lost as the others finished) and never will be: it is
+  // stopped, and the lost rank's failure starts the round again.
+  void check_waiting_joiners();
+  // Whether a process has queued to join (collie/join/queued in the round's
+  // store) that no grow has taken (collie/join/taken): comm/front/grow.cc.
+  bool joiners_waiting();
 
   // Asks every rank still running to stop, and kills them after the grace
   // period.
@@ -220,6 +230,10 @@ class Job {
   // after every other rank ended), so the round starts again as without
   // --elastic.
   bool round_again_ = false;
+  // --elastic: the rank last replaced (an index into ranks_), and when
+  // replacements still running are taken to be waiting for nobody.
+  std::optional<size_t> lost_last_;
+  std::optional<Deadline> joiners_idle_at_;
   bool joining_ = false;
   sigset_t handled_{}, saved_mask_{};
   int sigfd_ = -1;

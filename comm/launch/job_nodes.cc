@@ -139,22 +139,37 @@ std::optional<int> Job::take_replacement() {
   return static_cast<int>(*drawn);
 }
 
+// A client of node 0's own store for one question (asked only when a rank
+// fails or replacements idle), not kept: the launcher's descriptors stay
+// as they were. Throws collie::Error when the store cannot be reached.
+std::unique_ptr<collie::TcpStore> Job::ask_own_store() {
+  if (!server_) throw collie::Error(collie::ErrorCode::unavailable, "no store served here");
+  const collie::StoreAuth auth{secret_,
+                               collie::config::job_identity(collie::config::process_env(), world_)};
+  return collie::TcpStore::connect("127.0.0.1", server_->port(), auth, std::chrono::seconds(2),
+                                   "collie-run", "collie-run");
+}
+
 bool Job::world_formed() {
   const std::string prefix = store_for_the_job() ? round_key("") : "";
   std::vector<std::string> keys;
   for (int r = 0; r < world_; ++r) keys.push_back(prefix + collie::config::world_formed_key(r));
   if (agents()) return agent_call([&] { return agent_->check(keys); }).value_or(false);
-  // A client of its own store for the one question (asked only when a
-  // rank fails), not kept: the launcher's descriptors stay as they were.
-  if (!server_) return false;
   try {
-    const collie::StoreAuth auth{
-        secret_, collie::config::job_identity(collie::config::process_env(), world_)};
-    return collie::TcpStore::connect("127.0.0.1", server_->port(), auth, std::chrono::seconds(2),
-                                     "collie-run", "collie-run")
-        ->check(keys);
+    return ask_own_store()->check(keys);
   } catch (const collie::Error&) {
     return false;  // cannot tell: start the round again, the safe way
+  }
+}
+
+bool Job::joiners_waiting() {
+  const std::string prefix = store_for_the_job() ? round_key("") : "";
+  try {
+    auto store = ask_own_store();
+    return store->add(prefix + "collie/join/queued", 0) >
+           store->add(prefix + "collie/join/taken", 0);
+  } catch (const collie::Error&) {
+    return false;  // cannot tell: leave them to their own deadline
   }
 }
 

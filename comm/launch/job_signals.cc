@@ -40,7 +40,7 @@ void Job::wait_and_handle() {
         streams.emplace_back(&r, s);
       }
   std::optional<Deadline> next = kill_at_;
-  for (const auto& d : {drain_until_, stop_at_, watch_at()})
+  for (const auto& d : {drain_until_, stop_at_, watch_at(), joiners_idle_at_})
     if (d && (!next || *d < *next)) next = d;
   int timeout = next ? collie::net::poll_timeout_ms(*next) : -1;
   if (poll(pfds.data(), pfds.size(), timeout) < 0 && errno != EINTR) {
@@ -103,6 +103,7 @@ void Job::reap() {
       if (const auto number = take_replacement()) {
         const int local = r.rank - a_.node_rank * a_.nproc;
         to_replace_.emplace_back(local, *number);
+        lost_last_ = static_cast<size_t>(&r - ranks_.data());
         std::fprintf(stderr,
                      "collie-run: rank %d %s; --elastic: starting it again (%d of %d) to join the "
                      "others\n",
@@ -144,6 +145,36 @@ void Job::start_replacements() {
     }
   }
   to_replace_.clear();
+}
+
+void Job::check_waiting_joiners() {
+  if (!a_.elastic || a_.nnodes > 1 || !lost_last_ || stopping()) return;
+  bool joiners = false;
+  for (const Rank& r : ranks_) {
+    if (r.running && !r.joiner) {
+      joiners_idle_at_.reset();  // the job goes on: a grow may yet take them
+      return;
+    }
+    joiners = joiners || (r.running && r.joiner);
+  }
+  if (!joiners) return;
+  // A replacement that was taken ends with the others, within the moment;
+  // one that waits has queued in the store and no grow took it. (One not
+  // yet queued, still starting, is looked at again a moment later.)
+  if (!joiners_idle_at_) joiners_idle_at_ = Clock::now() + kReportWindow;
+  if (Clock::now() < *joiners_idle_at_) return;
+  joiners_idle_at_ = Clock::now() + kReportWindow;
+  if (!joiners_waiting()) return;
+  const Rank& lost = ranks_[*lost_last_];
+  std::fprintf(stderr,
+               "collie-run: --elastic: every other rank has ended and rank %d's replacement was "
+               "never taken (rank %d was lost as the others finished); stopping it and starting "
+               "the round again\n",
+               lost.rank, lost.rank);
+  round_again_ = true;
+  first_failure_ = lost.status;
+  root_cause_ = lost_last_;
+  stop_ranks(SIGTERM);
 }
 
 // Asks every rank still running to stop, and kills them after the grace

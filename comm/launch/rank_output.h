@@ -32,6 +32,7 @@ struct Rank {
   int status = 0;
   double ended_s = 0;    // seconds after the start
   bool stopped = false;  // it ended after collie-run had told it to stop
+  bool joiner = false;   // --elastic: started again alone, to join the running job
 };
 
 // Of each rank's output, the lines the summary shows.
