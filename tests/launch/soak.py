@@ -59,6 +59,8 @@ ap.add_argument("--job-timeout", type=float, default=0,
                 help="a job still running after this many seconds is a hang (default: five "
                 "times an uninterrupted run and 120 s)")
 ap.add_argument("--seed", type=int, default=None)
+ap.add_argument("--log-dir", default="",
+                help="keep every job's output here (job<N>.out, job<N>.err), not only a bad job's")
 ap.add_argument("--settle", type=float, default=None,
                 help="seconds into a round before its samples count (default 2; 10 with --torch, "
                 "whose ranks take seconds to import PyTorch and re-form)")
@@ -304,6 +306,11 @@ while time.monotonic() - start < args.duration:
     p.stdout.close()
     p.stderr.close()
     job["rc"] = p.returncode
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+        for name, text in (("out", out), ("err", err)):
+            with open(os.path.join(args.log_dir, "job%d.%s" % (i, name)), "w") as f:
+                f.write(text[0] if text else "")
     job["secs"] = round(time.monotonic() - began, 1)
     job["restarts"] = len(re.findall(r"restarting \(attempt \d+ of|--elastic: starting it again",
                                      err[0] if err else ""))
