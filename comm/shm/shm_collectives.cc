@@ -368,9 +368,19 @@ inline uint8_t* ShmRunner::peer_buffer(int r, const DescSlot& s, const What& wha
         if (it->second.used < old->second.used) old = it;
       mapped_.erase(old);
     }
-    m.base = static_cast<uint8_t*>(
-        shared_file::open(seg_.info(r).pid, s.large.reg_fd, s.large.reg_bytes, names_(me_),
-                          names_(r) + "'s shared buffer of " + what.str()));
+    try {
+      m.base = static_cast<uint8_t*>(
+          shared_file::open(seg_.info(r).pid, s.large.reg_fd, s.large.reg_bytes, names_(me_),
+                            names_(r) + "'s shared buffer of " + what.str()));
+    } catch (const Error&) {
+      // A peer that died (its /proc entry is gone) or aborted is the cause
+      // to report, as a lost peer, not the open that failed because of it.
+      mapped_.erase({r, s.reg_id});
+      seg_.check();
+      if (std::string why = seg_.gone(r, what); !why.empty())
+        throw Error(ErrorCode::peer_lost, why);
+      throw;
+    }
     m.bytes = s.large.reg_bytes;
   }
   return m.base + s.large.reg_offset;
