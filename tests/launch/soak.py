@@ -312,8 +312,11 @@ while time.monotonic() - start < args.duration:
             with open(os.path.join(args.log_dir, "job%d.%s" % (i, name)), "w") as f:
                 f.write(text[0] if text else "")
     job["secs"] = round(time.monotonic() - began, 1)
-    job["restarts"] = len(re.findall(r"restarting \(attempt \d+ of|--elastic: starting it again",
-                                     err[0] if err else ""))
+    # A replacement collie-run stopped because no grow would take it is
+    # answered again by the round's restart: one answer to one kill.
+    job["restarts"] = (len(re.findall(r"restarting \(attempt \d+ of|--elastic: starting it again",
+                                      err[0] if err else "")) -
+                       len(re.findall(r"replacement was never taken", err[0] if err else "")))
     # Each kill's recovery: to rank 0's first step done after it.
     # (The prefix is collie-run's rank, the process's first; only the
     # communicator's rank 0 prints these.)
@@ -353,10 +356,16 @@ while time.monotonic() - start < args.duration:
         say("job %d: %s\n--- stdout ---\n%s--- stderr ---\n%s" % (i, "; ".join(bad), out[0], err[0]))
 
     job["steady"] = steady(job["samples"])
-    say("job %d (%s): %.0f s, exit %s, %d kill(s), %d restart(s), parameters %s; per round: %s; "
-        "/dev/shm %d" % (i, backend, job["secs"], job["rc"], len(job["kills"]), job["restarts"],
-                         "identical" if job["same"] else "DIFFER", per_round(job["steady"]),
-                         shm_entries()))
+    # How each kill was answered, in collie-run's words: a replacement taken
+    # into the running job, or the round started again (--elastic does so
+    # for a rank lost before the world formed or as the others finished).
+    text = err[0] if err else ""
+    job["rounds_again"] = len(re.findall(r"restarting \(attempt \d+ of", text))
+    say("job %d (%s): %.0f s, exit %s, %d kill(s), %d restart(s) (%d of the round), recoveries "
+        "%s s, parameters %s; per round: %s; /dev/shm %d"
+        % (i, backend, job["secs"], job["rc"], len(job["kills"]), job["restarts"],
+           job["rounds_again"], "/".join("%.2f" % r for r in job["recoveries"]) or "-",
+           "identical" if job["same"] else "DIFFER", per_round(job["steady"]), shm_entries()))
 
 shm_after = shm_entries()
 own_fds_after = fds(os.getpid())
