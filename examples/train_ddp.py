@@ -80,7 +80,7 @@ def main():
     ddp = ct.DistributedDataParallel(net, gradient_as_bucket_view=args.bucket_view)
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     step, back = 0, None
-    if ddp.handed_over is not None:  # this process replaced a lost rank (--elastic)
+    if ddp.joined:  # this process replaced a lost rank (--elastic)
         step = ddp.handed_over["step"]
         opt.load_state_dict(ddp.handed_over["opt"])
     elif args.checkpoint and os.path.exists(args.checkpoint):
@@ -93,7 +93,7 @@ def main():
             print(f"resuming from checkpoint {args.checkpoint} at step {step}", flush=True)
     elif os.environ.get("COLLIE_RESTART_COUNT", "0") != "0":
         back = "first step after resuming"  # the whole job again, from the start
-    if ddp.comm.rank == 0 and not back and ddp.handed_over is None:
+    if ddp.comm.rank == 0 and not back and not ddp.joined:
         print(f"training a 16-128-128-4 MLP on {ddp.comm.size} ranks x {BATCH} samples, "
               f"collie.torch, {'bucket views' if args.bucket_view else 'copies'}", flush=True)
     elastic = os.environ.get("COLLIE_ELASTIC") == "1"

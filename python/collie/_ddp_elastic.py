@@ -3,7 +3,6 @@ is lost and replaced (collie-run --elastic): handoff_state() and the
 wrapper's reform(), its joiner's side at construction, and the user's own
 object (the step, the optimizer's state) handed over with them."""
 import ctypes
-import os
 import pickle
 import warnings
 
@@ -74,13 +73,6 @@ def broadcast_object(comm, obj, root=0):
     return obj if comm.rank == root else pickle.loads(bytes(buf[:int(size[0])].tolist()))
 
 
-def _world_size():
-    for name in ("COLLIE_WORLD_SIZE", "WORLD_SIZE"):
-        if os.environ.get(name, "").strip().isdigit():
-            return int(os.environ[name])
-    return None
-
-
 class _Elastic:
     """DistributedDataParallel's side of a lost rank replaced in the running
     job. The survivors call reform() after the error that named the lost
@@ -89,29 +81,38 @@ class _Elastic:
     the start, and finds rank 0's object in `handed_over`."""
 
     handed_over = None
+    joined = False  # this wrapper took the survivors' hand-over at construction
 
     def reform(self, state=None, world=None, wait=0.0, attempts=10):
         """After a collie.Error whose code is "peer_lost" (a rank died under
         the step): re-forms this wrapper in place on a new communicator of
         the survivors grown back to `world` ranks (default: the job's
-        launch size, COLLIE_WORLD_SIZE or WORLD_SIZE, else the size it had)
+        communicator's size when the wrapper was built)
         by the processes that join (collie-run --elastic starts each lost
         rank again). The reducer's state (bucket layout, iteration, the comm
         hook's state) goes to the newcomers from memory, rank 0's parameters
         and buffers to every rank, as at construction. Returns rank 0's
         `state` (any picklable object: the step to redo, the optimizer's
         state_dict) on every rank; a newcomer finds it in `handed_over`.
-        The step that failed is not taken: do it again. A rank lost during
+        A newcomer's wrapper has `joined` set (its `handed_over` is None
+        when the survivors handed None). The step that failed is not taken:
+        do it again. A rank lost during
         the re-form itself (a newcomer killed as it joins, another survivor)
         is one more to replace: the survivors start again from the
         communicator they have, up to `attempts` times. `ddp.comm` is the new
         communicator (the wrapper closes it with itself); the old one is
         left to its owner. Collective over the survivors and the joiners."""
         if world is None:
-            world = self._world if self._world is not None else self._comm.size
-        done = ctypes.c_uint64(0)
-        check(lib.collie_reducer_iterations(self._h, ctypes.byref(done)))
-        mine = (self._save_reducer_state(), done.value)  # what this rank hands over, each try
+            world = self._world
+        # What this rank hands over, each try: its reducer's state, or, for a
+        # newcomer lost again before its first forward loaded what it was
+        # handed, nothing (it takes rank 0's, as a joiner does).
+        mine = None
+        if getattr(self, "_handoff_to_load", None) is None:
+            done = ctypes.c_uint64(0)
+            check(lib.collie_reducer_iterations(self._h, ctypes.byref(done)))
+            mine = (self._save_reducer_state(), done.value)
+        self._handoff_to_load = None
         comm, tried = self._comm, 0
         while True:
             try:
@@ -148,9 +149,9 @@ class _Elastic:
         import collie
         with collie._default_lock:
             if collie._default is not None and collie._default is self._comm:
-                old, collie._default = collie._default, comm
-                if old is not comm:
-                    old.close()
+                # Not closed here: an averager or a torch.distributed group
+                # may still hold it; it closes when the last holder lets go.
+                collie._default = comm
                 return False
         return True
 
@@ -159,10 +160,13 @@ class _Elastic:
         joiner's half of the survivors' reform() (the reducer state it
         loads after the build, rank 0's object in `handed_over`); None on
         any other communicator."""
-        self._world = _world_size()
+        # The size to grow back to: this communicator's (the job's, for the
+        # default one), not the launch's (a wrapper on a subgroup).
+        self._world = self._comm.size
         if not getattr(self._comm, "_handoff_pending", False):
             return None
         self._comm._handoff_pending = False
         handed = _handoff(None, self._comm)
         self.handed_over = broadcast_object(self._comm, None)
+        self.joined = True
         return handed

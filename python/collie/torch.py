@@ -159,12 +159,13 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
         self._steps = 0
         # A process that joined a running job (collie-run --elastic): the
         # survivors' reform() hands it their state and rank 0's object.
-        handed = self._take_handoff()
+        # Loaded at the first forward, not here: the comm hook the program
+        # registers after construction (PyTorch's order) must be in place
+        # before its state (PowerSGD's error feedback) is.
+        self._handoff_to_load = self._take_handoff()
         self._build()
         if comm_hook is not None and not isinstance(comm_hook, str):
             self.register_comm_hook(None, comm_hook)
-        if handed is not None:
-            self.load_handoff(handed)
 
     def _build(self):
         """The reducer over self._comm, the gradient hooks on the parameters
@@ -232,6 +233,9 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
 
     @_eager_under_compile
     def forward(self, *inputs, **kwargs):
+        if self._handoff_to_load is not None:  # a newcomer's: see __init__
+            state, self._handoff_to_load = self._handoff_to_load, None
+            self.load_handoff(state)
         if self._joining:
             self._join_round(1)
         elif self._join_config.enable:

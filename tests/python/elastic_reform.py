@@ -20,7 +20,10 @@ at step 5's forward. Every rank's final parameters must equal serial
 full-batch training on one process to 1e-10, the wrapper's communicator
 must be the new one of 4 ranks, and collie-run must exit 0. Prints "rank
 R: parameters equal the serial run's (...)".
-    elastic_reform.py [--bucket-view]
+    elastic_reform.py [--bucket-view] [--powersgd]
+--powersgd registers collie's PowerSGD hook after construction (PyTorch's
+order), so that the newcomer must load the survivors' error feedback into
+it; its parameters are then compared across the ranks, not with a serial run.
 """
 import os
 import signal
@@ -67,10 +70,15 @@ def main():
     # with its wrapper.
     net = model(seed=99 if joining else 11)
     ddp = ct.DistributedDataParallel(net, gradient_as_bucket_view="--bucket-view" in sys.argv)
+    powersgd = "--powersgd" in sys.argv
+    if powersgd:
+        # After construction, as PyTorch's order has it: a newcomer must
+        # have it in place before the survivors' error feedback is loaded.
+        ddp.register_comm_hook(None, "powersgd:rank=1,start_iter=2")
     born = ddp.comm.rank
     opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
     step = 0
-    if ddp.handed_over is not None:
+    if ddp.joined:
         step = ddp.handed_over["step"]
         opt.load_state_dict(ddp.handed_over["opt"])
         print(f"rank {ddp.comm.rank} of {ddp.comm.size}: joined at step {step}", flush=True)
@@ -105,6 +113,18 @@ def main():
     if not joining and reforms != 1:
         print(f"FAIL rank {ddp.comm.rank}: {reforms} reforms, not 1")
         return 1
+    if powersgd:
+        # Compressed: no serial reference, but every replica the same.
+        flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+        ref = flat.clone()
+        ddp.comm.broadcast(ref, root=0)
+        if not torch.equal(ref, flat) or not bool(torch.isfinite(flat).all()):
+            print(f"FAIL rank {ddp.comm.rank}: parameters differ from rank 0's after PowerSGD")
+            return 1
+        print(f"rank {ddp.comm.rank} of {ddp.comm.size}: PowerSGD through the reform, replicas "
+              "identical")
+        ddp.close()
+        return 0
     want = serial(x, y)
     worst = max(float((p.detach() - w).abs().max()) for p, w in zip(net.parameters(), want))
     if worst > 1e-10:
