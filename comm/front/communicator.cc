@@ -295,7 +295,7 @@ std::unique_ptr<Communicator> connect(const Options& options) {
   // replaces a rank lost after every rank is in (the others can grow by
   // one), and starts the whole round again for one lost before (the others
   // still wait for it in the rendezvous; comm/launch/job_signals.cc).
-  if (ctx.store && ctx.launch.launcher_store && k == 0)
+  if (ctx.store && ctx.store_is_launchers && k == 0)
     ctx.store->set(config::world_formed_key(ctx.launch.rank), to_bytes("1"));
   if (ctx.trace && !ctx.trace->clock_started()) align_trace_clock(*comm, *ctx.trace, ctx);
   return comm;

@@ -347,7 +347,9 @@ bool Job::restart() {
   // starts another for it).
   if (agents()) return restart_every_node();
   if (a_.elastic && !round_again_) return false;
-  if (!first_failure_ || restarts_ >= a_.max_restarts) return false;
+  // Under --elastic, M counts the ranks replaced alone too.
+  if (!first_failure_ || restarts_ + (a_.elastic ? replacements_ : 0) >= a_.max_restarts)
+    return false;
   handle_signals();  // one that came while the round ended wins over a restart
   if (stop_signal_) return false;
   const Rank& root = ranks_[*root_cause_];

@@ -161,6 +161,7 @@ class Job {
   // lost before that cannot be grown back: the others still wait for it in
   // the rendezvous, so the round starts again instead.
   bool world_formed();
+  std::vector<std::string> world_formed_keys() const;
   std::unique_ptr<collie::TcpStore> ask_own_store();
 
   // --elastic: starts a rank again alone for each that reap() took as

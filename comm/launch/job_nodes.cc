@@ -124,15 +124,17 @@ void Job::publish(const std::string& value) {
 // --elastic: the single-node count is this launcher's; on several nodes
 // every launcher draws from one count in the job's store.
 std::optional<int> Job::take_replacement() {
+  // One budget: rounds started again (restarts_) and ranks replaced
+  // together at most M.
   if (!agents()) {
     const int next = replacements_ + static_cast<int>(to_replace_.size()) + 1;
-    return next <= a_.max_restarts ? std::optional<int>(next) : std::nullopt;
+    return next + restarts_ <= a_.max_restarts ? std::optional<int>(next) : std::nullopt;
   }
   // A count in the store only grows: a launcher that draws past M has
   // taken nothing, and the job fails as without --elastic.
   const auto drawn = agent_call([&] { return agent_->add("collie-run/replacements", 1); });
   if (!drawn) return std::nullopt;
-  if (*drawn > a_.max_restarts) {
+  if (*drawn + restarts_ > a_.max_restarts) {
     replacements_ = a_.max_restarts;  // every one was taken, if not by this node
     return std::nullopt;
   }
@@ -146,19 +148,30 @@ std::unique_ptr<collie::TcpStore> Job::ask_own_store() {
   if (!server_) throw collie::Error(collie::ErrorCode::unavailable, "no store served here");
   const collie::StoreAuth auth{secret_,
                                collie::config::job_identity(collie::config::process_env(), world_)};
-  return collie::TcpStore::connect("127.0.0.1", server_->port(), auth, std::chrono::seconds(2),
+  // Where the store listens on one node: --master-addr's address.
+  return collie::TcpStore::connect(a_.master_addr, server_->port(), auth, std::chrono::seconds(2),
                                    "collie-run", "collie-run");
 }
 
-bool Job::world_formed() {
+std::vector<std::string> Job::world_formed_keys() const {
   const std::string prefix = store_for_the_job() ? round_key("") : "";
   std::vector<std::string> keys;
   for (int r = 0; r < world_; ++r) keys.push_back(prefix + collie::config::world_formed_key(r));
+  return keys;
+}
+
+bool Job::world_formed() {
+  const std::vector<std::string> keys = world_formed_keys();
   if (agents()) return agent_call([&] { return agent_->check(keys); }).value_or(false);
   try {
     return ask_own_store()->check(keys);
-  } catch (const collie::Error&) {
-    return false;  // cannot tell: start the round again, the safe way
+  } catch (const collie::Error& e) {
+    // Cannot tell: start the round again, the safe way, and say why.
+    std::fprintf(stderr,
+                 "collie-run: --elastic: cannot ask the job's store whether the world "
+                 "formed (%s); taking it as not formed\n",
+                 e.what());
+    return false;
   }
 }
 
@@ -253,21 +266,34 @@ bool Job::restart_every_node() {
     }
   }
   // Every node wrote its failure, if it had one, before it ended.
+  // Everything the decision needs is read before this node says it has
+  // read: node 0's store may go once every node has.
+  struct Outcome {
+    std::string failure;
+    bool stopped = false, formed = false;
+    int64_t replaced = 0;  // --elastic: ranks started again in the job
+  };
   auto outcome = agent_call([&] {
     const std::string key = agent_key("failed");
-    std::pair<std::string, bool> o{
-        agent_->check({key}) ? collie::to_string(agent_->get(key)) : std::string(),
-        agent_->check({"collie-run/stop"})};
+    Outcome o;
+    o.failure = agent_->check({key}) ? collie::to_string(agent_->get(key)) : std::string();
+    o.stopped = agent_->check({"collie-run/stop"});
+    if (a_.elastic) {
+      o.formed = agent_->check(world_formed_keys());
+      o.replaced = std::min<int64_t>(agent_->add("collie-run/replacements", 0), a_.max_restarts);
+    }
     agent_->set(agent_key("read/" + mine), collie::to_bytes("1"));
     return o;
   });
   if (!outcome) return false;
-  const auto& [failure, stopped] = *outcome;
+  const std::string& failure = outcome->failure;
+  const bool stopped = outcome->stopped;
   if (!failure.empty() && !first_failure_ && !remote_failure_) take_remote_failure(failure);
   // --elastic restarts the round only for a rank lost before its world
-  // formed; every node reads the same keys, so all decide alike.
-  const bool again = (!a_.elastic || !world_formed()) && !failure.empty() && !stopped &&
-                     !stop_signal_ && restarts_ < a_.max_restarts;
+  // formed, and M counts its replacements too; every node reads the same
+  // keys, so all decide alike.
+  const bool again = (!a_.elastic || !outcome->formed) && !failure.empty() && !stopped &&
+                     !stop_signal_ && restarts_ + outcome->replaced < a_.max_restarts;
   if (!again) {
     // Node 0's store goes with it: let the others read the outcome first.
     if (a_.node_rank == 0) {

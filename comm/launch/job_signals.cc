@@ -40,7 +40,8 @@ void Job::wait_and_handle() {
         streams.emplace_back(&r, s);
       }
   std::optional<Deadline> next = kill_at_;
-  for (const auto& d : {drain_until_, stop_at_, watch_at(), joiners_idle_at_})
+  for (const auto& d :
+       {drain_until_, stop_at_, watch_at(), stopping() ? std::nullopt : joiners_idle_at_})
     if (d && (!next || *d < *next)) next = d;
   int timeout = next ? collie::net::poll_timeout_ms(*next) : -1;
   if (poll(pfds.data(), pfds.size(), timeout) < 0 && errno != EINTR) {
@@ -140,6 +141,10 @@ void Job::start_replacements() {
       std::fprintf(stderr, "collie-run: --elastic: rank %d could not be started again\n",
                    a_.node_rank * a_.nproc + local);
       first_failure_ = 1 << 8;  // exit status 1
+      // The other nodes' launchers stop their ranks too.
+      if (agents())
+        publish("1\nrank " + std::to_string(a_.node_rank * a_.nproc + local) + " on " +
+                node_name(a_.node_rank) + " could not be started again (--elastic)");
       stop_ranks(SIGTERM);
       break;
     }
@@ -148,7 +153,11 @@ void Job::start_replacements() {
 }
 
 void Job::check_waiting_joiners() {
-  if (!a_.elastic || a_.nnodes > 1 || !lost_last_ || stopping()) return;
+  // Every early return clears the moment: it is also poll()'s deadline.
+  if (!a_.elastic || a_.nnodes > 1 || !lost_last_ || stopping()) {
+    joiners_idle_at_.reset();
+    return;
+  }
   bool joiners = false;
   for (const Rank& r : ranks_) {
     if (r.running && !r.joiner) {
@@ -157,7 +166,10 @@ void Job::check_waiting_joiners() {
     }
     joiners = joiners || (r.running && r.joiner);
   }
-  if (!joiners) return;
+  if (!joiners) {
+    joiners_idle_at_.reset();
+    return;
+  }
   // A replacement that was taken ends with the others, within the moment;
   // one that waits has queued in the store and no grow took it. (One not
   // yet queued, still starting, is looked at again a moment later.)
@@ -174,6 +186,7 @@ void Job::check_waiting_joiners() {
   round_again_ = true;
   first_failure_ = lost.status;
   root_cause_ = lost_last_;
+  joiners_idle_at_.reset();
   stop_ranks(SIGTERM);
 }
 

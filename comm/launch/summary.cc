@@ -42,17 +42,19 @@ void print_summary(const JobEnd& end) {
     }
   }
   if (end.elastic) {
-    // --elastic starts single ranks again within the one round: there is
-    // no "next round" that could not start.
-    const std::string used =
-        std::to_string(end.replacements) + " of " + std::to_string(end.max_restarts);
-    if (end.replacements >= end.max_restarts)
-      out += "collie-run: --elastic: no ranks left to start again: " + used + " started again\n";
+    // M counts both: ranks started again alone, and rounds started again
+    // (for a rank lost before the world formed, or as the others ended).
+    const int spent = end.replacements + end.restarts;
+    const std::string used = std::to_string(spent) + " of " + std::to_string(end.max_restarts) +
+                             " (" + std::to_string(end.replacements) + " ranks alone, " +
+                             std::to_string(end.restarts) + " rounds)";
+    if (spent >= end.max_restarts)
+      out += "collie-run: --elastic: no restarts left: " + used + "\n";
     else if (end.stop_signal)
       out += "collie-run: --elastic: collie-run was told to stop (" + signal_name(end.stop_signal) +
-             "); " + used + " ranks started again\n";
+             "); restarts " + used + "\n";
     else
-      out += "collie-run: --elastic: " + used + " ranks started again\n";
+      out += "collie-run: --elastic: restarts " + used + "\n";
   } else if (end.max_restarts > 0) {
     const std::string used =
         std::to_string(end.restarts) + " of " + std::to_string(end.max_restarts) + " used";
