@@ -143,9 +143,10 @@ class _Elastic:
         """The re-formed communicator's owner: when the wrapper's was the
         process's default communicator (collie.default_communicator(), which
         the averagers and collie.distributed's groups use too), the new one
-        takes its place there and the old one, dead, is closed (its sockets
-        and segment go); else the wrapper owns it. Returns whether the
-        wrapper does."""
+        takes its place there; else the wrapper owns it. The old one, dead,
+        is not closed here (an averager or a torch.distributed group may
+        still hold it): it closes with its last holder. Returns whether the
+        wrapper owns the new one."""
         import collie
         with collie._default_lock:
             if collie._default is not None and collie._default is self._comm:

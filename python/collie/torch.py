@@ -478,6 +478,11 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
         check(lib.collie_reducer_destroy(self._h))
         self._h = None
         _open_wrappers.discard(self)
+        # The arenas (a reference cycle with their callbacks, so freed only
+        # by the cycle collector) allocate no more: let go of the
+        # communicator, which then closes with its last holder (reform()'s
+        # old one at once, not at the next collection; it held 8 sockets).
+        self._arenas.comm = None
 
     def __del__(self):
         try:
