@@ -49,28 +49,30 @@ def _handoff(mine, comm, root=0):
         warnings.warn(f"handoff_state: the ranks had finished different iterations "
                       f"({[int(d) for d in every]}): every rank goes on from rank {root}'s")
     own = mine[0] if mine is not None else b""
-    size = torch.tensor([len(own) if at_root else 0], dtype=torch.int64)
-    comm.broadcast(size, root=root)
-    buf = torch.zeros(max(int(size[0]), 1), dtype=torch.uint8)
-    if at_root and own:
-        buf[:len(own)] = torch.tensor(bytearray(own), dtype=torch.uint8)
-    comm.broadcast(buf[:int(size[0])], root=root)
+    got = _broadcast_bytes(comm, own, root)
     if at_root or (mine is not None and agree):
         return own
-    return bytes(buf[:int(size[0])].tolist())
+    return got
+
+
+def _broadcast_bytes(comm, data, root=0):
+    """Rank `root`'s `data` (bytes; ignored elsewhere) on every rank of
+    `comm`, as two broadcasts: its size, then its bytes. Collective."""
+    at_root = comm.rank == root
+    size = torch.tensor([len(data) if at_root else 0], dtype=torch.int64)
+    comm.broadcast(size, root=root)
+    buf = torch.zeros(max(int(size[0]), 1), dtype=torch.uint8)
+    if at_root and data:
+        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    comm.broadcast(buf[:int(size[0])], root=root)
+    return data if at_root else buf[:int(size[0])].numpy().tobytes()
 
 
 def broadcast_object(comm, obj, root=0):
     """Rank `root`'s `obj` (any picklable object) on every rank of `comm`,
-    as two broadcasts: its pickled size, then its bytes. Collective."""
-    mine = pickle.dumps(obj) if comm.rank == root else b""
-    size = torch.tensor([len(mine)], dtype=torch.int64)
-    comm.broadcast(size, root=root)
-    buf = torch.zeros(max(int(size[0]), 1), dtype=torch.uint8)
-    if comm.rank == root:
-        buf[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
-    comm.broadcast(buf[:int(size[0])], root=root)
-    return obj if comm.rank == root else pickle.loads(bytes(buf[:int(size[0])].tolist()))
+    pickled and broadcast as bytes. Collective."""
+    data = _broadcast_bytes(comm, pickle.dumps(obj) if comm.rank == root else b"", root)
+    return obj if comm.rank == root else pickle.loads(data)
 
 
 class _Elastic:
