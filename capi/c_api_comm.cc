@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "base/config.h"
 #include "capi/c_api_internal.h"
 
 namespace collie::capi {
@@ -172,7 +173,14 @@ void collie_comm_options_init(collie_comm_options* o) {
 collie_status collie_comm_connect(const collie_comm_options* o, collie_comm** out) {
   COLLIE_REQUIRE(out, "out");
   *out = nullptr;
-  return guarded([&] { *out = wrap(collie::connect(to_options(o))); });
+  return guarded([&] {
+    collie::Options opt = to_options(o);
+    // Under COLLIE_JOIN=1 connect() joins (as collie_comm_join); the same
+    // reading of the variables that connect() makes says so.
+    bool joins = collie::config::resolve_launch(opt, collie::config::process_env()).join;
+    *out = wrap(collie::connect(opt));
+    (*out)->joined = joins;
+  });
 }
 
 collie_status collie_comm_destroy(collie_comm* c) {
@@ -339,7 +347,17 @@ collie_status collie_comm_grow(collie_comm* c, int joiners, int wait_ms, collie_
 collie_status collie_comm_join(const collie_comm_options* o, collie_comm** out) {
   COLLIE_REQUIRE(out, "out");
   *out = nullptr;
-  return guarded([&] { *out = wrap(collie::join(to_options(o))); });
+  return guarded([&] {
+    *out = wrap(collie::join(to_options(o)));
+    (*out)->joined = true;
+  });
+}
+
+collie_status collie_comm_joined(const collie_comm* c, int* out) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(out, "out");
+  *out = c->joined ? 1 : 0;
+  return COLLIE_OK;
 }
 
 collie_status collie_comm_abort(collie_comm* c, const char* reason) {

@@ -28,6 +28,7 @@ struct collie_comm {
   std::shared_ptr<collie::Communicator> shared;
   collie::Communicator* comm = nullptr;
   std::string backend;  // what collie_comm_backend hands out
+  bool joined = false;  // made by joining a running job (collie_comm_joined)
 };
 
 struct collie_work {

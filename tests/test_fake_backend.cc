@@ -245,17 +245,18 @@ TEST(FakeBackend, AVanishedRankIsNamedAndTheSurvivorsShrinkAndGoOn) {
 }
 
 // A process that joins the running job (collie::join) as `rank` of
-// `world` by its launch variables, through `store`: its allreduce of its
-// new rank over the grown communicator, or its error.
-std::string join_and_sum(std::shared_ptr<Store> store, int rank, int world, milliseconds timeout,
-                         float want) {
+// `world` by its launch variables, where `where` says (the store, or its
+// address and secret): its allreduce of its new rank over the grown
+// communicator, or its error.
+std::string join_and_sum(const std::function<void(Options&)>& where, int rank, int world,
+                         milliseconds timeout, float want) {
   try {
     Options o;
     o.rank = rank;
     o.world_size = world;
     o.backend = "fake";
-    o.store = std::move(store);
     o.timeout = timeout;
+    where(o);
     auto c = join(o);
     float x = static_cast<float>(c->rank());
     c->allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
@@ -265,6 +266,11 @@ std::string join_and_sum(std::shared_ptr<Store> store, int rank, int world, mill
   } catch (const Error& e) {
     return std::string(to_string(e.code())) + ": " + e.what();
   }
+}
+
+std::string join_and_sum(std::shared_ptr<Store> store, int rank, int world, milliseconds timeout,
+                         float want) {
+  return join_and_sum([&](Options& o) { o.store = store; }, rank, world, timeout, want);
 }
 
 // grow(): three ranks take the joiner that queues in the store; the grown
@@ -405,24 +411,14 @@ TEST(FakeBackend, AReplacementWithAnotherJobsSecretIsRefusedByName) {
   // As collie-run tells its ranks: its store outlives them, so a
   // replacement may join through it.
   ScopedEnv launcher_store("COLLIE_LAUNCHER_STORE", "1");
-  auto joiner = [&](const std::string& its_secret) -> std::string {
-    try {
-      Options o;
-      o.rank = 1;
-      o.world_size = 2;
-      o.backend = "fake";
-      o.master_addr = "127.0.0.1";
-      o.master_port = port;
-      o.secret = its_secret;
-      o.timeout = milliseconds(20000);
-      auto c = join(o);
-      float x = static_cast<float>(c->rank());
-      c->allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
-      return "joined as rank " + std::to_string(c->rank()) + " of " + std::to_string(c->size()) +
-             ", sum " + std::to_string(static_cast<int>(x));
-    } catch (const Error& e) {
-      return std::string(to_string(e.code())) + ": " + e.what();
-    }
+  auto joiner = [&](const std::string& its_secret) {
+    return join_and_sum(
+        [&](Options& o) {
+          o.master_addr = "127.0.0.1";
+          o.master_port = port;
+          o.secret = its_secret;
+        },
+        1, 2, milliseconds(20000), 0 + 1 + 2);
   };
   std::string stranger, own;
   std::thread js([&] { stranger = joiner("another-jobs-secret"); });
@@ -443,7 +439,7 @@ TEST(FakeBackend, AReplacementWithAnotherJobsSecretIsRefusedByName) {
   expect_all_ok(grown, "grow past a stranger");
   EXPECT_NE(stranger.find("could not prove that it knows this job's secret"), std::string::npos)
       << stranger;
-  EXPECT_EQ(own, "joined as rank 2 of 3, sum 3");
+  EXPECT_EQ(own, "joined as rank 2 of 3");
 }
 
 TEST(FakeBackend, AbortFromAnotherThreadEndsABlockedWaitOnEveryRank) {
@@ -874,12 +870,14 @@ TEST(FakeBackend, TheCAbiConnectsAndReducesOverIt) {
 }
 
 // collie_comm_grow and collie_comm_join: two ranks grow by a joiner and
-// sum their new ranks over the three.
+// sum their new ranks over the three; only the joiner's communicator says
+// it joined (collie_comm_joined: what makes collie.torch take a hand-over).
 TEST(FakeBackend, TheCAbiGrowsByAJoiner) {
   auto sum_ranks = [](collie_comm* comm) -> std::string {
-    int r = -1, n = 0;
+    int r = -1, n = 0, joined = -1;
     collie_comm_rank(comm, &r);
     collie_comm_size(comm, &n);
+    if (collie_comm_joined(comm, &joined) != COLLIE_OK) return "joined: failed";
     double v = r;
     collie_tensor t{};
     t.data = &v;
@@ -888,10 +886,13 @@ TEST(FakeBackend, TheCAbiGrowsByAJoiner) {
     if (collie_comm_allreduce(comm, t, t, COLLIE_SUM, nullptr) != COLLIE_OK)
       return std::string("allreduce: ") + collie_last_error();
     return "rank " + std::to_string(r) + " of " + std::to_string(n) + ", sum " +
-           std::to_string(static_cast<int>(v));
+           std::to_string(static_cast<int>(v)) + (joined ? ", joined" : "");
   };
   std::string joiner;
   const auto bad = run_c_world(2, "fake_c_grow", [&](collie_comm* comm, int r) -> std::string {
+    int was_joined = -1;
+    collie_comm_joined(comm, &was_joined);
+    if (was_joined != 0) return "a launched rank's communicator says it joined";
     std::thread j;
     if (r == 0)
       j = std::thread([&] {
@@ -919,7 +920,7 @@ TEST(FakeBackend, TheCAbiGrowsByAJoiner) {
     return got == want ? "" : got;
   });
   for (size_t r = 0; r < bad.size(); ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
-  EXPECT_EQ(joiner, "rank 2 of 3, sum 3");
+  EXPECT_EQ(joiner, "rank 2 of 3, sum 3, joined");
 }
 
 }  // namespace

@@ -197,6 +197,10 @@ collie_status collie_comm_grow(collie_comm* comm, int joiners, int wait_ms, coll
  * (collie::join). The options give the store and the secret as for
  * collie_comm_connect; the rank and world size come from the grow. */
 collie_status collie_comm_join(const collie_comm_options* options, collie_comm** out);
+/* *out = 1 when `comm` was made by joining a running job (collie_comm_join,
+ * or collie_comm_connect under COLLIE_JOIN=1), else 0 (a grow's survivors
+ * get 0): whether its first DDP wrapper takes the survivors' hand-over. */
+collie_status collie_comm_joined(const collie_comm* comm, int* out);
 /* Which rank arrived last, and how long after the first, at the host
  * collectives since the last call (Communicator::arrivals). Collective.
  * *collectives gets how many were compared; last and median_late_ms (each

@@ -12,7 +12,6 @@ collie.spawn(fn, nprocs). Errors are collie.Error, whose `code` says what kind
 import atexit
 import ctypes
 import itertools
-import os
 import threading
 import weakref
 
@@ -267,6 +266,16 @@ class Communicator:
         return n.value
 
     @property
+    def joined(self):
+        """True when this communicator was made by joining a running job
+        (collie.join(), or collie.connect() under COLLIE_JOIN=1, as
+        collie-run --elastic starts a replacement); False for a grow's
+        survivors and every other communicator."""
+        j = ctypes.c_int()
+        check(lib.collie_comm_joined(self._h, ctypes.byref(j)))
+        return bool(j.value)
+
+    @property
     def backend(self):
         name = ctypes.c_char_p()
         check(lib.collie_comm_backend(self._h, ctypes.byref(name)))
@@ -443,7 +452,7 @@ def connect(rank=None, world_size=None, master_addr=None, master_port=None, back
     # Under COLLIE_JOIN=1 the connect joined a running job (as join()):
     # the first DistributedDataParallel built on it takes the survivors'
     # hand-off (collie.torch's reform()).
-    comm._handoff_pending = os.environ.get("COLLIE_JOIN", "").strip() == "1"
+    comm._handoff_pending = comm.joined
     return comm
 
 
@@ -457,7 +466,7 @@ def join(master_addr=None, master_port=None, timeout=None, secret=None, backend=
     h = ctypes.c_void_p()
     check(lib.collie_comm_join(ctypes.byref(o), ctypes.byref(h)))
     comm = Communicator(h.value)
-    comm._handoff_pending = True  # see connect()
+    comm._handoff_pending = comm.joined  # True; see connect()
     return comm
 
 

@@ -165,6 +165,7 @@ def _load():
         "collie_comm_shrink": (c_int, [c_void_p, POINTER(c_int), c_size_t, c_int, pc]),
         "collie_comm_grow": (c_int, [c_void_p, c_int, c_int, pc]),
         "collie_comm_join": (c_int, [c_void_p, pc]),
+        "collie_comm_joined": (c_int, [c_void_p, POINTER(c_int)]),
         "collie_comm_abort": (c_int, [c_void_p, c_char_p]),
         "collie_comm_get_async_error": (c_int, [c_void_p]),
         "collie_comm_mem_alloc": (c_int, [c_void_p, c_size_t, POINTER(c_void_p)]),
