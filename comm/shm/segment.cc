@@ -284,8 +284,7 @@ void Segment::read_peer(int r, void* local, uint64_t remote, size_t len, const W
       // A peer that died (ESRCH: its memory is gone) or gave up on the op
       // and aborted (its buffer may be gone) is the cause to report.
       const int err = got < 0 ? errno : EIO;
-      check();
-      if (std::string why = gone(r, what); !why.empty()) throw Error(ErrorCode::peer_lost, why);
+      blame_peer(r, what);
       if (err == ESRCH)
         throw Error(ErrorCode::peer_lost, names_(me_) + ": " + names_(r) + " (pid " +
                                               std::to_string(pids_[r]) + ") died during " +
@@ -297,6 +296,11 @@ void Segment::read_peer(int r, void* local, uint64_t remote, size_t len, const W
     remote += static_cast<uint64_t>(got);
     len -= static_cast<size_t>(got);
   }
+}
+
+void Segment::blame_peer(int peer, const What& what) {
+  check();
+  if (std::string why = gone(peer, what); !why.empty()) throw Error(ErrorCode::peer_lost, why);
 }
 
 // Rank q > 0: checks rank 0's description of the segment (`said`) against

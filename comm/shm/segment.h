@@ -276,6 +276,11 @@ class Segment {
   bool aborted() const { return abort_word_->load(std::memory_order_relaxed) != 0; }
   // Why `peer` will never move again (died, or shut down), or "".
   std::string gone(int peer, const What& what);
+  // After something failed that touched `peer`'s memory (a read, opening
+  // its buffer): throws the cause where there is one (another rank's abort,
+  // this communicator's failure, `peer` gone: peer_lost); returns when
+  // there is none, for the caller to report its own failure.
+  void blame_peer(int peer, const What& what);
   void abort(const Error& e) noexcept;  // tell every rank
   void close() noexcept;                // goodbye
   void wake_all() noexcept;             // interrupt every sleeper (on this host)

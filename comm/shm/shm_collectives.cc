@@ -376,9 +376,7 @@ inline uint8_t* ShmRunner::peer_buffer(int r, const DescSlot& s, const What& wha
       // A peer that died (its /proc entry is gone) or aborted is the cause
       // to report, as a lost peer, not the open that failed because of it.
       mapped_.erase({r, s.reg_id});
-      seg_.check();
-      if (std::string why = seg_.gone(r, what); !why.empty())
-        throw Error(ErrorCode::peer_lost, why);
+      seg_.blame_peer(r, what);
       throw;
     }
     m.bytes = s.large.reg_bytes;
