@@ -100,6 +100,11 @@ class Job {
     return "round" + std::to_string(restarts_) + "/" + key;
   }
   std::string agent_key(const std::string& key) const { return "collie-run/" + round_key(key); }
+  // A key the ranks write in the launcher's store, as they see it: under
+  // this round's prefix (COLLIE_STORE_PREFIX) where the job keeps one store.
+  std::string ranks_key(const std::string& key) const {
+    return store_for_the_job() ? round_key(key) : key;
+  }
   std::string node_name(int k) const { return "node " + std::to_string(k); }
 
   // Connects this launcher to the job's store. A node started before node

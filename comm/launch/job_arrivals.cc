@@ -16,16 +16,11 @@ namespace collie::launch {
 
 void Job::report_arrivals() {
   if (a_.node_rank != 0 || world_ < 2 || !server_) return;
-  const std::string prefix = store_for_the_job() ? round_key("") : "";
   std::vector<std::string> keys;
-  for (int r = 0; r < world_; ++r) keys.push_back(prefix + collie::arrivals::store_key(r));
+  for (int r = 0; r < world_; ++r) keys.push_back(ranks_key(collie::arrivals::store_key(r)));
   std::vector<std::vector<uint64_t>> logs;
   try {
-    const collie::StoreAuth auth{
-        secret_, collie::config::job_identity(collie::config::process_env(), world_)};
-    auto store = collie::TcpStore::connect(a_.nnodes == 1 ? a_.master_addr : "127.0.0.1",
-                                           server_->port(), auth, std::chrono::seconds(2),
-                                           "collie-run", "collie-run on node 0");
+    auto store = ask_own_store();
     // Ranks on other nodes may still be closing: a moment for them. A rank
     // with no world communicator (or one that closed it on a failure)
     // leaves nothing, and then nothing is said.

@@ -154,9 +154,8 @@ std::unique_ptr<collie::TcpStore> Job::ask_own_store() {
 }
 
 std::vector<std::string> Job::world_formed_keys() const {
-  const std::string prefix = store_for_the_job() ? round_key("") : "";
   std::vector<std::string> keys;
-  for (int r = 0; r < world_; ++r) keys.push_back(prefix + collie::config::world_formed_key(r));
+  for (int r = 0; r < world_; ++r) keys.push_back(ranks_key(collie::config::world_formed_key(r)));
   return keys;
 }
 
@@ -176,11 +175,10 @@ bool Job::world_formed() {
 }
 
 bool Job::joiners_waiting() {
-  const std::string prefix = store_for_the_job() ? round_key("") : "";
   try {
     auto store = ask_own_store();
-    return store->add(prefix + "collie/join/queued", 0) >
-           store->add(prefix + "collie/join/taken", 0);
+    return store->add(ranks_key("collie/join/queued"), 0) >
+           store->add(ranks_key("collie/join/taken"), 0);
   } catch (const collie::Error&) {
     return false;  // cannot tell: leave them to their own deadline
   }
