@@ -21,26 +21,12 @@ set -uo pipefail
 
 if [ "${1:-}" = --kill ]; then
   work=$2 out_a=$7
-  # kill_at STEP RANK: once rank 0 has logged STEP, SIGKILL the process of
-  # this job (its --dump-params path under WORK tells it from any other
-  # train_mlp) that collie-run started as rank RANK and that never joined.
-  kill_at() {
-    for _ in $(seq 1200); do
-      grep -Eq "^\[0\] step +$1 " "$out_a" && break
-      sleep 0.05
-    done
-    grep -Eq "^\[0\] step +$1 " "$out_a" || { echo "FAILED: step $1 never came"; exit 1; }
-    for pid in $(pgrep -f "train_mlp.*$work/got"); do
-      env=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null)
-      if grep -qx "COLLIE_RANK=$2" <<<"$env" && ! grep -qx 'COLLIE_JOIN=1' <<<"$env"; then
-        kill -9 "$pid" && echo "killed the first rank $2 (pid $pid) at step $1" && return 0
-      fi
-    done
-    echo "FAILED: rank $2 not found"
-    exit 1
-  }
-  kill_at 50 1
-  kill_at 100 3
+  # The processes of this job: their --dump-params path under WORK tells
+  # them from any other train_mlp.
+  # shellcheck source=tests/launch/kill_at.sh
+  . "$(dirname "$0")/kill_at.sh"
+  kill_at "$out_a" 50 "train_mlp.*$work/got" 1 --first || exit 1
+  kill_at "$out_a" 100 "train_mlp.*$work/got" 3 --first || exit 1
   exit 0
 fi
 

@@ -15,20 +15,12 @@ set -uo pipefail
 
 if [ "${1:-}" = --kill ]; then
   work=$2 out_a=$7
-  for _ in $(seq 1200); do
-    grep -Eq '^\[0\] step +50 ' "$out_a" && break
-    sleep 0.05
-  done
-  grep -Eq '^\[0\] step +50 ' "$out_a" || { echo "FAILED: step 50 never came"; exit 1; }
   # Rank 3 of this job: its checkpoint path (under WORK) tells it from any
   # other train_mlp on the machine.
-  for pid in $(pgrep -f "train_mlp.*$work/ck"); do
-    if grep -qx 'COLLIE_RANK=3' < <(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null); then
-      kill -9 "$pid" && echo "killed rank 3 (pid $pid) at step 50" && exit 0
-    fi
-  done
-  echo "FAILED: rank 3 not found"
-  exit 1
+  # shellcheck source=tests/launch/kill_at.sh
+  . "$(dirname "$0")/kill_at.sh"
+  kill_at "$out_a" 50 "train_mlp.*$work/ck" 3
+  exit
 fi
 
 build=$(cd "$1" && pwd)

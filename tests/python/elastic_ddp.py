@@ -23,32 +23,7 @@ import torch
 import collie
 import collie.torch as ct
 
-STEPS, KILL_AT, PER_RANK, LR = 12, 5, 4, 0.1
-
-
-def data():
-    g = torch.Generator().manual_seed(3)
-    n = STEPS * 4 * PER_RANK
-    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
-    y = torch.randn(n, 2, generator=g, dtype=torch.float64)
-    return x, y
-
-
-def model():
-    torch.manual_seed(11)
-    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(),
-                               torch.nn.Linear(5, 2)).double()
-
-
-def serial(x, y):
-    m = model()
-    opt = torch.optim.SGD(m.parameters(), lr=LR)
-    for i in range(STEPS):
-        b = slice(i * 4 * PER_RANK, (i + 1) * 4 * PER_RANK)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(m(x[b]), y[b]).backward()
-        opt.step()
-    return [p.detach() for p in m.parameters()]
+from elastic_reference import KILL_AT, LR, PER_RANK, STEPS, data, model, serial
 
 
 def main():

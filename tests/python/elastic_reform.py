@@ -34,32 +34,9 @@ import torch
 import collie
 import collie.torch as ct
 
-STEPS, KILL_AT, PER_RANK, LR, MOMENTUM = 12, 5, 4, 0.1, 0.9
+from elastic_reference import KILL_AT, LR, PER_RANK, STEPS, data, model, serial
 
-
-def data():
-    g = torch.Generator().manual_seed(3)
-    n = STEPS * 4 * PER_RANK
-    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
-    y = torch.randn(n, 2, generator=g, dtype=torch.float64)
-    return x, y
-
-
-def model(seed=11):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(),
-                               torch.nn.Linear(5, 2)).double()
-
-
-def serial(x, y):
-    m = model()
-    opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM)
-    for i in range(STEPS):
-        b = slice(i * 4 * PER_RANK, (i + 1) * 4 * PER_RANK)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(m(x[b]), y[b]).backward()
-        opt.step()
-    return [p.detach() for p in m.parameters()]
+MOMENTUM = 0.9
 
 
 def main():
@@ -125,7 +102,7 @@ def main():
               "identical")
         ddp.close()
         return 0
-    want = serial(x, y)
+    want = serial(x, y, momentum=MOMENTUM)
     worst = max(float((p.detach() - w).abs().max()) for p, w in zip(net.parameters(), want))
     if worst > 1e-10:
         print(f"FAIL rank {ddp.comm.rank}: parameters off the serial run's by {worst:.3g}")
