@@ -246,6 +246,13 @@ Launch resolve_launch(const Options& o, const Env& env) {
                 "collie-run --elastic restarted)");
     l.join = *v == 1;
   }
+  if (const char* v = env("COLLIE_SPARE"); v && *v) {
+    if (!l.join)
+      throw bad(std::string("COLLIE_SPARE=") + v +
+                " is set without COLLIE_JOIN=1: a spare is a process that joins a running job "
+                "(collie-run --elastic --spares sets both)");
+    l.spare = v;
+  }
   if (const char* v = env("COLLIE_STORE_PREFIX"); v && *v) l.store_prefix = v;
   if (const char* f = env("COLLIE_STORE_FILE"); f && *f) l.store_file = f;
   if (l.world_size > 1 && !o.store && l.store_file.empty()) {

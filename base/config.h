@@ -65,6 +65,11 @@ struct Launch {
   // restarts one so): connect() joins the running job, as collie::join()
   // does, instead of meeting the others at the start.
   bool join = false;
+  // COLLIE_SPARE=<id> (with COLLIE_JOIN=1): this process is a warm spare
+  // that collie-run --elastic --spares K started ahead of any failure: its
+  // join waits for as long as it takes, and writes its queue ticket under
+  // collie/spare/<id> so that the launcher can tell whether a grow took it.
+  std::string spare;
 };
 
 Launch resolve_launch(const Options& options, const Env& env);
@@ -87,6 +92,20 @@ std::string job_identity(const Env& env, int world_size);
 // before (the round starts again).
 inline std::string world_formed_key(int rank) {
   return "collie/world/formed/" + std::to_string(rank);
+}
+
+// The queue of processes that join a running job (comm/front/grow.cc), as
+// collie-run --elastic reads it: how many queued and how many a grow took,
+// each ticket's word from the grow (its place, or "refused ..."), and where
+// a spare (COLLIE_SPARE=<id>) writes its ticket, so that the launcher can
+// tell whether a grow took it.
+inline const std::string kJoinQueued = "collie/join/queued";
+inline const std::string kJoinTaken = "collie/join/taken";
+inline std::string join_ticket_key(int64_t ticket, const char* what) {
+  return "collie/join/" + std::to_string(ticket) + "/" + what;
+}
+inline std::string spare_key(const std::string& id) {
+  return "collie/spare/" + id;
 }
 
 // The environment with COLLIE_TUNING_FILE's settings under it: a file of

@@ -393,5 +393,21 @@ TEST(Config, TimeoutFromEnvironmentInSeconds) {
   EXPECT_EQ(config::resolve_launch(none, fake({})).timeout, 300s);
 }
 
+// COLLIE_SPARE (collie-run --spares): a spare's id, only with COLLIE_JOIN=1.
+TEST(Config, ASpareIsAJoinerWithAnId) {
+  Options none;
+  const auto l = config::resolve_launch(
+      none,
+      fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"COLLIE_JOIN", "1"}, {"COLLIE_SPARE", "0.3"}}));
+  EXPECT_TRUE(l.join);
+  EXPECT_EQ(l.spare, "0.3");
+  EXPECT_EQ(config::resolve_launch(none, fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}})).spare, "");
+  const auto msg = error_of([&] {
+    config::resolve_launch(none,
+                           fake({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"COLLIE_SPARE", "0.3"}}));
+  });
+  EXPECT_NE(msg.find("COLLIE_SPARE=0.3 is set without COLLIE_JOIN=1"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace collie

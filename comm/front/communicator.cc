@@ -220,7 +220,9 @@ namespace {
 // join(): the launch and the store as connect() makes them, then a place
 // in a communicator that grows by this process (comm/front/grow.h).
 std::unique_ptr<Communicator> join_job(const Options& options, BackendContext ctx) {
-  const std::string who = "join (rank " + std::to_string(ctx.launch.rank) + "'s replacement)";
+  const std::string who = ctx.launch.spare.empty()
+                              ? "join (rank " + std::to_string(ctx.launch.rank) + "'s replacement)"
+                              : "join (spare " + ctx.launch.spare + ")";
   if (ctx.launch.world_size < 2 && !options.store)
     throw Error(ErrorCode::invalid_argument,
                 who + ": no job to join: the launch variables say a world of one rank");

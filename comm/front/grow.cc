@@ -12,7 +12,9 @@
 // <key>/grow<no>/outcome. The new communicator's key is that
 // <key>/grow<no>: a generation of its own, so that no key of the old
 // communicator is read as the new one's. Joiners beyond those a grow takes
-// wait for the next grow, up to their deadline.
+// wait for the next grow, up to their deadline; a spare (COLLIE_SPARE=<id>,
+// collie-run --elastic --spares) waits for as long as it takes, and writes
+// its ticket under collie/spare/<id> for its launcher.
 #include "comm/front/grow.h"
 
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "base/config.h"
 #include "base/log.h"
 #include "comm/front/context.h"
 
@@ -28,10 +31,8 @@ namespace collie {
 
 namespace {
 
-const std::string kJoin = "collie/join";
-
 std::string ticket_key(int64_t t, const char* what) {
-  return kJoin + "/" + std::to_string(t) + "/" + what;
+  return config::join_ticket_key(t, what);
 }
 
 std::string this_host() {
@@ -50,7 +51,7 @@ BackendContext grown_context(const BackendContext& ctx, int joiners, int no,
   const std::string outcome_key = key + "/outcome";
   if (wait.count() <= 0) wait = ctx.launch.timeout;
   if (me == 0) {
-    const int64_t first = store.add(kJoin + "/taken", joiners) - joiners + 1;
+    const int64_t first = store.add(config::kJoinTaken, joiners) - joiners + 1;
     std::vector<std::string> hosts;
     for (int i = 0; i < joiners; ++i) hosts.push_back(ticket_key(first + i, "host"));
     std::string failed;
@@ -92,13 +93,27 @@ BackendContext grown_context(const BackendContext& ctx, int joiners, int no,
 BackendContext joiner_context(const BackendContext& ctx, std::chrono::milliseconds wait,
                               std::string& backend) {
   Store& store = *ctx.store;
-  const int64_t t = store.add(kJoin + "/queued", 1);
+  const int64_t t = store.add(config::kJoinQueued, 1);
+  const std::string& spare = ctx.launch.spare;
+  // A spare's ticket, where its launcher looks for it, before the host
+  // name that lets a grow take it.
+  if (!spare.empty()) store.set(config::spare_key(spare), to_bytes(std::to_string(t)));
   store.set(ticket_key(t, "host"), to_bytes(this_host()));
   log::info("join: waiting (place " + std::to_string(t) +
-            " in the queue) for a communicator of the job to grow by this process");
+            " in the queue) for a communicator of the job to grow by this process" +
+            (spare.empty() ? "" : " (spare " + spare + ": for as long as it takes)"));
   std::string place;
   try {
-    place = to_string(store.get(ticket_key(t, "assigned"), wait));
+    // A spare waits until a rank is lost, however long the job runs (its
+    // launcher stops it at the end); each slice is one request.
+    for (;;) {
+      try {
+        place = to_string(store.get(ticket_key(t, "assigned"), wait));
+        break;
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::timeout || spare.empty()) throw;
+      }
+    }
   } catch (const Error& e) {
     if (e.code() != ErrorCode::timeout) throw;
     throw Error(ErrorCode::timeout,
