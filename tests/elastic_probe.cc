@@ -2,7 +2,7 @@
 // with a replacement, under collie-run --elastic --max-restarts M.
 //
 //   elastic_probe [--steps N] [--kill-rank R --kill-at S] [--floats K] [--joiners-die 1]
-//                 [--lost-at-end R --sync-dir D]
+//                 [--lost-at-end R --sync-dir D] [--spares-die 1]
 //
 // The "model" is K floats; at step i, rank r's "gradient" element j is
 // (r + 1) * ((i + j) % 7 + 1), all-reduced (sum) and added to the model.
@@ -20,6 +20,10 @@
 // done (and, in a job restarted whole, "first step after a restart
 // epoch=..."), and at the end every rank prints "done: N steps, model exact" or
 // "WRONG element j: got X, want Y".
+//
+// --spares-die 1: a spare (collie-run --spares: COLLIE_SPARE set) in its
+// first life prints "spare killed before joining" and SIGKILLs itself
+// before it queues to join.
 //
 // Exit status: 0 all ok; 2 usage; 3 an error; 4 a wrong model.
 #include <signal.h>
@@ -48,7 +52,7 @@ double epoch_now() {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "elastic_probe: %s\nusage: elastic_probe [--steps N] [--kill-rank R --kill-at S] "
-               "[--floats K] [--joiners-die 1] [--lost-at-end R --sync-dir D]\n",
+               "[--floats K] [--joiners-die 1] [--lost-at-end R --sync-dir D] [--spares-die 1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -114,6 +118,7 @@ void end_with_a_loss(const std::string& dir, int born, long lost, int world) {
 int main(int argc, char** argv) {
   long steps = 40, kill_rank = -1, kill_at = -1, floats = 1 << 16;
   bool joiners_die = false;  // a replacement kills itself once it has the state
+  bool spares_die = false;   // a first-life spare kills itself before it joins
   long lost_at_end = -1;     // this rank, in its first life, dies as the others finish
   std::string sync_dir;      // where --lost-at-end's ranks order themselves
   for (int i = 1; i < argc; ++i) {
@@ -132,6 +137,8 @@ int main(int argc, char** argv) {
       joiners_die = number(a, v) != 0;
     else if (a == "--lost-at-end")
       lost_at_end = number(a, v);
+    else if (a == "--spares-die")
+      spares_die = number(a, v) != 0;
     else if (a == "--sync-dir")
       sync_dir = v;
     else
@@ -145,6 +152,12 @@ int main(int argc, char** argv) {
     const char* w = std::getenv("WORLD_SIZE");
     return w ? std::atoi(w) : 1;
   }();
+
+  if (spares_die && first_life && std::getenv("COLLIE_SPARE")) {
+    std::printf("spare killed before joining\n");
+    std::fflush(stdout);
+    ::raise(SIGKILL);
+  }
 
   std::vector<float> model(static_cast<size_t>(floats), 0.0f), grad(model.size());
   long step = 0;

@@ -357,6 +357,55 @@ TEST_F(Launcher, ElasticStopsAReplacementNoGrowWillTakeAndStartsTheRoundAgain) {
   EXPECT_EQ(done, 2u) << r.out;
 }
 
+TEST_F(Launcher, ElasticSparesTakeALostRanksPlaceAndTheUntakenAreStoppedAtTheEnd) {
+  // --spares 1: a spare starts with the ranks and waits in its join. The
+  // first spare dies before it joins (not a failure: another starts);
+  // rank 1 dies at step 10 and a waiting spare takes its place (another
+  // starts again); at the end the spare no grow took is stopped, and the
+  // job ends well with every rank's model exact.
+  const char* probe = std::getenv("ELASTIC_PROBE");
+  if (!probe) GTEST_SKIP() << "ELASTIC_PROBE is not set";
+  auto r = run({"-n", "3", "--elastic", "--max-restarts", "3", "--spares", "1", probe, "--steps",
+                "40", "--kill-rank", "1", "--kill-at", "10", "--floats", "16", "--spares-die", "1"},
+               {"COLLIE_TIMEOUT=60"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "[spare 0.0] spare killed before joining")) << r.out;
+  EXPECT_TRUE(contains(r.err,
+                       "collie-run: spare 0.0 was killed by signal SIGKILL before a grow "
+                       "took it; --elastic: starting another ("))
+      << r.err;
+  EXPECT_TRUE(contains(r.out, "[1] killed at step 10")) << r.out;
+  EXPECT_TRUE(contains(r.err,
+                       "collie-run: rank 1 was killed by signal SIGKILL; --elastic: a "
+                       "waiting spare takes its place, and another starts ("))
+      << r.err;
+  EXPECT_TRUE(contains(r.out, "[0] step 10 again with 3 ranks")) << r.out;
+  // The spare taken: rank 2 of the grown communicator, its model exact.
+  EXPECT_TRUE(contains(r.out, "joined as rank 2 of 3")) << r.out;
+  size_t exact = 0;
+  for (const auto& l : lines(r.out)) exact += contains(l, "done: 40 steps, model exact");
+  EXPECT_EQ(exact, 3u) << r.out;
+  EXPECT_FALSE(contains(r.err, "failed")) << r.err;
+
+  // A rank lost as the others finish: the spare that would take its place
+  // has no grow to join; the round starts again, as without spares.
+  reset_dir();
+  r = run({"-n", "3", "--elastic", "--max-restarts", "2", "--spares", "1", probe, "--steps", "5",
+           "--floats", "16", "--lost-at-end", "1", "--sync-dir", dir_.string()},
+          {"COLLIE_TIMEOUT=60"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(
+      contains(r.err, "--elastic: every other rank has ended and no spare took rank 1's place"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting (attempt 1 of 2)")) << r.err;
+}
+
+TEST_F(Launcher, SparesNeedElastic) {
+  auto r = run({"-n", "2", "--spares", "1", "true"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "--spares K needs --elastic")) << r.err;
+}
+
 TEST_F(Launcher, ElasticStartsTheRoundAgainWhenAReplacementWouldHaveNoOneToJoin) {
   // These ranks never connect, so no world forms: the others would wait
   // for rank 1 in the rendezvous, and a replacement could not join. The

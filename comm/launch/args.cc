@@ -12,7 +12,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]\n"
-    "                  [--max-restarts M [--elastic] | --keep-going] [--grace-seconds S]\n"
+    "                  [--max-restarts M [--elastic [--spares K]] | --keep-going]\n"
+    "                  [--grace-seconds S]\n"
     "                  [--log-dir D] [--no-prefix] program [args...]\n"
     "  -n N               ranks to start on this node\n"
     "  --nnodes K         nodes in the job (default 1)\n"
@@ -29,6 +30,12 @@ constexpr const char* kUsage =
     "                     alone, on its node, up to M times in the whole job, and\n"
     "                     joins the running job (COLLIE_JOIN=1: its connect() waits\n"
     "                     for the others' Communicator::grow) while the others go on\n"
+    "  --spares K         with --elastic: K more processes start with the ranks and\n"
+    "                     wait in their join (COLLIE_JOIN=1, COLLIE_SPARE=<id>): a\n"
+    "                     grow takes one at once, already past its start-up (import\n"
+    "                     torch, build the model); each one taken or lost is started\n"
+    "                     again, counted in M; those never taken are stopped at the\n"
+    "                     end (default 0: a lost rank's replacement starts cold)\n"
     "  --keep-going       a rank that fails does not stop the others (for programs\n"
     "                     whose survivors shrink the communicator and go on); the job\n"
     "                     fails if a rank exits non-zero or none finishes\n"
@@ -119,6 +126,8 @@ Args parse_args(int argc, char** argv) {
       a.grace_seconds = parse_int(flag, take(), 0, 86400);
     else if (flag == "--max-restarts")
       a.max_restarts = parse_int(flag, take(), 0, 1000000);
+    else if (flag == "--spares")
+      a.spares = parse_int(flag, take(), 0, 4096);
     else if (flag == "--log-dir")
       a.log_dir = take();
     else
@@ -141,6 +150,10 @@ Args parse_args(int argc, char** argv) {
         "survivors go on, or every rank starts again); give one");
   if (a.elastic && a.max_restarts < 1)
     usage_error("--elastic needs --max-restarts M: how many ranks may be started again in all");
+  if (a.spares > 0 && !a.elastic)
+    usage_error(
+        "--spares K needs --elastic (and --max-restarts M): a spare is a process "
+        "waiting to join the running job in a lost rank's place");
   if (a.master_addr.empty()) a.master_addr = "127.0.0.1";
   return a;
 }

@@ -21,6 +21,9 @@ struct Args {
   // --elastic: with --max-restarts M, a rank that fails is started again
   // alone (COLLIE_JOIN=1), up to M times in all, while the others go on.
   bool elastic = false;
+  // --spares K (with --elastic): K processes started ahead of any failure,
+  // waiting in their join, so that a grow takes one at once.
+  int spares = 0;
   bool prefix = true;
   std::string log_dir;
   std::vector<std::string> prog;

@@ -1,8 +1,8 @@
 // comm/launch/collie_run.cc: collie-run, the launcher.
 //
 //   collie-run -n N [--nnodes K --node-rank R --master-addr A --master-port P]
-//              [--max-restarts M [--elastic] | --keep-going] [--grace-seconds S]
-//              [--log-dir D] [--no-prefix] prog args...
+//              [--max-restarts M [--elastic [--spares K]] | --keep-going]
+//              [--grace-seconds S] [--log-dir D] [--no-prefix] prog args...
 //
 // Starts N local ranks of a K-node job with collie's and torchrun's launch
 // variables, prefixes every output line with the rank, forwards SIGINT,
@@ -37,7 +37,10 @@
 // go on: with
 // COLLIE_JOIN=1 its connect() joins the running job, whose ranks grow their
 // communicator by it (Communicator::grow); every rank sees COLLIE_ELASTIC=1,
-// and COLLIE_RESTART_COUNT counts the ranks started again.
+// and COLLIE_RESTART_COUNT counts the ranks started again. With --spares
+// K, K more processes start with the ranks and wait in their join
+// (COLLIE_SPARE=<id>): a grow takes one at once, past its start-up, and
+// another starts in its place (job_spares.cc).
 //
 // With --keep-going, a failed rank is reported and the others go on: for
 // programs whose survivors shrink the communicator and carry on

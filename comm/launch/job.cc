@@ -47,9 +47,13 @@ int Job::run() {
   do {
     started_ = Clock::now();
     // Room for --elastic's replacements too: reap() holds references.
-    ranks_.reserve(static_cast<size_t>(a_.nproc + (a_.elastic ? a_.max_restarts : 0)));
+    ranks_.reserve(static_cast<size_t>(a_.nproc + (a_.elastic ? a_.spares + a_.max_restarts : 0)));
     for (int local = 0; local < a_.nproc; ++local)
       if (!spawn(local)) return 1;  // children die with us (PR_SET_PDEATHSIG)
+    // The spares start with the ranks: by the time one is needed, it has
+    // long been through the program's start-up.
+    for (int k = 0; k < a_.spares; ++k)
+      if (!spawn_spare()) return 1;
     supervise();
     for (Rank& r : ranks_)
       if (r.log_fd >= 0) close(r.log_fd);
@@ -190,9 +194,12 @@ bool Job::spawn(int local) {
   Rank& r = ranks_.emplace_back();
   r.rank = a_.node_rank * a_.nproc + local;
   r.joiner = joining_;
-  if (a_.prefix) r.prefix = "[" + std::to_string(r.rank) + "] ";
+  r.spare = spawning_spare_;
+  if (a_.prefix) r.prefix = "[" + (r.spare.empty() ? std::to_string(r.rank) : r.name()) + "] ";
   if (!a_.log_dir.empty()) {
-    std::string path = a_.log_dir + "/rank." + std::to_string(r.rank) + ".log";
+    std::string path = a_.log_dir + "/" +
+                       (r.spare.empty() ? "rank." + std::to_string(r.rank) : "spare." + r.spare) +
+                       ".log";
     // A restarted rank's output follows its earlier rounds'.
     r.log_fd =
         open(path.c_str(),
@@ -203,7 +210,7 @@ bool Job::spawn(int local) {
       return false;
     }
     if (restarts_ > 0) write_all(r.log_fd, "---- collie-run: " + attempt() + " ----\n");
-    if (joining_)
+    if (joining_ && r.spare.empty())
       write_all(r.log_fd, "---- collie-run: --elastic: started again (" +
                               std::to_string(replacements_) + " of " +
                               std::to_string(a_.max_restarts) + ") ----\n");
@@ -279,6 +286,8 @@ void Job::exec_rank(const Rank& r, int local, pid_t launcher, int out, int err) 
   set("COLLIE_RESTART_COUNT", std::to_string(restarts_ + replacements_));
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_ + replacements_));
   if (joining_) set("COLLIE_JOIN", "1");
+  // --spares: a spare waits in its join until a grow takes it.
+  if (!r.spare.empty()) set("COLLIE_SPARE", r.spare);
   // Every rank of an --elastic job: a lost peer is replaced, so a program
   // may wait for it (shrink, then grow) instead of ending.
   if (a_.elastic) set("COLLIE_ELASTIC", "1");
@@ -388,6 +397,8 @@ void Job::next_round() {
   stop_sent_ = false;
   remote_failure_.reset();
   round_again_ = false;
+  spares_started_ = 0;
+  losses_ = 0;
   lost_last_.reset();
   joiners_idle_at_.reset();
 }

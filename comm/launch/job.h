@@ -1,8 +1,9 @@
 // comm/launch/job.h: collie-run's job on this node: its rounds (store,
 // spawn, supervise, restart: job.cc), the agreement of several nodes'
 // launchers through the job's store (job_nodes.cc), and signals, reaping
-// and stopping ranks (job_signals.cc). comm/launch/collie_run.cc says what
-// collie-run does and why.
+// and stopping ranks (job_signals.cc), --elastic's warm spares
+// (job_spares.cc). comm/launch/collie_run.cc says what collie-run does and
+// why.
 #pragma once
 
 #include <signal.h>
@@ -170,7 +171,8 @@ class Job {
   std::unique_ptr<collie::TcpStore> ask_own_store();
 
   // --elastic: starts a rank again alone for each that reap() took as
-  // lost, to join the running job (COLLIE_JOIN=1).
+  // lost, to join the running job (COLLIE_JOIN=1); with --spares, a spare
+  // for each lost rank (or spare) instead, a waiting one taking its place.
   void start_replacements();
 
   // --elastic, one node: once every rank but the replacements has ended,
@@ -181,6 +183,19 @@ class Job {
   // Whether a process has queued to join (collie/join/queued in the round's
   // store) that no grow has taken (collie/join/taken): comm/front/grow.cc.
   bool joiners_waiting();
+
+  // --spares K: starts one more spare (COLLIE_JOIN=1, COLLIE_SPARE=<id>):
+  // a process of the program that waits in its join until a grow takes it.
+  bool spawn_spare();
+  // Whether a grow took spare `r` (its ticket, under config::spare_key in
+  // the round's store, was assigned a place); asked of the store until it
+  // says yes, then remembered. false when the store cannot tell.
+  bool spare_taken(Rank& r);
+  // --spares, once every rank but the spares has ended: the spares no grow
+  // took are stopped (not a failure); on one node, when a rank lost after
+  // the world formed was never replaced (lost as the others finished), the
+  // round starts again instead, as without spares.
+  void check_spares();
 
   // Asks every rank still running to stop, and kills them after the grace
   // period.
@@ -241,6 +256,13 @@ class Job {
   std::optional<size_t> lost_last_;
   std::optional<Deadline> joiners_idle_at_;
   bool joining_ = false;
+  // --spares: the id of the spare being spawned ("" for a rank), how many
+  // this node has started in the round, and the ranks lost after the world
+  // formed whose places spares were to take (one node: the round starts
+  // again when fewer spares were taken).
+  std::string spawning_spare_;
+  int spares_started_ = 0;
+  int losses_ = 0;
   sigset_t handled_{}, saved_mask_{};
   int sigfd_ = -1;
   std::vector<Rank> ranks_;

@@ -86,8 +86,22 @@ void Job::reap() {
     r.ended_s = std::chrono::duration<double>(Clock::now() - started_).count();
     r.stopped = stop_sent_;
     bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    // Once we are stopping the job, exits are our doing, not new failures.
-    if (!failed || stopping()) continue;
+    // Once we are stopping the job, exits are our doing, not new failures;
+    // so are those of the spares stopped, never taken, at its end.
+    if (!failed || stopping() || r.released) continue;
+    // A spare no grow took is no rank of the job: another starts in its
+    // place, and the job goes on.
+    if (!r.spare.empty() && !spare_taken(r)) {
+      const auto number = take_replacement();
+      std::fprintf(stderr, "collie-run: spare %s %s before a grow took it; %s\n", r.spare.c_str(),
+                   describe(status).c_str(),
+                   number ? ("--elastic: starting another (" + std::to_string(*number) + " of " +
+                             std::to_string(a_.max_restarts) + ")")
+                                .c_str()
+                          : "no restarts left for another");
+      if (number) to_replace_.emplace_back(-1, *number);
+      continue;
+    }
     bool others = false;  // on this node, still running
     for (const Rank& o : ranks_) others = others || o.running;
     // On one node, a rank lost once every other has ended has no one left
@@ -102,13 +116,22 @@ void Job::reap() {
                          : "before every rank was in the job's world");
     } else if (a_.elastic) {
       if (const auto number = take_replacement()) {
-        const int local = r.rank - a_.node_rank * a_.nproc;
+        // With spares, a waiting one takes the lost rank's place, and
+        // another spare starts for the next.
+        const int local = a_.spares > 0 ? -1 : r.rank - a_.node_rank * a_.nproc;
         to_replace_.emplace_back(local, *number);
         lost_last_ = static_cast<size_t>(&r - ranks_.data());
-        std::fprintf(stderr,
-                     "collie-run: rank %d %s; --elastic: starting it again (%d of %d) to join the "
-                     "others\n",
-                     r.rank, describe(status).c_str(), *number, a_.max_restarts);
+        ++losses_;
+        if (a_.spares > 0)
+          std::fprintf(stderr,
+                       "collie-run: %s %s; --elastic: a waiting spare takes its place, and "
+                       "another starts (%d of %d)\n",
+                       r.name().c_str(), describe(status).c_str(), *number, a_.max_restarts);
+        else
+          std::fprintf(stderr,
+                       "collie-run: rank %d %s; --elastic: starting it again (%d of %d) to join "
+                       "the others\n",
+                       r.rank, describe(status).c_str(), *number, a_.max_restarts);
         continue;
       }
     }
@@ -134,17 +157,23 @@ void Job::start_replacements() {
   for (const auto& [local, number] : to_replace_) {
     if (stopping()) break;
     replacements_ = number;
-    joining_ = true;
-    const bool ok = spawn(local);
-    joining_ = false;
+    bool ok = false;
+    if (local < 0) {
+      ok = spawn_spare();
+    } else {
+      joining_ = true;
+      ok = spawn(local);
+      joining_ = false;
+    }
     if (!ok) {
-      std::fprintf(stderr, "collie-run: --elastic: rank %d could not be started again\n",
-                   a_.node_rank * a_.nproc + local);
+      const std::string who =
+          local < 0 ? "a spare" : "rank " + std::to_string(a_.node_rank * a_.nproc + local);
+      std::fprintf(stderr, "collie-run: --elastic: %s could not be started\n", who.c_str());
       first_failure_ = 1 << 8;  // exit status 1
       // The other nodes' launchers stop their ranks too.
       if (agents())
-        publish("1\nrank " + std::to_string(a_.node_rank * a_.nproc + local) + " on " +
-                node_name(a_.node_rank) + " could not be started again (--elastic)");
+        publish("1\n" + who + " on " + node_name(a_.node_rank) +
+                " could not be started (--elastic)");
       stop_ranks(SIGTERM);
       break;
     }
@@ -153,6 +182,7 @@ void Job::start_replacements() {
 }
 
 void Job::check_waiting_joiners() {
+  if (a_.spares > 0) return check_spares();
   // Every early return clears the moment: it is also poll()'s deadline.
   if (!a_.elastic || a_.nnodes > 1 || !lost_last_ || stopping()) {
     joiners_idle_at_.reset();

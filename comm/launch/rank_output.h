@@ -33,6 +33,17 @@ struct Rank {
   double ended_s = 0;    // seconds after the start
   bool stopped = false;  // it ended after collie-run had told it to stop
   bool joiner = false;   // --elastic: started again alone, to join the running job
+  // --spares: this spare's id ("<node>.<n>"; "" for a rank); whether a grow
+  // took it (it is a rank from then on); whether collie-run stopped it,
+  // never taken, at the job's end (not a failure).
+  std::string spare;
+  bool taken = false;
+  bool released = false;
+  // "rank R", or "spare <id>" (a spare's rank, once a grow takes it, is
+  // known to its communicator only).
+  std::string name() const {
+    return spare.empty() ? "rank " + std::to_string(rank) : "spare " + spare;
+  }
 };
 
 // Of each rank's output, the lines the summary shows.

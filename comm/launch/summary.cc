@@ -19,9 +19,8 @@ void print_summary(const JobEnd& end) {
   const Rank* root = end.remote_failure ? nullptr : &end.ranks[*end.root_cause];
   if (root) {
     std::snprintf(when, sizeof when, "%.2f s %s", root->ended_s, start);
-    out += "collie-run: root cause: rank " + std::to_string(root->rank) + " (pid " +
-           std::to_string(root->pid) + "), the first to fail, " + describe(root->status) + ", " +
-           when;
+    out += "collie-run: root cause: " + root->name() + " (pid " + std::to_string(root->pid) +
+           "), the first to fail, " + describe(root->status) + ", " + when;
     out += root->tail.empty() ? std::string(end.captured ? "; it printed nothing\n" : "\n")
                               : "; its last lines:\n";
     for (const std::string& l : root->tail) out += "collie-run:   " + l + "\n";
@@ -30,7 +29,7 @@ void print_summary(const JobEnd& end) {
   }
   for (const Rank& r : end.ranks) {
     if (&r == root) continue;
-    const std::string who = "collie-run: rank " + std::to_string(r.rank);
+    const std::string who = "collie-run: " + r.name();
     if (r.stopped) {
       out += who + ", stopped by collie-run: " + describe(r.status) + "\n";
     } else if (WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) {

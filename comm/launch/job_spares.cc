@@ -1,0 +1,113 @@
+// comm/launch/job_spares.cc: collie-run --elastic --spares K: K processes of
+// the program started with the ranks, each waiting in its join
+// (COLLIE_JOIN=1, COLLIE_SPARE=<id>) until a grow takes it in a lost rank's
+// place, so that the survivors wait for a join and a hand-over, not for a
+// process to start (a PyTorch program's import alone took 1.7 s). Each one
+// taken or lost is started again (counted in --max-restarts); those never
+// taken are stopped at the job's end. Whether a grow took a spare is in the
+// job's store: the spare writes its ticket in the queue of joiners under
+// config::spare_key, and the grow writes the ticket's place.
+#include <signal.h>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "base/config.h"
+#include "base/log.h"
+#include "collie/store.h"
+#include "comm/launch/job.h"
+
+namespace collie::launch {
+
+bool Job::spawn_spare() {
+  // Ids are per node and round: "<node>.<n>".
+  spawning_spare_ = std::to_string(a_.node_rank) + "." + std::to_string(spares_started_++);
+  joining_ = true;
+  const bool ok = spawn(0);
+  joining_ = false;
+  spawning_spare_.clear();
+  return ok;
+}
+
+bool Job::spare_taken(Rank& r) {
+  if (r.taken) return true;
+  auto ask = [&](collie::TcpStore& store) {
+    const std::string at = ranks_key(collie::config::spare_key(r.spare));
+    if (!store.check({at})) return false;  // not yet in the queue
+    const long long ticket = std::stoll(collie::to_string(store.get(at)));
+    const std::string place = ranks_key(collie::config::join_ticket_key(ticket, "assigned"));
+    return store.check({place}) && collie::to_string(store.get(place)).rfind("refused ", 0) != 0;
+  };
+  try {
+    if (agents()) {
+      // A lost store is watch_other_nodes()'s to report.
+      if (!agent_ || agent_lost_) return false;
+      r.taken = ask(*agent_);
+    } else {
+      r.taken = ask(*ask_own_store());
+    }
+  } catch (const std::exception& e) {
+    collie::log::info(std::string("collie-run: cannot tell whether spare ") + r.spare +
+                      " was taken: " + e.what());
+    return false;
+  }
+  return r.taken;
+}
+
+void Job::check_spares() {
+  // Every early return clears the moment: it is also poll()'s deadline.
+  if (stopping()) {
+    joiners_idle_at_.reset();
+    return;
+  }
+  bool spares = false;
+  for (const Rank& r : ranks_) {
+    if (!r.running) continue;
+    if (r.spare.empty()) {
+      joiners_idle_at_.reset();  // a rank still runs: the job goes on
+      return;
+    }
+    spares = spares || !r.released;
+  }
+  if (!spares) {
+    joiners_idle_at_.reset();
+    return;
+  }
+  // Once every rank started as one has ended: asked now, then once a
+  // moment while a taken spare (a rank now) is still finishing.
+  if (joiners_idle_at_ && Clock::now() < *joiners_idle_at_) return;
+  joiners_idle_at_ = Clock::now() + kReportWindow;
+  for (Rank& r : ranks_)
+    if (r.running && !r.released && spare_taken(r)) return;
+  int taken = 0;
+  for (Rank& r : ranks_) taken += !r.spare.empty() && spare_taken(r);
+  joiners_idle_at_.reset();
+  // One node: a rank lost as the others finished was replaced by no one.
+  if (a_.nnodes == 1 && taken < losses_ && lost_last_) {
+    const Rank& lost = ranks_[*lost_last_];
+    std::fprintf(stderr,
+                 "collie-run: --elastic: every other rank has ended and no spare took %s's "
+                 "place (it was lost as the others finished); starting the round again\n",
+                 lost.name().c_str());
+    round_again_ = true;
+    first_failure_ = lost.status;
+    root_cause_ = lost_last_;
+    stop_ranks(SIGTERM);
+    return;
+  }
+  // The spares no grow took: stopped, and their end is no failure.
+  int released = 0;
+  for (Rank& r : ranks_)
+    if (r.running && !r.released) {
+      r.released = true;
+      ++released;
+      if (kill(-r.pid, SIGTERM) != 0) kill(r.pid, SIGTERM);
+      if (kill(-r.pid, SIGCONT) != 0) kill(r.pid, SIGCONT);
+    }
+  kill_at_ = Clock::now() + std::chrono::seconds(a_.grace_seconds);
+  collie::log::info("collie-run: every rank has ended; stopping the " + std::to_string(released) +
+                    " spares no grow took");
+}
+
+}  // namespace collie::launch
