@@ -12,6 +12,19 @@ from . import _lib
 from ._lib import check, lib
 
 
+def warm_spare():
+    """In a warm spare (collie-run --elastic --spares K sets COLLIE_SPARE):
+    what a newcomer's first step would otherwise wait for, done while it
+    waits to be taken. On PyTorch 2.x the first optimizer built in a process
+    imports torch._dynamo (1.06 s of the 1.2 s a spare took from the kill
+    to its first step, measured on 2.15); a throwaway one does it now."""
+    p = torch.zeros(1, requires_grad=True)
+    p.sum().backward()
+    opt = torch.optim.SGD([p], lr=0.0, momentum=0.9)
+    opt.step()
+    opt.load_state_dict(opt.state_dict())
+
+
 def handoff_state(ddp, comm, root=0):
     """After a shrink or a grow (collie.Communicator.grow): the reducer state
     a rank's new DistributedDataParallel on `comm` loads (its

@@ -28,6 +28,7 @@ return a torch Future, a collie Work, a tensor, or None (left in place).
 """
 import contextlib
 import ctypes
+import os
 import warnings
 
 import torch
@@ -41,7 +42,7 @@ from ._ddp_parts import (REFUSED_OPTIONS, _DTYPES, _MiB, _TORCH_OF, GradBucket, 
                          _check_torch_world, _eager_under_compile, _JoinHook, _map_tensors,
                          _Sink)
 from ._ddp_checkpoint import _Checkpoint
-from ._ddp_elastic import _Elastic, broadcast_object, handoff_state
+from ._ddp_elastic import _Elastic, broadcast_object, handoff_state, warm_spare
 from ._ddp_hooks import _CommHooks
 from ._ddp_join import _UnevenInputs
 from ._lib import check, lib
@@ -58,6 +59,12 @@ if _distributed.DistError is not None:
     DistError, DistBackendError = _distributed.DistError, _distributed.DistBackendError
 
 _TORCH_DDP = torch.nn.parallel.DistributedDataParallel
+
+# A warm spare (collie-run --spares: COLLIE_SPARE=<id>, checked by collie's
+# connect()) is idle until a grow takes it: what its first step would wait
+# for is done now, before the wrapper's construction waits in the join.
+if os.environ.get("COLLIE_SPARE"):
+    warm_spare()
 
 
 def _check_options(replicas, nonfinite, action):

@@ -66,6 +66,9 @@ ap.add_argument("--settle", type=float, default=None,
                 "whose ranks take seconds to import PyTorch and re-form)")
 ap.add_argument("--elastic", action="store_true",
                 help="collie-run --elastic: a killed rank is replaced in the running job")
+ap.add_argument("--spares", type=int, default=0,
+                help="with --elastic: collie-run --spares K, K warm processes waiting to take "
+                     "a killed rank's place")
 ap.add_argument("--rss-report-only", action="store_true",
                 help="report RSS but do not judge it (sanitizer builds: their allocators keep "
                 "freed memory in quarantine, so RSS wanders by tens of percent)")
@@ -80,10 +83,16 @@ def say(msg):
     print("soak: " + msg, flush=True)
 
 
+SPARES = {}  # --spares: {id: pid} of the job's spares, as children() last saw them
+
+
 def children(pid):
     """{rank: pid} of the launcher's live children, and the round they are
-    in (their COLLIE_RESTART_COUNT)."""
+    in (their COLLIE_RESTART_COUNT). Under --spares, spares (COLLIE_SPARE)
+    are left out (whether a grow took one, only the job's store knows):
+    the kills land on ranks started as ranks; SPARES holds the others."""
     out, rounds = {}, set()
+    SPARES.clear()
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -94,7 +103,10 @@ def children(pid):
                 continue
             with open("/proc/%s/environ" % d, "rb") as f:
                 env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            out[int(env[b"COLLIE_RANK"])] = int(d)
+            if b"COLLIE_SPARE" in env:
+                SPARES[env[b"COLLIE_SPARE"].decode()] = int(d)
+            else:
+                out[int(env[b"COLLIE_RANK"])] = int(d)
             rounds.add(int(env[b"COLLIE_RESTART_COUNT"]))
         except (OSError, IndexError, ValueError, KeyError):
             continue
@@ -247,7 +259,8 @@ while time.monotonic() - start < args.duration:
     backend = backends[i % len(backends)]
     ck, dump = os.path.join(work, "job%d.ck" % i), os.path.join(work, "job%d.bin" % i)
     env = dict(os.environ, COLLIE_BACKEND=backend, COLLIE_TIMEOUT="120")
-    how = ["--elastic"] if args.elastic else []
+    how = (["--elastic"] + (["--spares", str(args.spares)] if args.spares else [])
+           if args.elastic else [])
     keep = [] if args.elastic else ["--checkpoint", ck, "--checkpoint-every",
                                     str(args.checkpoint_every)]
     p = subprocess.Popen(
@@ -268,7 +281,7 @@ while time.monotonic() - start < args.duration:
             job["hang"] = True
             ranks, _ = children(p.pid)
             say("job %d HANGS after %.0f s; its ranks: %s" % (i, now - began, ranks))
-            for pid in ranks.values():
+            for pid in list(ranks.values()) + list(SPARES.values()):
                 os.kill(pid, signal.SIGKILL)
             p.kill()
             break
@@ -289,16 +302,19 @@ while time.monotonic() - start < args.duration:
         # Whole groups only, settled (--settle seconds into their round): a
         # group being started, stopped or re-formed holds fewer or transient
         # things.
-        if len(ranks) == args.ranks and rnd is not None:
+        # (With spares: every rank and every spare, a taken spare being a
+        # rank.)
+        group = list(ranks.values()) + list(SPARES.values())
+        if len(group) == args.ranks + args.spares and rnd is not None:
             round_began.setdefault(rnd, now)
             lf, lr = fds(p.pid), rss_kib(p.pid)
-            rf = [fds(q, files_of=work) for q in ranks.values()]
-            rr = [rss_kib(q) for q in ranks.values()]
+            rf = [fds(q, files_of=work) for q in group]
+            rr = [rss_kib(q) for q in group]
             if now - round_began[rnd] >= settle and None not in [lf, lr] + rf + rr:
                 job["samples"].append({"round": rnd, "launcher_fds": lf, "launcher_rss": lr,
                                        "rank_fds": max(rf), "rank_rss": max(rr)})
         shm_max = max(shm_max, shm_entries())
-        shm_ours |= shm_used([p.pid] + list(ranks.values()))
+        shm_ours |= shm_used([p.pid] + list(ranks.values()) + list(SPARES.values()))
         time.sleep(args.sample_every)
     p.wait()
     for t in readers:
@@ -312,11 +328,14 @@ while time.monotonic() - start < args.duration:
             with open(os.path.join(args.log_dir, "job%d.%s" % (i, name)), "w") as f:
                 f.write(text[0] if text else "")
     job["secs"] = round(time.monotonic() - began, 1)
-    # A replacement collie-run stopped because no grow would take it is
-    # answered again by the round's restart: one answer to one kill.
-    job["restarts"] = (len(re.findall(r"restarting \(attempt \d+ of|--elastic: starting it again",
+    # A replacement collie-run stopped because no grow would take it (or,
+    # with spares, a lost rank no spare replaced) is answered again by the
+    # round's restart: one answer to one kill.
+    job["restarts"] = (len(re.findall(r"restarting \(attempt \d+ of|--elastic: starting it again|"
+                                      r"--elastic: a waiting spare takes its place",
                                       err[0] if err else "")) -
-                       len(re.findall(r"replacement was never taken", err[0] if err else "")))
+                       len(re.findall(r"replacement was never taken|no spare took rank \d+'s place",
+                                      err[0] if err else "")))
     # Each kill's recovery: to rank 0's first step done after it.
     # (The prefix is collie-run's rank, the process's first; only the
     # communicator's rank 0 prints these.)
