@@ -3,6 +3,7 @@
 // c_api_comm.cc). It sits at the top of the stack: it needs both the
 // communicator and the reducer.
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -293,6 +294,30 @@ collie_status collie_reducer_iterations(const collie_reducer* r, uint64_t* itera
   COLLIE_REQUIRE(r, "reducer");
   COLLIE_REQUIRE(iterations, "iterations");
   return guarded([&] { *iterations = r->reducer->iterations(); });
+}
+
+collie_status collie_reducer_handoff_state(collie_comm* c, collie_reducer* mine, int root,
+                                           void** state, size_t* size) {
+  COLLIE_REQUIRE(c, "comm");
+  COLLIE_REQUIRE(state, "state");
+  COLLIE_REQUIRE(size, "size");
+  *state = nullptr;
+  *size = 0;
+  return guarded([&] {
+    const collie::Bytes got =
+        collie::Reducer::handoff_state(*c->comm, mine ? mine->reducer.get() : nullptr, root);
+    // malloc'd, for collie_free: at least one byte, so that an empty state
+    // is still a pointer the caller may free.
+    void* out = std::malloc(got.empty() ? 1 : got.size());
+    if (!out) throw collie::Error(collie::ErrorCode::internal, "out of memory for the state");
+    if (!got.empty()) std::memcpy(out, got.data(), got.size());
+    *state = out;
+    *size = got.size();
+  });
+}
+
+void collie_free(void* ptr) {
+  std::free(ptr);
 }
 
 }  // extern "C"

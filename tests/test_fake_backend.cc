@@ -923,5 +923,95 @@ TEST(FakeBackend, TheCAbiGrowsByAJoiner) {
   EXPECT_EQ(joiner, "rank 2 of 3, sum 3, joined");
 }
 
+// collie_reducer_handoff_state: two ranks train two steps with reducers,
+// grow by a joiner and hand the reducer's state over; every rank's new
+// reducer loads it (two iterations done, on the joiner too) and the third
+// step averages over the three.
+TEST(FakeBackend, TheCAbiHandsTheReducersStateToAJoiner) {
+  // One step of a reducer over a parameter of 4 doubles whose gradient is
+  // (rank + 1) everywhere: the average over n ranks is (n + 1) / 2.
+  struct Model {
+    double w[4] = {0, 0, 0, 0}, g[4] = {0, 0, 0, 0};
+    collie_reducer* red = nullptr;
+    std::string make(collie_comm* comm) {
+      collie_tensor p{}, gr{};
+      p.data = w;
+      gr.data = g;
+      p.numel = gr.numel = 4;
+      p.dtype = gr.dtype = COLLIE_F64;
+      collie_reducer_options o;
+      collie_reducer_options_init(&o);
+      return collie_reducer_create(comm, &p, &gr, 1, &o, &red) == COLLIE_OK
+                 ? ""
+                 : std::string("create: ") + collie_last_error();
+    }
+    std::string step(int rank, double want) {
+      for (double& x : g) x = rank + 1;
+      if (collie_reducer_prepare(red, nullptr, 0) != COLLIE_OK ||
+          collie_reducer_mark_ready(red, 0) != COLLIE_OK ||
+          collie_reducer_finalize(red) != COLLIE_OK)
+        return std::string("step: ") + collie_last_error();
+      return g[0] == want ? ""
+                          : "average " + std::to_string(g[0]) + ", want " + std::to_string(want);
+    }
+  };
+  // The grown communicator's half, for every rank: the hand-over, a new
+  // reducer loading it, and a step over the three.
+  auto go_on = [](collie_comm* g, Model& m, collie_reducer* mine) -> std::string {
+    void* state = nullptr;
+    size_t bytes = 0;
+    if (collie_reducer_handoff_state(g, mine, 0, &state, &bytes) != COLLIE_OK)
+      return std::string("handoff: ") + collie_last_error();
+    if (mine) collie_reducer_destroy(mine);
+    m.red = nullptr;
+    std::string bad = m.make(g);
+    if (bad.empty() && collie_reducer_load_state(m.red, state, bytes) != COLLIE_OK)
+      bad = std::string("load: ") + collie_last_error();
+    collie_free(state);
+    uint64_t done = 0;
+    if (bad.empty()) collie_reducer_iterations(m.red, &done);
+    if (bad.empty() && done != 2) bad = "iterations after the hand-over: " + std::to_string(done);
+    int r = -1;
+    collie_comm_rank(g, &r);
+    if (bad.empty()) bad = m.step(r, (1.0 + 2.0 + 3.0) / 3);
+    collie_reducer_destroy(m.red);
+    return bad;
+  };
+  std::string joiner = "never ran";
+  const auto bad = run_c_world(2, "fake_c_handoff", [&](collie_comm* comm, int r) -> std::string {
+    Model m;
+    std::string got = m.make(comm);
+    for (int i = 0; i < 2 && got.empty(); ++i) got = m.step(r, (1.0 + 2.0) / 2);
+    if (!got.empty()) return got;
+    std::thread j;
+    if (r == 0)
+      j = std::thread([&] {
+        collie_comm_options o;
+        collie_comm_options_init(&o);
+        o.rank = 1;
+        o.world_size = 2;
+        o.backend = "fake";
+        o.timeout_seconds = 20;
+        collie_comm* g = nullptr;
+        if (collie_comm_join(&o, &g) != COLLIE_OK) {
+          joiner = std::string("join: ") + collie_last_error();
+          return;
+        }
+        Model mine;
+        joiner = go_on(g, mine, nullptr);
+        collie_comm_destroy(g);
+      });
+    collie_comm* g = nullptr;
+    got = collie_comm_grow(comm, 1, 0, &g) == COLLIE_OK
+              ? go_on(g, m, m.red)
+              : std::string("grow: ") + collie_last_error();
+    if (g) collie_comm_destroy(g);
+    if (j.joinable()) j.join();
+    return got;
+  });
+  for (size_t r = 0; r < bad.size(); ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
+  EXPECT_EQ(joiner, "");
+}
+
 }  // namespace
 }  // namespace collie

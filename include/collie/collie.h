@@ -415,6 +415,19 @@ collie_status collie_reducer_load_state(collie_reducer* red, const void* buf, si
  * them): after a shrink or a grow, the ranks compare them to know whether
  * each may go on from its own state (Reducer::handoff_state). */
 collie_status collie_reducer_iterations(const collie_reducer* red, uint64_t* iterations);
+/* After a shrink or a grow (collie_comm_grow): the state a rank's new
+ * reducer on `comm` loads (collie_reducer_load_state), so that training
+ * goes on in memory, without a checkpoint (Reducer::handoff_state). A rank
+ * with a reducer (`mine`, of the old communicator) keeps its own state; a
+ * joiner passes NULL and gets rank `root`'s, and so does every rank when
+ * the reducers finished different iterations. Collective over `comm`; call
+ * it before creating the new reducer. *state is allocated by collie (free
+ * it with collie_free), *size its bytes. */
+collie_status collie_reducer_handoff_state(collie_comm* comm, collie_reducer* mine, int root,
+                                           void** state, size_t* size);
+/* Frees what collie allocated for the caller (collie_reducer_handoff_state's
+ * state). NULL is ignored. */
+void collie_free(void* ptr);
 
 /* ---- comm hooks written in C ---- */
 
