@@ -119,6 +119,11 @@ Env tuned(const Env& env);
 // checked as tuned() checks them.
 std::map<std::string, std::string> parse_tuning_file(std::istream& in, const std::string& path);
 
+// COLLIE_YIELD_US's default (-1): how long a waiter on a host with more
+// ranks than CPUs polls, handing its CPU over between looks, before it
+// sleeps (bench/RESULTS.md, "More ranks than CPUs: the CPU handed over").
+inline constexpr int kYieldUs = 1000;
+
 // Settings of the TCP backend's algorithm choice and progress loop (read
 // through tuned()).
 struct TcpTuning {
@@ -128,7 +133,10 @@ struct TcpTuning {
   double reduce_gbps = 8.0;             // cost model: reduction throughput
   size_t chunk_bytes = 512 * 1024;      // ring pipelining granularity
   int spin_us = -1;                     // busy-poll before sleeping; -1: auto
-  int socket_buffer_bytes = 0;          // 0: kernel autotuning
+  // COLLIE_YIELD_US, as ShmTuning's: with more ranks than CPUs, poll the
+  // sockets, handing the CPU over between looks, this long before sleeping.
+  int yield_us = -1;
+  int socket_buffer_bytes = 0;  // 0: kernel autotuning
   // COLLIE_TCP_SOCKETS: connections to each peer (NCCL's
   // NCCL_NSOCKS_PERTHREAD). A message of at least 2 x lane_min_bytes is cut
   // into one part per connection, at most, each at least lane_min_bytes.
@@ -156,6 +164,11 @@ struct ShmTuning {
   // a rank may read its peers' memory directly (process_vm_readv).
   bool cma = true;
   int spin_us = -1;  // COLLIE_SPIN_US: spin before sleeping; -1: auto
+  // COLLIE_YIELD_US: with more ranks than CPUs, how long a waiter polls,
+  // handing its CPU over (sched_yield) between looks, before it sleeps, as
+  // Open MPI's oversubscribed ranks do; -1: kYieldUs; 0: sleep at once
+  // (the futex hand-offs alone).
+  int yield_us = -1;
 };
 
 ShmTuning shm_tuning(const Env& env);

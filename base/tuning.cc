@@ -29,6 +29,17 @@ static int spin_us(const Env& env) {
   return static_cast<int>(*v);
 }
 
+// COLLIE_YIELD_US, for shm and tcp alike; -1 when not set.
+static int yield_us(const Env& env) {
+  auto v = parse_int("COLLIE_YIELD_US", env("COLLIE_YIELD_US"));
+  if (!v) return -1;
+  if (*v < 0 || *v > 1000000)
+    throw bad("COLLIE_YIELD_US=" + std::to_string(*v) +
+              " is not 0 to 1000000 (microseconds a waiter on a host with more ranks than CPUs "
+              "hands its CPU over between looks before it sleeps; 0: sleep at once)");
+  return static_cast<int>(*v);
+}
+
 std::map<std::string, std::string> parse_tuning_file(std::istream& f, const std::string& path) {
   static const char* const kNames[] = {"COLLIE_TCP_LATENCY_US",
                                        "COLLIE_TCP_GBPS",
@@ -36,6 +47,7 @@ std::map<std::string, std::string> parse_tuning_file(std::istream& f, const std:
                                        "COLLIE_TCP_CHUNK_BYTES",
                                        "COLLIE_SOCKET_BUFFER",
                                        "COLLIE_SPIN_US",
+                                       "COLLIE_YIELD_US",
                                        "COLLIE_SHM_CHUNK",
                                        "COLLIE_SHM_SMALL",
                                        "COLLIE_HIER_PIECE",
@@ -112,6 +124,7 @@ TcpTuning tcp_tuning(const Env& raw) {
     t.chunk_bytes = static_cast<size_t>(*v);
   }
   t.spin_us = spin_us(env);
+  t.yield_us = yield_us(env);
   if (auto v = parse_bytes("COLLIE_SOCKET_BUFFER", env("COLLIE_SOCKET_BUFFER"))) {
     if (*v < 0 || *v > INT_MAX)
       throw bad("COLLIE_SOCKET_BUFFER=" + std::to_string(*v) +
@@ -160,6 +173,7 @@ ShmTuning shm_tuning(const Env& raw) {
     t.cma = *v == 1;
   }
   t.spin_us = spin_us(env);
+  t.yield_us = yield_us(env);
   return t;
 }
 

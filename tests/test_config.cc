@@ -203,6 +203,12 @@ TEST(Config, ShmRoundIsHalfACoresL2) {
   EXPECT_FALSE(config::shm_tuning(fake({})).chunk_set);
   EXPECT_TRUE(config::shm_tuning(fake({{"COLLIE_SHM_CHUNK", "1M"}})).chunk_set);
   EXPECT_TRUE(config::shm_tuning(fake({{"COLLIE_SHM_SMALL", "0"}})).small_set);
+  // COLLIE_YIELD_US: auto (-1) unless given; 0 is allowed (sleep at once).
+  EXPECT_EQ(config::shm_tuning(fake({})).yield_us, -1);
+  EXPECT_EQ(config::shm_tuning(fake({{"COLLIE_YIELD_US", "0"}})).yield_us, 0);
+  EXPECT_EQ(config::shm_tuning(fake({{"COLLIE_YIELD_US", "250"}})).yield_us, 250);
+  const auto msg = error_of([&] { config::shm_tuning(fake({{"COLLIE_YIELD_US", "-5"}})); });
+  EXPECT_NE(msg.find("COLLIE_YIELD_US=-5 is not 0 to 1000000"), std::string::npos) << msg;
 }
 
 // The mpi backend's settings.

@@ -235,6 +235,10 @@ Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, Spi
   cpus_ = std::max(CPU_COUNT(&all), 1);
   crowded_ = n_ > cpus_;
   if (crowded_) here();
+  // Crowded: a waiter hands its CPU over between looks before it sleeps
+  // (bench/RESULTS.md, "More ranks than CPUs: the CPU handed over").
+  if (crowded_)
+    yield_ = std::chrono::microseconds(wanted.yield_us < 0 ? config::kYieldUs : wanted.yield_us);
   pidfds_.assign(n_, -1);
   pids_.assign(n_, 0);
   for (int q = 0; q < n_; ++q)

@@ -324,6 +324,11 @@ class Segment {
   void wait_gate(uint32_t target, Pred pred, const What& what, Deadline deadline);
   template <class Pred>
   void wait_crowded(uint32_t target, Pred pred, const What& what, Deadline deadline);
+  // Crowded hosts: polls `pred`, handing the CPU over (sched_yield) between
+  // looks, for at most yield_ (Open MPI's oversubscribed progress loop);
+  // false when it runs out.
+  template <class Pred>
+  bool yield_for(Pred pred);
   // Sleeps in slices on `c` until `pred`, a peer's death or abort, or
   // `deadline`.
   template <class Pred>
@@ -371,6 +376,7 @@ class Segment {
   int cpus_ = 1;                            // CPUs in the union of the ranks' masks
   bool crowded_ = false;                    // more ranks than those CPUs
   int slot_ = -1;                           // the CPU line this rank is registered on
+  std::chrono::microseconds yield_{0};      // crowded: yield_for's budget (0: sleep at once)
 };
 
 }  // namespace collie::shm

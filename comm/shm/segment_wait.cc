@@ -322,6 +322,12 @@ void Segment::wait_crowded(uint32_t target, Pred pred, const What& what, Deadlin
       wake_done_here(s, target);
       return;
     }
+    // Or hand the CPU over between looks, for a while, before sleeping.
+    if (yield_.count() > 0 && yield_for(pred)) {
+      unwatch();
+      wake_done_here(s, target);
+      return;
+    }
     unwatch();
   } catch (...) {
     unwatch();
@@ -338,6 +344,21 @@ void Segment::wait_crowded(uint32_t target, Pred pred, const What& what, Deadlin
   }
   g.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   if (pred()) wake_done_here(s, target);
+}
+
+template <class Pred>
+bool Segment::yield_for(Pred pred) {
+  const auto end = Clock::now() + yield_;
+  for (;;) {
+    for (int i = 0; i < 16; ++i) {
+      if (pred()) return true;
+      cpu_relax();
+    }
+    if (abort_word_->load(std::memory_order_relaxed) != 0 || failure_->failed()) check();
+    sched_yield();
+    if (pred()) return true;
+    if (Clock::now() >= end) return false;
+  }
 }
 
 void Segment::wait_rank(int r, uint32_t target, const What& what, Deadline deadline) {

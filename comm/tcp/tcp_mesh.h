@@ -122,6 +122,9 @@ class Mesh final : public Transport {
   std::vector<Lane> conns_;
   config::TcpTuning tuning_;
   SpinBudget spin_;
+  // More ranks than CPUs (no spin): how long run() polls its sockets,
+  // handing the CPU over between looks, before it sleeps in poll().
+  std::chrono::microseconds yield_{0};
   std::shared_ptr<FailureLatch> failure_;
   net::Fd wake_;
   bool closed_ = false;
