@@ -107,6 +107,12 @@ inline std::string join_ticket_key(int64_t ticket, const char* what) {
 inline std::string spare_key(const std::string& id) {
   return "collie/spare/" + id;
 }
+// Who has a ticket: the grow that takes it ("grow <key>") or, first, the
+// launcher of a spare that ended before any grow took it ("withdrawn ..."),
+// each by compare_set on this key, so that exactly one of them wins.
+inline std::string join_claim_key(int64_t ticket) {
+  return join_ticket_key(ticket, "claim");
+}
 
 // The environment with COLLIE_TUNING_FILE's settings under it: a file of
 // NAME=value lines (# comments), written by `collie-bench --tune`, whose

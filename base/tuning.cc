@@ -33,9 +33,9 @@ static int spin_us(const Env& env) {
 static int yield_us(const Env& env) {
   auto v = parse_int("COLLIE_YIELD_US", env("COLLIE_YIELD_US"));
   if (!v) return -1;
-  if (*v < 0 || *v > 1000000)
+  if (*v < 0 || *v > 100000)
     throw bad("COLLIE_YIELD_US=" + std::to_string(*v) +
-              " is not 0 to 1000000 (microseconds a waiter on a host with more ranks than CPUs "
+              " is not 0 to 100000 (microseconds a waiter on a host with more ranks than CPUs "
               "hands its CPU over between looks before it sleeps; 0: sleep at once)");
   return static_cast<int>(*v);
 }

@@ -337,6 +337,37 @@ TEST(FakeBackend, GrowTakesTheJoinersInTheOrderTheyCame) {
       << second << " / " << third;
 }
 
+// A ticket its launcher withdrew (a spare that queued, then ended before
+// any grow took it: collie-run claims it first, config::join_claim_key) is
+// passed over: the grow takes the next joiner in the queue. And a ticket a
+// grow claimed can no longer be withdrawn (the launcher sees it taken).
+TEST(FakeBackend, GrowPassesOverATicketItsLauncherWithdrew) {
+  std::shared_ptr<Store> store = make_memory_store(milliseconds(20000));
+  // Ticket 1: queued, its host written, then withdrawn, as collie-run does
+  // for a spare that died waiting.
+  ASSERT_EQ(store->add(config::kJoinQueued, 1), 1);
+  store->set(config::join_ticket_key(1, "host"), to_bytes(std::string("a-dead-spare")));
+  const Bytes withdrawn = to_bytes(std::string("withdrawn: spare 0.0 ended"));
+  ASSERT_EQ(store->compare_set(config::join_claim_key(1), {}, withdrawn), withdrawn);
+  std::string joiner;
+  std::thread j([&] { joiner = join_and_sum(store, 1, 2, milliseconds(20000), 0 + 1 + 2); });
+  auto ended = run_world(
+      2,
+      [&](Communicator& c) -> std::string {
+        auto g = c.grow(1);
+        float x = static_cast<float>(g->rank());
+        g->allreduce(view_of(&x, 1), ReduceOp::sum, blocking);
+        return x == 0 + 1 + 2 ? "" : "sum " + std::to_string(x);
+      },
+      milliseconds(20000), [&](Options& o) { o.store = store; });
+  j.join();
+  expect_all_ok(ended, "grow past a withdrawn ticket");
+  EXPECT_EQ(joiner, "joined as rank 2 of 3");
+  // Ticket 2 was the grow's: a launcher's withdrawal now finds it taken.
+  const std::string now = to_string(store->compare_set(config::join_claim_key(2), {}, withdrawn));
+  EXPECT_EQ(now.rfind("grow ", 0), 0u) << now;
+}
+
 // Bad grows: no joiner comes (every rank's timeout says how many came, and
 // a joiner that comes later is refused by name); joiners < 1; two joiners
 // for one place (the second is not taken, and says so at its deadline).

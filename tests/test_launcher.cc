@@ -388,16 +388,20 @@ TEST_F(Launcher, ElasticSparesTakeALostRanksPlaceAndTheUntakenAreStoppedAtTheEnd
   EXPECT_FALSE(contains(r.err, "failed")) << r.err;
 
   // A rank lost as the others finish: the spare that would take its place
-  // has no grow to join; the round starts again, as without spares.
+  // has no grow to join; the round starts again, as without spares, and
+  // the spare started for the loss is given back: M=1 is enough.
   reset_dir();
-  r = run({"-n", "3", "--elastic", "--max-restarts", "2", "--spares", "1", probe, "--steps", "5",
+  r = run({"-n", "3", "--elastic", "--max-restarts", "1", "--spares", "1", probe, "--steps", "5",
            "--floats", "16", "--lost-at-end", "1", "--sync-dir", dir_.string()},
           {"COLLIE_TIMEOUT=60"});
   EXPECT_EQ(r.status, 0) << r.err;
+  // Which of the two words depends on whether the others had exited when
+  // collie-run reaped rank 1 (they end once it has died).
   EXPECT_TRUE(
-      contains(r.err, "--elastic: every other rank has ended and no spare took rank 1's place"))
+      contains(r.err, "--elastic: every other rank has ended and no spare took rank 1's place") ||
+      contains(r.err, "--elastic: rank 1 was lost after every other rank had ended"))
       << r.err;
-  EXPECT_TRUE(contains(r.err, "restarting (attempt 1 of 2)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting (attempt 1 of 1)")) << r.err;
 }
 
 TEST_F(Launcher, SparesNeedElastic) {

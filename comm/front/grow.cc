@@ -19,6 +19,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -51,30 +53,50 @@ BackendContext grown_context(const BackendContext& ctx, int joiners, int no,
   const std::string outcome_key = key + "/outcome";
   if (wait.count() <= 0) wait = ctx.launch.timeout;
   if (me == 0) {
-    const int64_t first = store.add(config::kJoinTaken, joiners) - joiners + 1;
+    // The next tickets of the queue, one at a time: each once its joiner
+    // has come (its host name is there) and this grow has claimed it. A
+    // ticket its launcher withdrew (a spare that ended before any grow
+    // took it: config::join_claim_key) is passed over for the next.
+    const auto until = std::chrono::steady_clock::now() + wait;
+    std::vector<int64_t> tickets;
     std::vector<std::string> hosts;
-    for (int i = 0; i < joiners; ++i) hosts.push_back(ticket_key(first + i, "host"));
     std::string failed;
-    try {
-      store.wait(hosts, wait);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::timeout) throw;
-      int came = 0;
-      for (const auto& h : hosts) came += store.check({h});
-      failed = what.str() + ": " + std::to_string(came) + " of the " + std::to_string(joiners) +
-               " joining processes came within " + log::seconds(wait) +
-               " (start them with collie::join, or connect() under COLLIE_JOIN=1, as "
-               "collie-run --elastic does for a rank it restarts)";
+    int64_t waiting_on = -1;  // a ticket taken whose joiner has not come
+    const Bytes claim = to_bytes("grow " + key);
+    while (static_cast<int>(tickets.size()) < joiners) {
+      const int64_t t = store.add(config::kJoinTaken, 1);
+      waiting_on = t;
+      try {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            until - std::chrono::steady_clock::now());
+        store.wait({ticket_key(t, "host")}, std::max(left, std::chrono::milliseconds(1)));
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::timeout) throw;
+        failed = what.str() + ": " + std::to_string(tickets.size()) + " of the " +
+                 std::to_string(joiners) + " joining processes came within " + log::seconds(wait) +
+                 " (start them with collie::join, or connect() under COLLIE_JOIN=1, as "
+                 "collie-run --elastic does for a rank it restarts)";
+        break;
+      }
+      waiting_on = -1;
+      if (store.compare_set(config::join_claim_key(t), {}, claim) != claim) {
+        log::info(what.str() + ": passing over ticket " + std::to_string(t) +
+                  " of the queue of joiners: its launcher withdrew it (the process ended)");
+        continue;
+      }
+      tickets.push_back(t);
+      hosts.push_back(ticket_key(t, "host"));
     }
+    if (waiting_on >= 0) tickets.push_back(waiting_on);  // told it is refused, below
     // Every member on this host, and every joiner too: the new
     // communicator is one host's (shm's segment, local ranks).
     bool local = ctx.launch.local_world_size == n;
     if (failed.empty())
       for (const auto& h : hosts) local = local && to_string(store.get(h)) == this_host();
     const std::string backend = ctx.backend_name.empty() ? "auto" : ctx.backend_name;
-    for (int i = 0; i < joiners; ++i)
+    for (size_t i = 0; i < tickets.size(); ++i)
       store.set(
-          ticket_key(first + i, "assigned"),
+          ticket_key(tickets[i], "assigned"),
           to_bytes(failed.empty() ? key + " " + std::to_string(n + i) + " " + std::to_string(size) +
                                         " " + backend + " " + (local ? "1" : "0")
                                   : "refused " + failed));

@@ -78,8 +78,8 @@ BackendContext part(const BackendContext& ctx, const std::string& name, int rank
   // Nor does handing the CPU over between looks (COLLIE_YIELD_US) where
   // that makes the host look crowded: a stage polling would take turns with
   // its own rank's other stage (hier_collectives_2x2 took 44-48 s with it
-  // against 20-30). Unless the user sets it.
-  c.env = [env = ctx.env](const char* name) -> const char* {
+  // against 20-30). Unless the user sets it (or a tuning file does).
+  c.env = [env = config::tuned(ctx.env)](const char* name) -> const char* {
     if (const char* v = env(name)) return v;
     return std::strcmp(name, "COLLIE_YIELD_US") == 0 ? "0" : nullptr;
   };

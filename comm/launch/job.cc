@@ -378,7 +378,7 @@ bool Job::restart() {
   char when[64];
   std::snprintf(when, sizeof when, "%.2f s after the %s", root.ended_s,
                 restarts_ > 1 ? "last restart" : "start");
-  write_all(STDERR_FILENO, "collie-run: rank " + std::to_string(root.rank) + " failed first (" +
+  write_all(STDERR_FILENO, "collie-run: " + root.name() + " failed first (" +
                                describe(root.status) + ", " + when + "); all " +
                                std::to_string(ranks_.size()) + " ranks have ended; " + attempt() +
                                " with a fresh rendezvous\n");

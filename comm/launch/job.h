@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -188,9 +189,15 @@ class Job {
   // a process of the program that waits in its join until a grow takes it.
   bool spawn_spare();
   // Whether a grow took spare `r` (its ticket, under config::spare_key in
-  // the round's store, was assigned a place); asked of the store until it
-  // says yes, then remembered. false when the store cannot tell.
-  bool spare_taken(Rank& r);
+  // the round's store, was claimed by a grow: config::join_claim_key);
+  // asked of the store until it says yes, then remembered; nullopt when the
+  // store cannot tell. With `withdraw` (the spare has ended), a ticket no
+  // grow has claimed is withdrawn in the same step, so that no grow takes
+  // it afterwards.
+  std::optional<bool> spare_taken(Rank& r, bool withdraw = false);
+  // Whether a rank of the job runs on this node: one started as a rank, or
+  // a spare a grow took (or one the store cannot tell about).
+  bool ranks_running();
   // --spares, once every rank but the spares has ended: the spares no grow
   // took are stopped (not a failure); on one node, when a rank lost after
   // the world formed was never replaced (lost as the others finished), the
@@ -275,5 +282,27 @@ class Job {
   std::optional<size_t> root_cause_;  // index of the first rank that failed
   Clock::time_point started_;
 };
+
+// In the header: job_nodes.cc and job_spares.cc both ask the job's store.
+template <class F>
+auto Job::agent_call(F&& f) -> std::optional<decltype(f())> {
+  if (agent_lost_ || !agent_) return std::nullopt;
+  try {
+    return f();
+  } catch (const collie::Error& e) {
+    agent_lost_ = true;
+    if (!remote_failure_ && !first_failure_) {
+      remote_failure_ = "the job's store, served by collie-run on node 0, is lost (" +
+                        std::string(e.what()) + ")";
+      remote_exit_ = 1;
+    }
+    std::fprintf(stderr,
+                 "collie-run: lost the job's store (%s); stopping this node's ranks, "
+                 "and no restart\n",
+                 e.what());
+    if (!stop_at_ && !stop_sent_) stop_at_ = Clock::now();
+    return std::nullopt;
+  }
+}
 
 }  // namespace collie::launch

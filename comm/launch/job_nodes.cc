@@ -62,30 +62,6 @@ bool Job::join_agents() {
   }
 }
 
-// One request to the job's store. A store that is gone (node 0's
-// launcher died, or the network to it) ends the job on this node: its
-// ranks are stopped and there is no next round.
-template <class F>
-auto Job::agent_call(F&& f) -> std::optional<decltype(f())> {
-  if (agent_lost_ || !agent_) return std::nullopt;
-  try {
-    return f();
-  } catch (const collie::Error& e) {
-    agent_lost_ = true;
-    if (!remote_failure_ && !first_failure_) {
-      remote_failure_ = "the job's store, served by collie-run on node 0, is lost (" +
-                        std::string(e.what()) + ")";
-      remote_exit_ = 1;
-    }
-    std::fprintf(stderr,
-                 "collie-run: lost the job's store (%s); stopping this node's ranks, "
-                 "and no restart\n",
-                 e.what());
-    if (!stop_at_ && !stop_sent_) stop_at_ = Clock::now();
-    return std::nullopt;
-  }
-}
-
 // Whether another node's rank failed (or its launcher was told to stop):
 // then this node's ranks get the same moment to report as after a local
 // failure, and are stopped.
@@ -148,9 +124,11 @@ std::unique_ptr<collie::TcpStore> Job::ask_own_store() {
   if (!server_) throw collie::Error(collie::ErrorCode::unavailable, "no store served here");
   const collie::StoreAuth auth{secret_,
                                collie::config::job_identity(collie::config::process_env(), world_)};
-  // Where the store listens on one node: --master-addr's address.
-  return collie::TcpStore::connect(a_.master_addr, server_->port(), auth, std::chrono::seconds(2),
-                                   "collie-run", "collie-run");
+  // Where the store listens: on one node, --master-addr's address; on
+  // several, every interface, 127.0.0.1 among them (node 0 may not reach
+  // the address it gives the others: NAT).
+  return collie::TcpStore::connect(a_.nnodes == 1 ? a_.master_addr : "127.0.0.1", server_->port(),
+                                   auth, std::chrono::seconds(2), "collie-run", "collie-run");
 }
 
 std::vector<std::string> Job::world_formed_keys() const {
@@ -177,8 +155,8 @@ bool Job::world_formed() {
 bool Job::joiners_waiting() {
   try {
     auto store = ask_own_store();
-    return store->add(ranks_key("collie/join/queued"), 0) >
-           store->add(ranks_key("collie/join/taken"), 0);
+    return store->add(ranks_key(collie::config::kJoinQueued), 0) >
+           store->add(ranks_key(collie::config::kJoinTaken), 0);
   } catch (const collie::Error&) {
     return false;  // cannot tell: leave them to their own deadline
   }
@@ -188,9 +166,8 @@ void Job::publish_failure(const Rank& r) {
   char when[64];
   std::snprintf(when, sizeof when, "%.2f s after the %s", r.ended_s,
                 restarts_ > 0 ? "last restart" : "start");
-  publish(std::to_string(exit_code(r.status)) + "\nrank " + std::to_string(r.rank) + " on " +
-          node_name(a_.node_rank) + " (pid " + std::to_string(r.pid) + ") " + describe(r.status) +
-          ", " + when);
+  publish(std::to_string(exit_code(r.status)) + "\n" + r.name() + " on " + node_name(a_.node_rank) +
+          " (pid " + std::to_string(r.pid) + ") " + describe(r.status) + ", " + when);
 }
 
 void Job::publish_stop() {

@@ -89,28 +89,33 @@ void Job::reap() {
     // Once we are stopping the job, exits are our doing, not new failures;
     // so are those of the spares stopped, never taken, at its end.
     if (!failed || stopping() || r.released) continue;
-    // A spare no grow took is no rank of the job: another starts in its
-    // place, and the job goes on.
-    if (!r.spare.empty() && !spare_taken(r)) {
-      const auto number = take_replacement();
+    // A spare no grow took is no rank of the job: its ticket is withdrawn
+    // from the queue (no grow takes it after), another starts in its place
+    // while ranks still run, and the job goes on. One the store cannot
+    // tell about counts as a rank lost.
+    if (!r.spare.empty() && !spare_taken(r, true).value_or(true)) {
+      const auto number = ranks_running() ? take_replacement() : std::optional<int>{};
       std::fprintf(stderr, "collie-run: spare %s %s before a grow took it; %s\n", r.spare.c_str(),
                    describe(status).c_str(),
                    number ? ("--elastic: starting another (" + std::to_string(*number) + " of " +
                              std::to_string(a_.max_restarts) + ")")
                                 .c_str()
-                          : "no restarts left for another");
+                          : "no other starts");
       if (number) to_replace_.emplace_back(-1, *number);
       continue;
     }
-    bool others = false;  // on this node, still running
-    for (const Rank& o : ranks_) others = others || o.running;
+    // On this node, still running: anything (to be stopped on a failure),
+    // and a rank of the job (not a spare no grow took).
+    bool others = false;
+    for (const Rank& o : ranks_) others = others || (o.running && !o.released);
     // On one node, a rank lost once every other has ended has no one left
-    // to join (a replacement would wait out its deadline for a grow).
-    const bool alone = !others && a_.nnodes == 1;
+    // to join (a replacement would wait out its deadline for a grow; a
+    // spare, for ever).
+    const bool alone = a_.nnodes == 1 && !ranks_running();
     if (a_.elastic && (alone || !world_formed())) {
       round_again_ = true;
-      std::fprintf(stderr, "collie-run: --elastic: rank %d was lost %s; starting the round again\n",
-                   r.rank,
+      std::fprintf(stderr, "collie-run: --elastic: %s was lost %s; starting the round again\n",
+                   r.name().c_str(),
                    alone ? "after every other rank had ended: no one is left for a replacement "
                            "to join"
                          : "before every rank was in the job's world");
@@ -137,14 +142,14 @@ void Job::reap() {
     }
     if (a_.keep_going) {
       lost_.push_back(static_cast<size_t>(&r - ranks_.data()));
-      std::fprintf(stderr, "collie-run: rank %d %s%s\n", r.rank, describe(status).c_str(),
+      std::fprintf(stderr, "collie-run: %s %s%s\n", r.name().c_str(), describe(status).c_str(),
                    others ? "; --keep-going: the other ranks go on" : "");
       continue;
     }
     first_failure_ = status;
     root_cause_ = static_cast<size_t>(&r - ranks_.data());
     if (agents()) publish_failure(r);
-    std::fprintf(stderr, "collie-run: rank %d %s%s\n", r.rank, describe(status).c_str(),
+    std::fprintf(stderr, "collie-run: %s %s%s\n", r.name().c_str(), describe(status).c_str(),
                  others ? "; stopping the other ranks" : "");
     // A moment for the others to end on their own, and say why, before
     // they are stopped: a peer's error (peer_lost, naming this rank) is
@@ -213,6 +218,9 @@ void Job::check_waiting_joiners() {
                "never taken (rank %d was lost as the others finished); stopping it and starting "
                "the round again\n",
                lost.rank, lost.rank);
+  // The replacement started for the loss answered nothing: given back,
+  // so that the round again is the one restart the loss costs.
+  if (replacements_ > 0) --replacements_;
   round_again_ = true;
   first_failure_ = lost.status;
   root_cause_ = lost_last_;

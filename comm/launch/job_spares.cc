@@ -11,7 +11,9 @@
 
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "base/config.h"
 #include "base/log.h"
@@ -30,19 +32,39 @@ bool Job::spawn_spare() {
   return ok;
 }
 
-bool Job::spare_taken(Rank& r) {
+std::optional<bool> Job::spare_taken(Rank& r, bool withdraw) {
   if (r.taken) return true;
+  if (r.withdrawn) return false;
   auto ask = [&](collie::TcpStore& store) {
     const std::string at = ranks_key(collie::config::spare_key(r.spare));
-    if (!store.check({at})) return false;  // not yet in the queue
+    // Not in the queue yet: no grow can take it (a spare that ended
+    // between taking its ticket and writing it here leaves a ticket no one
+    // withdraws: a grow that takes it waits out its deadline).
+    if (!store.check({at})) return false;
     const long long ticket = std::stoll(collie::to_string(store.get(at)));
-    const std::string place = ranks_key(collie::config::join_ticket_key(ticket, "assigned"));
-    return store.check({place}) && collie::to_string(store.get(place)).rfind("refused ", 0) != 0;
+    const std::string claim = ranks_key(collie::config::join_claim_key(ticket));
+    std::string who;
+    if (withdraw) {
+      // Before any grow claims it (compare_set: exactly one of the two
+      // wins), and its host name set where the spare never wrote it, so
+      // that a grow waiting for it moves on to the next ticket.
+      const std::string mine = "withdrawn: spare " + r.spare + " ended";
+      who = collie::to_string(store.compare_set(claim, {}, collie::to_bytes(mine)));
+      if (who == mine) {
+        const std::string host = ranks_key(collie::config::join_ticket_key(ticket, "host"));
+        if (!store.check({host})) store.set(host, collie::to_bytes(std::string("(withdrawn)")));
+        r.withdrawn = true;
+        return false;
+      }
+    } else if (store.check({claim})) {
+      who = collie::to_string(store.get(claim));
+    }
+    return who.rfind("grow ", 0) == 0;
   };
   try {
     if (agents()) {
       // A lost store is watch_other_nodes()'s to report.
-      if (!agent_ || agent_lost_) return false;
+      if (!agent_ || agent_lost_) return std::nullopt;
       r.taken = ask(*agent_);
     } else {
       r.taken = ask(*ask_own_store());
@@ -50,9 +72,15 @@ bool Job::spare_taken(Rank& r) {
   } catch (const std::exception& e) {
     collie::log::info(std::string("collie-run: cannot tell whether spare ") + r.spare +
                       " was taken: " + e.what());
-    return false;
+    return std::nullopt;
   }
   return r.taken;
+}
+
+bool Job::ranks_running() {
+  for (Rank& o : ranks_)
+    if (o.running && !o.released && (o.spare.empty() || spare_taken(o).value_or(true))) return true;
+  return false;
 }
 
 void Job::check_spares() {
@@ -75,13 +103,26 @@ void Job::check_spares() {
     return;
   }
   // Once every rank started as one has ended: asked now, then once a
-  // moment while a taken spare (a rank now) is still finishing.
+  // moment while a taken spare (a rank now) is still finishing, or the
+  // store cannot tell, or (several nodes) another node's ranks still run.
   if (joiners_idle_at_ && Clock::now() < *joiners_idle_at_) return;
   joiners_idle_at_ = Clock::now() + kReportWindow;
-  for (Rank& r : ranks_)
-    if (r.running && !r.released && spare_taken(r)) return;
+  if (ranks_running()) return;
+  // Several nodes: a grow may yet take this node's spares for another
+  // node's lost rank, until every node's ranks have ended. Each says so in
+  // the job's store (collie-run/round<r>/ranks_ended/<k>).
+  if (agents()) {
+    std::vector<std::string> every;
+    for (int k = 0; k < a_.nnodes; ++k)
+      every.push_back(agent_key("ranks_ended/" + std::to_string(k)));
+    const auto all_ended = agent_call([&] {
+      agent_->set(every[static_cast<size_t>(a_.node_rank)], collie::to_bytes(std::string("1")));
+      return agent_->check(every);
+    });
+    if (!all_ended.value_or(false)) return;
+  }
   int taken = 0;
-  for (Rank& r : ranks_) taken += !r.spare.empty() && spare_taken(r);
+  for (Rank& r : ranks_) taken += !r.spare.empty() && spare_taken(r).value_or(false);
   joiners_idle_at_.reset();
   // One node: a rank lost as the others finished was replaced by no one.
   if (a_.nnodes == 1 && taken < losses_ && lost_last_) {
@@ -90,6 +131,9 @@ void Job::check_spares() {
                  "collie-run: --elastic: every other rank has ended and no spare took %s's "
                  "place (it was lost as the others finished); starting the round again\n",
                  lost.name().c_str());
+    // The replacement started for the loss answered nothing: given back,
+    // so that the round again is the one restart the loss costs.
+    if (replacements_ > 0) --replacements_;
     round_again_ = true;
     first_failure_ = lost.status;
     root_cause_ = lost_last_;

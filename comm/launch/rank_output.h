@@ -38,6 +38,7 @@ struct Rank {
   // never taken, at the job's end (not a failure).
   std::string spare;
   bool taken = false;
+  bool withdrawn = false;  // ended untaken, its ticket withdrawn from the queue
   bool released = false;
   // "rank R", or "spare <id>" (a spare's rank, once a grow takes it, is
   // known to its communicator only).

@@ -325,10 +325,11 @@ class Segment {
   template <class Pred>
   void wait_crowded(uint32_t target, Pred pred, const What& what, Deadline deadline);
   // Crowded hosts: polls `pred`, handing the CPU over (sched_yield) between
-  // looks, for at most yield_ (Open MPI's oversubscribed progress loop);
-  // false when it runs out.
+  // looks, for at most yield_ and not past `deadline` (Open MPI's
+  // oversubscribed progress loop); false when it runs out. An abort is
+  // seen at once; a dead peer, by the sleep that follows.
   template <class Pred>
-  bool yield_for(Pred pred);
+  bool yield_for(Pred pred, Deadline deadline);
   // Sleeps in slices on `c` until `pred`, a peer's death or abort, or
   // `deadline`.
   template <class Pred>

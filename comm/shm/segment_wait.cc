@@ -323,7 +323,7 @@ void Segment::wait_crowded(uint32_t target, Pred pred, const What& what, Deadlin
       return;
     }
     // Or hand the CPU over between looks, for a while, before sleeping.
-    if (yield_.count() > 0 && yield_for(pred)) {
+    if (yield_.count() > 0 && yield_for(pred, deadline)) {
       unwatch();
       wake_done_here(s, target);
       return;
@@ -347,8 +347,8 @@ void Segment::wait_crowded(uint32_t target, Pred pred, const What& what, Deadlin
 }
 
 template <class Pred>
-bool Segment::yield_for(Pred pred) {
-  const auto end = Clock::now() + yield_;
+bool Segment::yield_for(Pred pred, Deadline deadline) {
+  const auto end = std::min<Clock::time_point>(Clock::now() + yield_, deadline);
   for (;;) {
     for (int i = 0; i < 16; ++i) {
       if (pred()) return true;

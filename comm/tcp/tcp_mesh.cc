@@ -408,7 +408,7 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
   // With more ranks than CPUs, a rank asleep in poll() costs its sender a
   // wake-up through another CPU (16 us on this VM): hand the CPU over
   // between looks instead, for a while (Open MPI's oversubscribed loop).
-  auto yield_until = spin_until + yield_;
+  auto yield_until = std::min(spin_until + yield_, deadline);
   for (;;) {
     if (failure_->failed()) throw *failure_->get();
     bool progressed = false;
@@ -422,7 +422,7 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
     auto now = net::Clock::now();
     if (progressed) {
       spin_until = now + spin;
-      yield_until = spin_until + yield_;
+      yield_until = std::min(spin_until + yield_, deadline);
       continue;
     }
     if (idle && idle()) continue;
@@ -471,7 +471,7 @@ void Mesh::run(Deadline deadline, const std::function<bool()>& idle) {
       spin = spin_.get();
     }
     spin_until = net::Clock::now() + spin;
-    yield_until = spin_until + yield_;
+    yield_until = std::min(spin_until + yield_, deadline);
   }
   for (int c : active_) is_active_[c] = 0;
   active_.clear();

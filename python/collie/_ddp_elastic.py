@@ -18,11 +18,16 @@ def warm_spare():
     waits to be taken. On PyTorch 2.x the first optimizer built in a process
     imports torch._dynamo (1.06 s of the 1.2 s a spare took from the kill
     to its first step, measured on 2.15); a throwaway one does it now."""
-    p = torch.zeros(1, requires_grad=True)
-    p.sum().backward()
-    opt = torch.optim.SGD([p], lr=0.0, momentum=0.9)
-    opt.step()
-    opt.load_state_dict(opt.state_dict())
+    try:
+        with torch.enable_grad():
+            p = torch.zeros(1, requires_grad=True)
+            p.sum().backward()
+            opt = torch.optim.SGD([p], lr=0.0, momentum=0.9)
+            opt.step()
+            opt.load_state_dict(opt.state_dict())
+    except Exception as e:  # a warm-up only: the spare works without it
+        warnings.warn(f"collie.torch: warming the spare up failed ({e}); its first step will "
+                      "take longer")
 
 
 def handoff_state(ddp, comm, root=0):

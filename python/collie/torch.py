@@ -28,6 +28,7 @@ return a torch Future, a collie Work, a tensor, or None (left in place).
 """
 import contextlib
 import ctypes
+import multiprocessing
 import os
 import warnings
 
@@ -63,7 +64,8 @@ _TORCH_DDP = torch.nn.parallel.DistributedDataParallel
 # A warm spare (collie-run --spares: COLLIE_SPARE=<id>, checked by collie's
 # connect()) is idle until a grow takes it: what its first step would wait
 # for is done now, before the wrapper's construction waits in the join.
-if os.environ.get("COLLIE_SPARE"):
+# Not in its subprocesses (a DataLoader's workers inherit the variable).
+if os.environ.get("COLLIE_SPARE") and multiprocessing.parent_process() is None:
     warm_spare()
 
 

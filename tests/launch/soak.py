@@ -334,7 +334,7 @@ while time.monotonic() - start < args.duration:
     job["restarts"] = (len(re.findall(r"restarting \(attempt \d+ of|--elastic: starting it again|"
                                       r"--elastic: a waiting spare takes its place",
                                       err[0] if err else "")) -
-                       len(re.findall(r"replacement was never taken|no spare took rank \d+'s place",
+                       len(re.findall(r"replacement was never taken|no spare took (?:rank|spare) [\d.]+'s place",
                                       err[0] if err else "")))
     # Each kill's recovery: to rank 0's first step done after it.
     # (The prefix is collie-run's rank, the process's first; only the
