@@ -25,7 +25,8 @@ const char* const kTunable[] = {"COLLIE_TCP_LATENCY_US",
                                 "COLLIE_TCP_SOCKETS",
                                 "COLLIE_TCP_SOCKET_MIN_BYTES",
                                 "COLLIE_TCP_SPLIT_DIRECTIONS",
-                                "COLLIE_TCP_SPLIT_MIN_BYTES"};
+                                "COLLIE_TCP_SPLIT_MIN_BYTES",
+                                "COLLIE_YIELD_US"};
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
