@@ -900,6 +900,27 @@ TEST(FakeBackend, TheCAbiConnectsAndReducesOverIt) {
   for (size_t r = 0; r < bad.size(); ++r) EXPECT_EQ(bad[r], "") << "rank " << r;
 }
 
+// A joiner through the C ABI, on a thread of its own: joins the fake world
+// of 2 (collie_comm_join), writes `then`'s account of the grown
+// communicator (or the join's error) to `out`, and destroys it.
+std::thread c_join_then(std::string& out, std::function<std::string(collie_comm*)> then) {
+  return std::thread([&out, then = std::move(then)] {
+    collie_comm_options o;
+    collie_comm_options_init(&o);
+    o.rank = 1;
+    o.world_size = 2;
+    o.backend = "fake";
+    o.timeout_seconds = 20;
+    collie_comm* g = nullptr;
+    if (collie_comm_join(&o, &g) != COLLIE_OK) {
+      out = std::string("join: ") + collie_last_error();
+      return;
+    }
+    out = then(g);
+    collie_comm_destroy(g);
+  });
+}
+
 // collie_comm_grow and collie_comm_join: two ranks grow by a joiner and
 // sum their new ranks over the three; only the joiner's communicator says
 // it joined (collie_comm_joined: what makes collie.torch take a hand-over).
@@ -925,22 +946,7 @@ TEST(FakeBackend, TheCAbiGrowsByAJoiner) {
     collie_comm_joined(comm, &was_joined);
     if (was_joined != 0) return "a launched rank's communicator says it joined";
     std::thread j;
-    if (r == 0)
-      j = std::thread([&] {
-        collie_comm_options o;
-        collie_comm_options_init(&o);
-        o.rank = 1;
-        o.world_size = 2;
-        o.backend = "fake";
-        o.timeout_seconds = 20;
-        collie_comm* g = nullptr;
-        if (collie_comm_join(&o, &g) != COLLIE_OK) {
-          joiner = std::string("join: ") + collie_last_error();
-          return;
-        }
-        joiner = sum_ranks(g);
-        collie_comm_destroy(g);
-      });
+    if (r == 0) j = c_join_then(joiner, sum_ranks);
     collie_comm* g = nullptr;
     std::string got = collie_comm_grow(comm, 1, 0, &g) == COLLIE_OK
                           ? sum_ranks(g)
@@ -1016,21 +1022,9 @@ TEST(FakeBackend, TheCAbiHandsTheReducersStateToAJoiner) {
     if (!got.empty()) return got;
     std::thread j;
     if (r == 0)
-      j = std::thread([&] {
-        collie_comm_options o;
-        collie_comm_options_init(&o);
-        o.rank = 1;
-        o.world_size = 2;
-        o.backend = "fake";
-        o.timeout_seconds = 20;
-        collie_comm* g = nullptr;
-        if (collie_comm_join(&o, &g) != COLLIE_OK) {
-          joiner = std::string("join: ") + collie_last_error();
-          return;
-        }
+      j = c_join_then(joiner, [&](collie_comm* g) {
         Model mine;
-        joiner = go_on(g, mine, nullptr);
-        collie_comm_destroy(g);
+        return go_on(g, mine, nullptr);
       });
     collie_comm* g = nullptr;
     got = collie_comm_grow(comm, 1, 0, &g) == COLLIE_OK
