@@ -59,7 +59,6 @@ BackendContext grown_context(const BackendContext& ctx, int joiners, int no,
     // took it: config::join_claim_key) is passed over for the next.
     const auto until = std::chrono::steady_clock::now() + wait;
     std::vector<int64_t> tickets;
-    std::vector<std::string> hosts;
     std::string failed;
     int64_t waiting_on = -1;  // a ticket taken whose joiner has not come
     const Bytes claim = to_bytes("grow " + key);
@@ -85,14 +84,14 @@ BackendContext grown_context(const BackendContext& ctx, int joiners, int no,
         continue;
       }
       tickets.push_back(t);
-      hosts.push_back(ticket_key(t, "host"));
     }
     if (waiting_on >= 0) tickets.push_back(waiting_on);  // told it is refused, below
     // Every member on this host, and every joiner too: the new
     // communicator is one host's (shm's segment, local ranks).
     bool local = ctx.launch.local_world_size == n;
     if (failed.empty())
-      for (const auto& h : hosts) local = local && to_string(store.get(h)) == this_host();
+      for (int64_t t : tickets)
+        local = local && to_string(store.get(ticket_key(t, "host"))) == this_host();
     const std::string backend = ctx.backend_name.empty() ? "auto" : ctx.backend_name;
     for (size_t i = 0; i < tickets.size(); ++i)
       store.set(

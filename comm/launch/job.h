@@ -203,6 +203,12 @@ class Job {
   // the world formed was never replaced (lost as the others finished), the
   // round starts again instead, as without spares.
   void check_spares();
+  // The end of both: the rank lost last (lost_last_) was never replaced,
+  // because it was lost as the others finished. Says so (`why`, after
+  // "collie-run: --elastic: "), gives the unanswered replacement back to M
+  // (the round again is the one restart the loss costs), and stops the
+  // ranks so that the lost rank's failure starts the round again.
+  void round_again_for_lost(const std::string& why);
 
   // Asks every rank still running to stop, and kills them after the grace
   // period.

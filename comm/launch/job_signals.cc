@@ -213,16 +213,17 @@ void Job::check_waiting_joiners() {
   joiners_idle_at_ = Clock::now() + kReportWindow;
   if (!joiners_waiting()) return;
   const Rank& lost = ranks_[*lost_last_];
-  std::fprintf(stderr,
-               "collie-run: --elastic: every other rank has ended and rank %d's replacement was "
-               "never taken (rank %d was lost as the others finished); stopping it and starting "
-               "the round again\n",
-               lost.rank, lost.rank);
-  // The replacement started for the loss answered nothing: given back,
-  // so that the round again is the one restart the loss costs.
+  round_again_for_lost("every other rank has ended and rank " + std::to_string(lost.rank) +
+                       "'s replacement was never taken (rank " + std::to_string(lost.rank) +
+                       " was lost as the others finished); stopping it and starting the round "
+                       "again");
+}
+
+void Job::round_again_for_lost(const std::string& why) {
+  std::fprintf(stderr, "collie-run: --elastic: %s\n", why.c_str());
   if (replacements_ > 0) --replacements_;
   round_again_ = true;
-  first_failure_ = lost.status;
+  first_failure_ = ranks_[*lost_last_].status;
   root_cause_ = lost_last_;
   joiners_idle_at_.reset();
   stop_ranks(SIGTERM);

@@ -5,8 +5,10 @@
 // process to start (a PyTorch program's import alone took 1.7 s). Each one
 // taken or lost is started again (counted in --max-restarts); those never
 // taken are stopped at the job's end. Whether a grow took a spare is in the
-// job's store: the spare writes its ticket in the queue of joiners under
-// config::spare_key, and the grow writes the ticket's place.
+// job's store: the spare writes its queue ticket under config::spare_key,
+// and whoever claims the ticket first (config::join_claim_key, by
+// compare_set) owns it: the grow that takes the spare, or collie-run
+// withdrawing a spare that ended untaken.
 #include <signal.h>
 
 #include <cstdio>
@@ -125,21 +127,11 @@ void Job::check_spares() {
   for (Rank& r : ranks_) taken += !r.spare.empty() && spare_taken(r).value_or(false);
   joiners_idle_at_.reset();
   // One node: a rank lost as the others finished was replaced by no one.
-  if (a_.nnodes == 1 && taken < losses_ && lost_last_) {
-    const Rank& lost = ranks_[*lost_last_];
-    std::fprintf(stderr,
-                 "collie-run: --elastic: every other rank has ended and no spare took %s's "
-                 "place (it was lost as the others finished); starting the round again\n",
-                 lost.name().c_str());
-    // The replacement started for the loss answered nothing: given back,
-    // so that the round again is the one restart the loss costs.
-    if (replacements_ > 0) --replacements_;
-    round_again_ = true;
-    first_failure_ = lost.status;
-    root_cause_ = lost_last_;
-    stop_ranks(SIGTERM);
-    return;
-  }
+  if (a_.nnodes == 1 && taken < losses_ && lost_last_)
+    return round_again_for_lost("every other rank has ended and no spare took " +
+                                ranks_[*lost_last_].name() +
+                                "'s place (it was lost as the others finished); starting the "
+                                "round again");
   // The spares no grow took: stopped, and their end is no failure.
   int released = 0;
   for (Rank& r : ranks_)
