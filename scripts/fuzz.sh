@@ -4,12 +4,17 @@
 # the targets need) and runs each for SECONDS, two at a time, from its seeds
 # and regression inputs. A target passes when it ran its time without a
 # finding (a crash, a sanitizer report, a leak, a broken contract, an input
-# slower than 10 s); the last line is "N passed, N failed", as scripts/test.sh
+# slower than FUZZ_INPUT_SECONDS, 10 by default); the last line is "N passed, N failed", as scripts/test.sh
 # ends. What a target finds is kept in build-fuzz/fuzz-out/<name>/ with the
 # command that replays it. Without clang it says so and passes nothing.
 #   scripts/fuzz.sh [SECONDS]        (default 60; CI runs it)
 #   FUZZ_TARGETS="frame hook_spec" FUZZ_JOBS=2 scripts/fuzz.sh 600
 #   FUZZ_KEEP=1 scripts/fuzz.sh 600  (go on from the inputs the last run found)
+#   FUZZ_BUILD_ONLY=1 scripts/fuzz.sh (builds the targets, runs nothing)
+#   FUZZ_INPUT_SECONDS=30 scripts/fuzz.sh (an input slower than this is a
+#                                    finding; default 10. CI runs the
+#                                    targets beside its sanitizer tests, at
+#                                    the lowest priority, and allows 30)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -46,6 +51,10 @@ if ! log=$(ninja -C "$build" -j "$jobs" "${ninja_targets[@]}" 2>&1); then
   echo "0 passed, $n_targets failed"
   exit 1
 fi
+if [ -n "${FUZZ_BUILD_ONLY:-}" ]; then
+  echo "fuzz: $n_targets targets built"
+  exit 0
+fi
 
 # One target: SECONDS of fuzzing into a fresh working corpus (the seeds and
 # regression inputs stay as they are), its log and any finding in OUT.
@@ -62,13 +71,14 @@ run_one() {
   # The CPU time it took (user and system), for the record of how long each
   # target has been fuzzed (docs/fuzzing.md).
   local TIMEFORMAT='%U %S'
-  { time "$build/tests/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+  { time "$build/tests/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout="$input_seconds" -rss_limit_mb=4096 \
     -print_final_stats=1 -artifact_prefix="$out/" "$out/corpus" "${dirs[@]}" >"$out/log" 2>&1; } \
     2>"$out/cpu"
   echo $? >"$out/rc"
 }
 export -f run_one
-export build seconds FUZZ_KEEP
+input_seconds=${FUZZ_INPUT_SECONDS:-10}
+export build seconds input_seconds FUZZ_KEEP
 echo "fuzz: $n_targets targets, ${seconds} s each, $jobs at a time"
 # shellcheck disable=SC2086 # the target names are words
 printf '%s\n' $targets | xargs -P "$jobs" -I{} bash -c 'run_one {}'

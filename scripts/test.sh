@@ -9,6 +9,9 @@
 #   TESTS="faults store" scripts/test.sh          (those tests only, and only
 #                                    what they need built: CI's TSan run
 #                                    takes tests/tsan_tests.txt's list)
+#   BUILD_ONLY=1 scripts/test.sh     (builds what the run would need, runs
+#                                    nothing: CI builds the sanitizer legs
+#                                    ahead, on CPU the release tests leave)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -29,6 +32,26 @@ args+=(${MESON_ARGS:-})
 # then meson test builds what the chosen tests need and nothing else.
 if [ -n "${TESTS:-}" ]; then export BUILD_TARGETS=comm/launch/collie-run; fi
 scripts/build.sh "$BUILD" "${args[@]}" || { echo "0 passed, 1 failed"; exit 1; }
+if [ -n "${BUILD_ONLY:-}" ]; then
+  [ -z "${TESTS:-}" ] && exit 0
+  # What the chosen tests run (meson's introspection: each test's targets),
+  # as meson test would build it before running them.
+  # shellcheck disable=SC2086 # TESTS is a list of test names, split on spaces
+  mapfile -t needed < <(python3 - "$BUILD" ${TESTS} <<'PY'
+import json, os, subprocess, sys
+build, names = sys.argv[1], set(sys.argv[2:])
+ask = lambda what: json.loads(subprocess.check_output(["meson", "introspect", build, what]))
+files = {t["id"]: t["filename"] for t in ask("--targets")}
+for test in ask("--tests"):
+    if test["name"] in names:
+        for dep in test["depends"]:
+            for f in files.get(dep, []):
+                print(os.path.relpath(f, os.path.abspath(build)))
+PY
+)
+  ninja -C "$BUILD" "${needed[@]}" >/dev/null || { echo "0 passed, 1 failed"; exit 1; }
+  exit 0
+fi
 # OpenSSL's lifetime state is not collie's leak (scripts/lsan.supp).
 case $SANITIZE in *address*)
   export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}" ;;
