@@ -298,8 +298,9 @@ class Segment {
   }
   bool dead(int r);
   int awake() const;  // ranks of this segment not asleep in a wait
-  // Whether a waiter may spin: the awake ranks fit their CPUs.
-  bool core_free() const { return awake() <= cpus_; }
+  // Whether a waiter may spin: the awake ranks fit their CPUs, beside the
+  // host's other busy threads (beside_).
+  bool core_free() const { return awake() + beside_ <= cpus_; }
   // Wakes every sleeper on `c`, counting them awake first (in `local` too,
   // when given: the asleep count of the CPU line `c` belongs to); `bump`
   // moves the word itself (the callers of the other words moved it before).
@@ -375,6 +376,7 @@ class Segment {
   std::atomic<uint32_t>* abort_word_ = nullptr;
   std::atomic<int32_t>* asleep_ = nullptr;  // ranks asleep in a wait
   int cpus_ = 1;                            // CPUs in the union of the ranks' masks
+  int beside_ = 0;  // busy threads on the host beside the ranks (hier: each one's stage across)
   bool crowded_ = false;                    // more ranks than those CPUs
   int slot_ = -1;                           // the CPU line this rank is registered on
   std::chrono::microseconds yield_{0};      // crowded: yield_for's budget (0: sleep at once)
