@@ -15,6 +15,7 @@
 #include "base/reduce.h"
 #include "base/topology.h"
 #include "base/trace.h"
+#include "comm/hier/hier_choose.h"
 #include "comm/host_executor.h"
 
 namespace collie::hier {
@@ -29,14 +30,26 @@ struct Hosts {
   int local_index = 0;      // this rank's place in `local`
   bool even = true;         // every host has local.size() ranks
   std::vector<int> across;  // the rank at this local_index on each host, in host order
+  bool crowded = false;     // some host has more busy threads than CPUs (hier_choose.h)
 };
+
+// Whether this rank's host has more busy threads than CPUs while hier runs:
+// each rank of the host, and its stage across hosts beside it (the count
+// part() gives the runners), or the launcher says the host is crowded.
+bool host_crowded(const BackendContext& ctx) {
+  return !config::ranks_fit_cores(2 * ctx.launch.local_world_size, topology::usable_cpus(),
+                                  ctx.env);
+}
 
 Hosts find_hosts(const BackendContext& ctx) {
   const int me = ctx.launch.rank, n = ctx.launch.world_size;
   if (n == 1) return Hosts{1, 0, {0}, 0, true, {0}};  // and no store to ask
+  // "<crowded: 0 or 1> <host identity>": the choice of hier_choose.h must be
+  // the same on every rank, and hosts may differ in cores.
   const std::string id = topology::host_identity(config::hostname_override(ctx.env));
   const std::string prefix = ctx.key + "/hier/host/";
-  ctx.store->set(prefix + std::to_string(me), to_bytes(id));
+  const std::string said = std::string(host_crowded(ctx) ? "1 " : "0 ") + id;
+  ctx.store->set(prefix + std::to_string(me), to_bytes(said));
   std::vector<std::string> keys;
   for (int q = 0; q < n; ++q) keys.push_back(q == me ? "" : prefix + std::to_string(q));
   wait_for_ranks(*ctx.store, keys, std::chrono::steady_clock::now() + ctx.launch.timeout,
@@ -44,14 +57,18 @@ Hosts find_hosts(const BackendContext& ctx) {
   std::map<std::string, int> host_of_id;
   std::vector<std::vector<int>> ranks_of_host;
   std::vector<int> host(n);
+  bool crowded = false;
   for (int q = 0; q < n; ++q) {
-    std::string their = q == me ? id : to_string(ctx.store->get(keys[q]));
+    std::string their = q == me ? said : to_string(ctx.store->get(keys[q]));
+    crowded = crowded || their.rfind("1 ", 0) == 0;
+    their = their.substr(std::min<size_t>(2, their.size()));
     auto [it, fresh] = host_of_id.try_emplace(their, static_cast<int>(ranks_of_host.size()));
     if (fresh) ranks_of_host.emplace_back();
     host[q] = it->second;
     ranks_of_host[it->second].push_back(q);
   }
   Hosts h;
+  h.crowded = crowded;
   h.count = static_cast<int>(ranks_of_host.size());
   h.index = host[me];
   h.local = ranks_of_host[h.index];
@@ -63,14 +80,16 @@ Hosts find_hosts(const BackendContext& ctx) {
 }
 
 // The context of a runner over `members` (ranks of ctx), this rank being
-// members[rank].
+// members[rank]. A stage of the hierarchical all-reduce (`staged`) counts
+// the threads beside it; the flat mesh runs alone, as tcp does.
 BackendContext part(const BackendContext& ctx, const std::string& name, int rank,
-                    const std::vector<int>& members) {
+                    const std::vector<int>& members, bool staged = true) {
   BackendContext c = ctx;
   c.launch.rank = rank;
   c.launch.world_size = static_cast<int>(members.size());
   c.key = ctx.key + "/" + name;
   c.names = ctx.names.of(members);
+  if (!staged) return c;
   // Spinning pays only while every busy thread has a core: while the
   // pipeline runs, each rank of the host has two (the shm stage and the
   // cross-host one beside it).
@@ -158,7 +177,7 @@ class HierRunner final : public HostRunner {
     if (hosts_.count > 1) {
       std::vector<int> all(n_);
       for (int q = 0; q < n_; ++q) all[q] = q;
-      flat_ = make_host_runner("tcp", part(ctx, "flat", me_, all));
+      flat_ = make_host_runner("tcp", part(ctx, "flat", me_, all, false));
     }
     if (hosts_.count == 1 || (L > 1 && hosts_.even)) {
       local_ = make_host_runner(
@@ -177,8 +196,10 @@ class HierRunner final : public HostRunner {
   void run_collective(const Op& op, Deadline dl) override {
     if (!flat_) return local_->run_collective(op, dl);  // one host
     if (op.desc.op == OpKind::allreduce && across_) {
-      trace::algorithm(op, "hierarchical");  // shm inside hosts, tcp across
-      return allreduce(op, dl);
+      if (!flat_allreduce(op.in.nbytes(), hosts_.crowded)) {
+        trace::algorithm(op, "hierarchical");  // shm inside hosts, tcp across
+        return allreduce(op, dl);
+      }
     }
     flat_->run_collective(op, dl);
   }
@@ -192,7 +213,9 @@ class HierRunner final : public HostRunner {
   // the executor searches this rank's input before them.
   bool searches_nonfinite(const Op& op) const override {
     if (!flat_) return local_->searches_nonfinite(op);
-    if (op.desc.op == OpKind::allreduce && across_) return false;
+    if (op.desc.op == OpKind::allreduce && across_ &&
+        !flat_allreduce(op.in.nbytes(), hosts_.crowded))
+      return false;
     return flat_->searches_nonfinite(op);
   }
 

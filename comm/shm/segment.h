@@ -204,6 +204,10 @@ class Segment {
   bool can_read_peers() const { return read_peers_; }
   // More ranks than CPUs (the same answer on every rank).
   bool crowded() const { return crowded_; }
+  // Whether a waiter may spin now: the awake ranks fit their CPUs, beside
+  // the host's other busy threads (the launch's local ranks beyond this
+  // segment's: hier's part inside a host counts each rank's stage across).
+  bool core_free() const { return awake() + beside_ <= cpus_; }
   // Whether rank r may read this rank's memory (its own probe's answer; no
   // while it has not answered yet).
   bool reads_peers(int r) { return info(r).reads_peers.load(std::memory_order_acquire) == 1; }
@@ -298,9 +302,6 @@ class Segment {
   }
   bool dead(int r);
   int awake() const;  // ranks of this segment not asleep in a wait
-  // Whether a waiter may spin: the awake ranks fit their CPUs, beside the
-  // host's other busy threads (beside_).
-  bool core_free() const { return awake() + beside_ <= cpus_; }
   // Wakes every sleeper on `c`, counting them awake first (in `local` too,
   // when given: the asleep count of the CPU line `c` belongs to); `bump`
   // moves the word itself (the callers of the other words moved it before).
@@ -377,9 +378,9 @@ class Segment {
   std::atomic<int32_t>* asleep_ = nullptr;  // ranks asleep in a wait
   int cpus_ = 1;                            // CPUs in the union of the ranks' masks
   int beside_ = 0;  // busy threads on the host beside the ranks (hier: each one's stage across)
-  bool crowded_ = false;                    // more ranks than those CPUs
-  int slot_ = -1;                           // the CPU line this rank is registered on
-  std::chrono::microseconds yield_{0};      // crowded: yield_for's budget (0: sleep at once)
+  bool crowded_ = false;                // more ranks than those CPUs
+  int slot_ = -1;                       // the CPU line this rank is registered on
+  std::chrono::microseconds yield_{0};  // crowded: yield_for's budget (0: sleep at once)
 };
 
 }  // namespace collie::shm
