@@ -9,9 +9,12 @@
 // -C alltoall: gloo::alltoall instead, the size each rank's whole send
 // buffer (as collie-bench -C alltoall counts it); element i of the block
 // rank r sends rank j is r * 1e6 + j * 1e3 + (i mod 997), checked.
-// Launched by collie-run (RANK, WORLD_SIZE, MASTER_PORT): the ranks meet
-// through a gloo FileStore in a directory named after the launcher's
-// process and port, which rank 0 removes at the end.
+// Launched by collie-run (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): the
+// ranks meet through a gloo FileStore in a directory named after the
+// launcher's process and port (or GLOO_PEER_DIR: several hosts' ranks on
+// one file system, bench/hosts_compare.sh), which rank 0 removes at the
+// end. Each rank listens on the address its host reaches MASTER_ADDR from.
+#include <arpa/inet.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
@@ -19,6 +22,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,6 +59,26 @@ void allreduce(const std::shared_ptr<gloo::Context>& ctx, const T* in, T* out, s
   gloo::allreduce(o);
 }
 
+// This host's address on the way to `master` (a UDP socket's connect sends
+// nothing: it only picks the route): 127.0.0.1 on one host, the veth's
+// address between network namespaces.
+std::string address_towards(const char* master) {
+  if (!master || !*master) return "127.0.0.1";
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(9);
+  if (inet_pton(AF_INET, master, &to.sin_addr) != 1) return "127.0.0.1";
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in me{};
+  socklen_t len = sizeof me;
+  char text[INET_ADDRSTRLEN] = "127.0.0.1";
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0)
+    inet_ntop(AF_INET, &me.sin_addr, text, sizeof text);
+  if (fd >= 0) close(fd);
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,15 +88,18 @@ int main(int argc, char** argv) {
   bool alltoall = false;
   for (int i = 1; i + 1 < argc; i += 2)
     if (std::string(argv[i]) == "-C") alltoall = std::string(argv[i + 1]) == "alltoall";
+  const char* shared_dir = std::getenv("GLOO_PEER_DIR");
   const std::string dir =
-      (std::filesystem::temp_directory_path() /
-       ("collie-gloo-peer-" + std::to_string(getppid()) + "-" + std::to_string(port)))
-          .string();
+      shared_dir && *shared_dir
+          ? std::string(shared_dir)
+          : (std::filesystem::temp_directory_path() /
+             ("collie-gloo-peer-" + std::to_string(getppid()) + "-" + std::to_string(port)))
+                .string();
   mkdir(dir.c_str(), 0700);  // every rank; the first one wins
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, n);
   {
     gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";
+    attr.hostname = address_towards(std::getenv("MASTER_ADDR"));
     auto dev = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::FileStore store(dir);
     ctx->setTimeout(std::chrono::seconds(300));
