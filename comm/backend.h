@@ -104,6 +104,10 @@ struct BackendContext {
   std::shared_ptr<FailureLatch> failure;
   config::Env env;  // for the backend's own settings, read through base/config.h
   RankNames names;  // for messages
+  // Busy threads beside each rank's runner on this host: hier's stages
+  // inside a host run beside each rank's stage across hosts (1). shm's
+  // waiters spin only where these fit the CPUs too (Segment::core_free).
+  int beside_per_rank = 0;
   // Where every rank is when an op times out (null without a store, or
   // with one rank): the front reports issues, the executor completions.
   std::shared_ptr<StallInspector> inspector;

@@ -92,8 +92,10 @@ BackendContext part(const BackendContext& ctx, const std::string& name, int rank
   if (!staged) return c;
   // Spinning pays only while every busy thread has a core: while the
   // pipeline runs, each rank of the host has two (the shm stage and the
-  // cross-host one beside it).
+  // cross-host one beside it): tcp counts them in the host's ranks, shm
+  // beside its own.
   c.launch.local_world_size = 2 * ctx.launch.local_world_size;
+  c.beside_per_rank = 1;
   // Nor does handing the CPU over between looks (COLLIE_YIELD_US) where
   // that makes the host look crowded: a stage polling would take turns with
   // its own rank's other stage (hier_collectives_2x2 took 44-48 s with it
@@ -180,8 +182,9 @@ class HierRunner final : public HostRunner {
       flat_ = make_host_runner("tcp", part(ctx, "flat", me_, all, false));
     }
     if (hosts_.count == 1 || (L > 1 && hosts_.even)) {
-      local_ = make_host_runner(
-          "shm", part(ctx, "h" + std::to_string(hosts_.index), hosts_.local_index, hosts_.local));
+      // One host: no stage across hosts runs beside it (exactly shm).
+      local_ = make_host_runner("shm", part(ctx, "h" + std::to_string(hosts_.index),
+                                            hosts_.local_index, hosts_.local, hosts_.count > 1));
       local_name_ = "inside host " + std::to_string(hosts_.index) + " (ranks " +
                     ctx.names.list(hosts_.local) + ")";
     }

@@ -234,13 +234,13 @@ Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, Spi
   for (int q = 0; q < n_; ++q) CPU_OR(&all, &all, &info(q).cpus);
   cpus_ = std::max(CPU_COUNT(&all), 1);
   crowded_ = n_ > cpus_;
-  // The launch may count more busy threads on this host than the segment
-  // has ranks: hier's part inside a host counts each rank's stage across
-  // hosts too (comm/hier/hier_backend.cc). A waiter spins only where they
-  // all fit: 2 hosts x 2 ranks sharing 2 cores spun 0.4-1.7 ms per 8 B
-  // all-reduce, against 0.09-0.13 asleep (bench/RESULTS.md, "Two hosts on a
-  // shaped link").
-  beside_ = std::max(ctx.launch.local_world_size - n_, 0);
+  // Threads busy beside the ranks on their CPUs: hier's part inside a host
+  // runs beside each rank's stage across hosts (comm/hier/hier_backend.cc).
+  // A waiter spins only where they all fit: 2 hosts x 2 ranks sharing 2
+  // cores spun 0.4-1.7 ms per 8 B all-reduce, against 0.09-0.13 asleep
+  // (bench/RESULTS.md, "Two hosts on a shaped link"). (Not the launch's
+  // other local ranks: after a split they may be bound to other CPUs.)
+  beside_ = n_ * std::max(ctx.beside_per_rank, 0);
   if (crowded_) here();
   // Crowded: a waiter hands its CPU over between looks before it sleeps
   // (bench/RESULTS.md, "More ranks than CPUs: the CPU handed over").

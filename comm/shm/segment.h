@@ -205,8 +205,8 @@ class Segment {
   // More ranks than CPUs (the same answer on every rank).
   bool crowded() const { return crowded_; }
   // Whether a waiter may spin now: the awake ranks fit their CPUs, beside
-  // the host's other busy threads (the launch's local ranks beyond this
-  // segment's: hier's part inside a host counts each rank's stage across).
+  // the threads busy beside them (BackendContext::beside_per_rank: hier's
+  // part inside a host, each rank's stage across hosts).
   bool core_free() const { return awake() + beside_ <= cpus_; }
   // Whether rank r may read this rank's memory (its own probe's answer; no
   // while it has not answered yet).
@@ -377,9 +377,9 @@ class Segment {
   std::atomic<uint32_t>* abort_word_ = nullptr;
   std::atomic<int32_t>* asleep_ = nullptr;  // ranks asleep in a wait
   int cpus_ = 1;                            // CPUs in the union of the ranks' masks
-  int beside_ = 0;  // busy threads on the host beside the ranks (hier: each one's stage across)
-  bool crowded_ = false;                // more ranks than those CPUs
-  int slot_ = -1;                       // the CPU line this rank is registered on
+  int beside_ = 0;        // threads busy beside the ranks (hier: each one's stage across hosts)
+  bool crowded_ = false;  // more ranks than those CPUs
+  int slot_ = -1;         // the CPU line this rank is registered on
   std::chrono::microseconds yield_{0};  // crowded: yield_for's budget (0: sleep at once)
 };
 
