@@ -15,7 +15,7 @@
 # replace both. No delay is added: this kernel's tc has no netem.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPS=${1:-3}; RATE=${2:-10gbit}; shift 2 || true
+REPS=${1:-3}; RATE=${2:-10gbit}; shift $(($# < 2 ? $# : 2))
 [ "${1:-}" = "--" ] && shift
 BUILD=${BUILD:-build}
 if [ $# -gt 0 ]; then SWEEPS=("$*"); else SWEEPS=("-b 8 -e 32K -f 4 -n 200" "-b 128K -e 256M -f 4 -n 10"); fi

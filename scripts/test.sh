@@ -49,7 +49,8 @@ for test in ask("--tests"):
                 print(os.path.relpath(f, os.path.abspath(build)))
 PY
 )
-  ninja -C "$BUILD" "${needed[@]}" >/dev/null || { echo "0 passed, 1 failed"; exit 1; }
+  log=$(ninja -C "$BUILD" "${needed[@]}" 2>&1) ||
+    { echo "$log" | grep -v '^\[' | tail -60; echo "0 passed, 1 failed"; exit 1; }
   exit 0
 fi
 # OpenSSL's lifetime state is not collie's leak (scripts/lsan.supp).
