@@ -4,8 +4,8 @@
 # the targets need) and runs each for SECONDS, two at a time, from its seeds
 # and regression inputs. A target passes when it ran its time without a
 # finding (a crash, a sanitizer report, a leak, a broken contract, an input
-# slower than FUZZ_INPUT_SECONDS, 10 by default); the last line is "N passed, N failed", as scripts/test.sh
-# ends. What a target finds is kept in build-fuzz/fuzz-out/<name>/ with the
+# slower than FUZZ_INPUT_SECONDS, 10 by default); the last line is
+# "N passed, N failed", as scripts/test.sh ends. What a target finds is kept in build-fuzz/fuzz-out/<name>/ with the
 # command that replays it. Without clang it says so and passes nothing.
 #   scripts/fuzz.sh [SECONDS]        (default 60; CI runs it)
 #   FUZZ_TARGETS="frame hook_spec" FUZZ_JOBS=2 scripts/fuzz.sh 600

@@ -198,11 +198,9 @@ class HierRunner final : public HostRunner {
  private:
   void run_collective(const Op& op, Deadline dl) override {
     if (!flat_) return local_->run_collective(op, dl);  // one host
-    if (op.desc.op == OpKind::allreduce && across_) {
-      if (!flat_allreduce(op.in.nbytes(), hosts_.crowded)) {
-        trace::algorithm(op, "hierarchical");  // shm inside hosts, tcp across
-        return allreduce(op, dl);
-      }
+    if (hierarchical(op)) {
+      trace::algorithm(op, "hierarchical");  // shm inside hosts, tcp across
+      return allreduce(op, dl);
     }
     flat_->run_collective(op, dl);
   }
@@ -216,10 +214,15 @@ class HierRunner final : public HostRunner {
   // the executor searches this rank's input before them.
   bool searches_nonfinite(const Op& op) const override {
     if (!flat_) return local_->searches_nonfinite(op);
-    if (op.desc.op == OpKind::allreduce && across_ &&
-        !flat_allreduce(op.in.nbytes(), hosts_.crowded))
-      return false;
+    if (hierarchical(op)) return false;
     return flat_->searches_nonfinite(op);
+  }
+
+  // Whether `op` runs the hierarchical all-reduce (several hosts): not an
+  // all-reduce, or one hier_choose.h sends over the flat mesh, runs there.
+  bool hierarchical(const Op& op) const {
+    return op.desc.op == OpKind::allreduce && across_ &&
+           !flat_allreduce(op.in.nbytes(), hosts_.crowded);
   }
 
   void abort_peers(const Error& e) noexcept override {
