@@ -108,6 +108,15 @@ struct BackendContext {
   // inside a host run beside each rank's stage across hosts (1). shm's
   // waiters spin only where these fit the CPUs too (Segment::core_free).
   int beside_per_rank = 0;
+  // The busy threads of this host while this backend's ops run: each local
+  // rank's runner and the threads beside it. tcp and mpi spin only where
+  // these fit the CPUs (config::ranks_fit_cores).
+  int busy_threads_on_host() const {
+    return busy_threads(launch.local_world_size, beside_per_rank);
+  }
+  static int busy_threads(int local_world_size, int beside_per_rank) {
+    return local_world_size * (1 + (beside_per_rank > 0 ? beside_per_rank : 0));
+  }
   // Where every rank is when an op times out (null without a store, or
   // with one rank): the front reports issues, the executor completions.
   std::shared_ptr<StallInspector> inspector;

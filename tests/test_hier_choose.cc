@@ -2,6 +2,8 @@
 // hier sends over its flat mesh: the small ones, and only on crowded hosts.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "comm/hier/hier_choose.h"
 
 namespace collie::hier {
@@ -13,6 +15,31 @@ TEST(HierChoose, CrowdedHostsSendSmallAllReducesFlat) {
   EXPECT_TRUE(flat_allreduce(kFlatCrowdedBytes, true));
   EXPECT_FALSE(flat_allreduce(kFlatCrowdedBytes + 1, true));
   EXPECT_FALSE(flat_allreduce(256 << 20, true));
+}
+
+// Each rank of a host runs a stage with another beside it: 2 ranks on 2
+// CPUs are crowded under hier, 1 rank is not (the launcher's verdict, where
+// it gives one, decides).
+TEST(HierChoose, AHostIsCrowdedWhereItsRanksAndTheThreadsBesideThemOutnumberItsCpus) {
+  const config::Env none = [](const char*) -> const char* { return nullptr; };
+  EXPECT_FALSE(host_crowded(1, 2, none));
+  EXPECT_TRUE(host_crowded(2, 2, none));
+  EXPECT_FALSE(host_crowded(2, 4, none));
+  EXPECT_TRUE(host_crowded(3, 4, none));
+  const config::Env told_fit = [](const char* n) -> const char* {
+    return std::string(n) == "OMPI_MCA_mpi_oversubscribe" ? "0" : nullptr;
+  };
+  EXPECT_FALSE(host_crowded(2, 2, told_fit));
+}
+
+// A staged runner counts the thread beside each rank where tcp and mpi
+// choose to spin; a runner alone counts the ranks.
+TEST(HierChoose, AStagedPartCountsTheThreadBesideEachOfItsHostsRanks) {
+  BackendContext ctx;
+  ctx.launch.local_world_size = 2;
+  EXPECT_EQ(ctx.busy_threads_on_host(), 2);
+  ctx.beside_per_rank = kBesideEachStage;
+  EXPECT_EQ(ctx.busy_threads_on_host(), 4);
 }
 
 TEST(HierChoose, HostsWithCoresToSpareGoTheHierarchicalWayAtEverySize) {

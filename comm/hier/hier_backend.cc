@@ -33,12 +33,9 @@ struct Hosts {
   bool crowded = false;     // some host has more busy threads than CPUs (hier_choose.h)
 };
 
-// Whether this rank's host has more busy threads than CPUs while hier runs:
-// each rank of the host, and its stage across hosts beside it (the count
-// part() gives the runners), or the launcher says the host is crowded.
+// Whether this rank's host is crowded while hier runs (hier_choose.h).
 bool host_crowded(const BackendContext& ctx) {
-  return !config::ranks_fit_cores(2 * ctx.launch.local_world_size, topology::usable_cpus(),
-                                  ctx.env);
+  return hier::host_crowded(ctx.launch.local_world_size, topology::usable_cpus(), ctx.env);
 }
 
 Hosts find_hosts(const BackendContext& ctx) {
@@ -90,12 +87,10 @@ BackendContext part(const BackendContext& ctx, const std::string& name, int rank
   c.key = ctx.key + "/" + name;
   c.names = ctx.names.of(members);
   if (!staged) return c;
-  // Spinning pays only while every busy thread has a core: while the
-  // pipeline runs, each rank of the host has two (the shm stage and the
-  // cross-host one beside it): tcp counts them in the host's ranks, shm
-  // beside its own.
-  c.launch.local_world_size = 2 * ctx.launch.local_world_size;
-  c.beside_per_rank = 1;
+  // Spinning pays only while every busy thread has a core: tcp counts the
+  // threads beside the host's ranks (busy_threads_on_host), shm beside the
+  // awake ones (Segment::core_free).
+  c.beside_per_rank = kBesideEachStage;
   // Nor does handing the CPU over between looks (COLLIE_YIELD_US) where
   // that makes the host look crowded: a stage polling would take turns with
   // its own rank's other stage (hier_collectives_2x2 took 44-48 s with it

@@ -7,6 +7,9 @@
 
 #include <cstddef>
 
+#include "base/config.h"
+#include "comm/backend.h"
+
 namespace collie::hier {
 
 // Up to this size, on crowded hosts (more busy threads than CPUs: each rank
@@ -22,6 +25,20 @@ constexpr size_t kFlatCrowdedBytes = 32 * 1024;
 // hierarchy.
 inline bool flat_allreduce(size_t bytes, bool crowded) {
   return crowded && bytes <= kFlatCrowdedBytes;
+}
+
+// While the pipeline runs, each rank of a host has a thread beside the
+// stage it runs: the stage across hosts beside the one inside (hier_backend.cc's
+// Beside). A staged runner counts it where it chooses to spin
+// (BackendContext::beside_per_rank).
+constexpr int kBesideEachStage = 1;
+
+// Whether a host of `local_world_size` ranks on `usable_cpus` CPUs is
+// crowded while hier runs (each rank and the thread beside its stage), or
+// the launcher says it is.
+inline bool host_crowded(int local_world_size, int usable_cpus, const config::Env& env) {
+  return !config::ranks_fit_cores(BackendContext::busy_threads(local_world_size, kBesideEachStage),
+                                  usable_cpus, env);
 }
 
 }  // namespace collie::hier

@@ -72,7 +72,7 @@ MpiRunner::MpiRunner(const BackendContext& ctx, MPI_Comm data)
   // instead of 10).
   int spin = s.spin_us;
   if (spin < 0)
-    spin = config::ranks_fit_cores(ctx.launch.local_world_size, topology::usable_cpus(), ctx.env)
+    spin = config::ranks_fit_cores(ctx.busy_threads_on_host(), topology::usable_cpus(), ctx.env)
                ? 2000
                : 0;
   spin_ = std::chrono::microseconds(spin);

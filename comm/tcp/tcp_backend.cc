@@ -208,10 +208,9 @@ class TcpRunner final : public HostRunner {
  public:
   TcpRunner(const BackendContext& ctx, const config::TcpTuning& tuning, std::vector<net::Fd> peers)
       : tuning_(tuning),
-        mesh_(
-            ctx.launch.rank, ctx.launch.world_size, std::move(peers), tuning_,
-            config::ranks_fit_cores(ctx.launch.local_world_size, topology::usable_cpus(), ctx.env),
-            ctx.failure, ctx.names) {}
+        mesh_(ctx.launch.rank, ctx.launch.world_size, std::move(peers), tuning_,
+              config::ranks_fit_cores(ctx.busy_threads_on_host(), topology::usable_cpus(), ctx.env),
+              ctx.failure, ctx.names) {}
 
  private:
   bool runs_alltoall() const override { return true; }  // algo::pairwise_alltoall
