@@ -3,9 +3,12 @@
 
     collie-run -n 2 python3 bench/torch_backend_latency.py [--cpp]
 
-Sizes 8 B to 16 MiB (f32); per size the median over 5 rounds of back-to-back
-calls (200 up to 64 KiB, 20 above), after 20 warm-ups; rank 0 prints.
-"backend overhead" is the backend's time minus collie's own call's. --cpp
+Sizes 8 B to 16 MiB (f32); per size the median over 9 rounds of back-to-back
+calls (200 up to 64 KiB, 20 above), after 20 warm-ups, the calls taking
+turns round by round; rank 0 prints.
+"backend overhead" is the backend's time minus collie's own call's;
+"front" is dist.all_reduce's time on a Python group that does nothing
+(PyTorch's own share of any Python backend's call). --cpp
 adds the backend written as a C++ extension ("collie_cpp",
 bench/c10d_ext/), on a communicator of its own."""
 import os
@@ -24,6 +27,26 @@ gloo = dist.new_group(backend="gloo")
 comm = collie.distributed.backend_of().comm
 rank = dist.get_rank()
 cpp = None
+
+
+class _Ended(torch._C._distributed_c10d.Work):
+    def wait(self, timeout=None):
+        return True
+
+
+class _Nothing(dist.ProcessGroup):
+    """A group whose all_reduce does nothing: what PyTorch's front costs."""
+
+    def allreduce(self, tensors, opts=None):
+        return _Ended()
+
+    def getBackendName(self):
+        return "nothing"
+
+
+dist.Backend.register_backend("nothing", lambda store, r, n, timeout: _Nothing(r, n),
+                              **({"devices": ["cpu"]} if torch.__version__ >= "2" else {}))
+nothing = dist.new_group(backend="nothing")
 if "--cpp" in sys.argv:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "c10d_ext"))
     import register
@@ -31,28 +54,35 @@ if "--cpp" in sys.argv:
     cpp = dist.new_group(backend="collie_cpp")
 
 
-def bench(fn, n):
-    for _ in range(20):
-        fn()
-    ts = []
-    for _ in range(5):
-        dist.barrier(group=gloo)
-        t0 = time.perf_counter()
-        for _ in range(n):
+def bench(fns, n, rounds=9):
+    """Per fn, the median over `rounds` of n back-to-back calls' mean (us);
+    the fns take turns round by round, so a slow spell of the VM falls on
+    all of them alike."""
+    for fn in fns:
+        for _ in range(20):
             fn()
-        ts.append((time.perf_counter() - t0) / n)
-    return statistics.median(ts) * 1e6
+    ts = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, out in zip(fns, ts):
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            out.append((time.perf_counter() - t0) / n)
+    return [statistics.median(x) * 1e6 for x in ts]
 
 
 for nbytes in (8, 1024, 65536, 1 << 20, 16 << 20):
     t = torch.ones(nbytes // 4)
     n = 200 if nbytes <= 65536 else 20
-    b = bench(lambda: dist.all_reduce(t), n)
-    g = bench(lambda: dist.all_reduce(t, group=gloo), n)
-    c = bench(lambda: comm.allreduce(t), n)
-    x = bench(lambda: dist.all_reduce(t, group=cpp), n) if cpp is not None else float("nan")
+    fns = [lambda: dist.all_reduce(t), lambda: dist.all_reduce(t, group=gloo),
+           lambda: comm.allreduce(t), lambda: dist.all_reduce(t, group=nothing)]
+    if cpp is not None:
+        fns.append(lambda: dist.all_reduce(t, group=cpp))
+    b, g, c, f, *x = bench(fns, n)
+    x = x[0] if x else float("nan")
     if rank == 0:
         print(f"{nbytes:>10} B  backend {b:9.1f} us  gloo {g:9.1f} us  collie direct {c:9.1f} us  "
-              f"backend/gloo {b / g:5.2f}  backend overhead {b - c:7.1f} us"
+              f"backend/gloo {b / g:5.2f}  backend overhead {b - c:7.1f} us (front {f:4.1f} us)"
               + (f"  C++ backend {x:9.1f} us (overhead {x - c:7.1f} us)" if cpp is not None
                  else ""), flush=True)

@@ -28,17 +28,34 @@ _BUFFER_DTYPES = {"f": _lib.F32, "d": _lib.F64, "e": _lib.F16, "i": _lib.I32, "l
                   "q": _lib.I64, "B": _lib.U8}
 
 
+_TORCH_DTYPE_CODES = {}  # torch dtype -> collie's code, filled as dtypes are met
+
+
+def torch_dtype_code(dtype):
+    """collie's code of a torch dtype, or None where collie does not move it.
+    (Looked up by the dtype object: str(dtype) took a tenth of a small
+    op's time through the torch.distributed backend.)"""
+    code = _TORCH_DTYPE_CODES.get(dtype)
+    if code is None:
+        code = _TORCH_DTYPES.get(str(dtype).replace("torch.", ""))
+        if code is not None:
+            _TORCH_DTYPE_CODES[dtype] = code
+    return code
+
+
 def as_tensor(x):
     """A collie_tensor describing `x`: a torch tensor (contiguous), or a
     C-contiguous object with the buffer protocol (numpy array, bytearray)."""
     if hasattr(x, "data_ptr") and hasattr(x, "dtype"):  # torch.Tensor
-        name = str(x.dtype).replace("torch.", "")
-        if name not in _TORCH_DTYPES:
+        code = torch_dtype_code(x.dtype)
+        if code is None:
             raise _lib.error("invalid_argument", f"collie does not move {x.dtype} tensors")
         if not x.is_contiguous():
             raise _lib.error("invalid_argument", "collie needs contiguous tensors: call .contiguous()")
+        if x.is_cpu:
+            return _lib.Tensor(x.data_ptr(), x.numel(), code, _lib.CPU, 0)
         dev = x.device
-        return _lib.Tensor(x.data_ptr(), x.numel(), _TORCH_DTYPES[name],
+        return _lib.Tensor(x.data_ptr(), x.numel(), code,
                            _lib.CPU if dev.type == "cpu" else _lib.CUDA, dev.index or 0)
     view = memoryview(x)
     if not view.c_contiguous or view.readonly:

@@ -208,6 +208,10 @@ def _make_work(work, result, after=None):
     if work is None:
         if after is not None:
             after()
+        if getattr(_tls, "blocking", False):
+            # torch.distributed's front waits for it and drops it: one ended
+            # Work for all (making one took 1-3 us of an 8 B op's 9-13).
+            return _ENDED
         return _Work(None, result) if ASYNC else _done_work(None, result)
     return _Work(work, result, after) if ASYNC else _done_work(work, result, after)
 
@@ -255,6 +259,14 @@ def _tensors(x):
             yield from _tensors(y)
 
 
+def _first_tensor(args):
+    """The first tensor in args, or None; the usual ([t], opts) at once."""
+    a = args[0] if args else None
+    if type(a) is list and a:
+        a = a[0]
+    return a if isinstance(a, torch.Tensor) else next(_tensors(args), None)
+
+
 def _routed(method):
     """A collective of the group that hands a call on CUDA tensors to
     PyTorch's ProcessGroupNCCL where the group was made with "cuda:nccl" in
@@ -263,13 +275,13 @@ def _routed(method):
     name = method.__name__
 
     def call(self, *args, **kwargs):
-        t = next(_tensors(args), None)
+        t = _first_tensor(args)
         if t is not None and t.device.type == "cuda":
             other = self._cuda_group()
             if other is not None:
                 return getattr(other, name)(*args, **kwargs)
         before = getattr(_tls, "blocking", False)
-        _tls.blocking = ASYNC and _front_waits(sys._getframe(1))
+        _tls.blocking = _front_waits(sys._getframe(1))
         try:
             return method(self, *args, **kwargs)
         finally:
@@ -285,3 +297,7 @@ def _current_stream(device):
     if raw is not None:
         return raw(device.index if device.index is not None else torch.cuda.current_device())
     return torch.cuda.current_stream(device).cuda_stream
+
+
+# An op ended in the call, its result nobody's (see _make_work).
+_ENDED = _Work(None, []) if ASYNC else _done_work(None, [])

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from . import _lib
-from . import _TORCH_DTYPES as _TORCH_DTYPE_NAMES
+from . import torch_dtype_code
 from ._backend_work import _async, _coalesced, _current_stream, _make_work, _routed
 
 __all__ = ["ProcessGroupCollie", "BACKEND", "backend_of", "init_process_group", "launcher_env"]
@@ -45,12 +45,16 @@ def _refuse(what):
     return _lib.error("invalid_argument", f"the collie backend does not do {what}")
 
 
+_R = dist.ReduceOp
+_OP_NAMES = tuple((value, name) for name, value in (
+    ("sum", _R.SUM), ("max", _R.MAX), ("min", _R.MIN), ("prod", _R.PRODUCT),
+    ("avg", getattr(_R, "AVG", None))) if value is not None)
+
+
 def _op_name(op):
     """collie's name of a torch.distributed.ReduceOp."""
-    R = dist.ReduceOp
-    for name, value in (("sum", R.SUM), ("max", R.MAX), ("min", R.MIN),
-                        ("prod", R.PRODUCT), ("avg", getattr(R, "AVG", None))):
-        if value is not None and op == value:
+    for value, name in _OP_NAMES:
+        if op == value:
             return name
     raise _refuse(f"reduce op {op} (it reduces with SUM, AVG, MIN, MAX and PRODUCT)")
 
@@ -162,11 +166,13 @@ class ProcessGroupCollie(dist.ProcessGroup):
     def _tensor(self, t, what):
         """t, if collie can move it; else an error naming the op and rank.
         A CUDA tensor's op is ordered after PyTorch's current stream."""
-        if t.device.type == "cuda":
+        if t.is_cpu:
+            pass
+        elif t.device.type == "cuda":
             _lib.lib.collie_set_cuda_stream(_current_stream(t.device) or None)
-        elif t.device.type != "cpu":
+        else:
             raise self._refused(what, f"{t.device} tensors (CPU and CUDA tensors only)")
-        if str(t.dtype).replace("torch.", "") not in _TORCH_DTYPE_NAMES:
+        if torch_dtype_code(t.dtype) is None:
             raise self._refused(what, f"{t.dtype} tensors (it moves float32, float64, float16, "
                                 "bfloat16, int32, int64 and uint8)")
         if not t.is_contiguous():
@@ -174,6 +180,8 @@ class ProcessGroupCollie(dist.ProcessGroup):
         return t
 
     def _one(self, tensors, what):
+        if type(tensors) is list and len(tensors) == 1:  # the usual call, at once
+            return tensors[0]
         tensors = _list(tensors)
         if len(tensors) != 1:
             raise self._refused(what, f"{len(tensors)} tensors in one call (one per call, as "
