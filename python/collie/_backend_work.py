@@ -182,9 +182,8 @@ def _future_for(result):
 
 def _done_work(work, result, after=None):
     """Where PyTorch's C++ cannot wait on a Python Work (PyTorch 1.13 to
-    2.1): the op is waited for here, its error raised here, and PyTorch
-    gets a Work that is already complete. Async ops then run one at a time
-    (PyTorch's DDP reduces its buckets after backward rather than during)."""
+    2.1), an op that ended in the call: PyTorch gets a Work already
+    complete."""
     if work is not None:
         work.wait()
     if after is not None:
@@ -192,6 +191,26 @@ def _done_work(work, result, after=None):
     fut = _future_for(result)
     fut.set_result(list(result))
     return _from_future(fut)
+
+
+def _pending_work(work, result, after=None):
+    """Where PyTorch's C++ cannot wait on a Python Work (PyTorch 1.13 to
+    2.1), an op issued async: PyTorch's own Work over a future that collie's
+    completion fulfils (after `after` has run), so that the caller (PyTorch's
+    DDP reducing a bucket while backward runs) goes on at once. A failed op
+    fails the future, for C++ as for Python (the then() of _Work.get_future:
+    its callback raises the op's error)."""
+    fut = _future_for(result)
+
+    def done(err):
+        if err is None and after is not None:
+            try:
+                after()
+            except Exception as e:  # noqa: BLE001 - reported as the op's error
+                err = e
+        fut.set_result(list(result) if err is None else err)
+    work.on_complete(done)  # keeps the Work, its buffers and `result` alive until then
+    return _from_future(fut.then(_value_or_raise))
 
 
 def _coalesced(method, outputs, inputs, opts):
@@ -213,7 +232,7 @@ def _make_work(work, result, after=None):
             # Work for all (making one took 1-3 us of an 8 B op's 9-13).
             return _ENDED
         return _Work(None, result) if ASYNC else _done_work(None, result)
-    return _Work(work, result, after) if ASYNC else _done_work(work, result, after)
+    return _Work(work, result, after) if ASYNC else _pending_work(work, result, after)
 
 
 _tls = threading.local()
@@ -221,12 +240,11 @@ _tls = threading.local()
 
 def _async():
     """Whether the group's op in progress is issued async (async_op for
-    collie's call): not where PyTorch waits for it at once anyway (1.13 to
-    2.1, _done_work) or where the call came from torch.distributed's own
+    collie's call): not where the call came from torch.distributed's own
     function with async_op=False (see _front_waits). A blocking call runs
     on the calling thread where nothing else is queued: no hand-off to
     collie's executor and back (a third of a 64 KiB all-reduce's time)."""
-    return ASYNC and not getattr(_tls, "blocking", False)
+    return not getattr(_tls, "blocking", False)
 
 
 def _front_waits(frame):

@@ -12,7 +12,8 @@ group of the same ranks beside it:
   * all_to_all and all_to_all_single, even and uneven, against the blocks
     each rank sent and against Gloo;
   * monitored_barrier: passes with every rank, names the ranks missing;
-  * async ops: wait(), is_completed(), get_future()'s value;
+  * async ops: wait(), is_completed(), get_future()'s value; the call
+    returns before the other ranks have called theirs;
   * collie's own DDP in the same job: on the backend's communicator;
   * PyTorch's own DistributedDataParallel over collie against the same over
     Gloo (find_unused_parameters, bucket view, static_graph, its fp16 hook,
@@ -23,6 +24,7 @@ group of the same ranks beside it:
     an exception naming the op and the rank, no hang.
 Prints one ok/FAIL line per case and rank, then "N passed, N failed".
 """
+import datetime
 import os
 import sys
 
@@ -119,7 +121,21 @@ def case_async():
     chained = dist.all_reduce(values(RANK), async_op=True).get_future().then(
         lambda f: f.value()[0] * 2)
     exact(chained.wait(), 2 * sum(values(r) for r in range(WORLD)), "then() on the future")
-    return "wait, is_completed, get_future, then"
+    # An async op returns before the other ranks have called it (PyTorch's
+    # DDP reduces a bucket while backward goes on): rank 0's call returns,
+    # then it tells the others to call theirs. 1.13 and 2.1 waited in the
+    # call: rank 0 hung there, and the others' wait for its word timed out.
+    store = dist.distributed_c10d._get_default_store()
+    t = values(RANK, n=1000)
+    if RANK == 0:
+        w = dist.all_reduce(t, async_op=True)
+        store.set("backend_check/async_issued", "1")
+    else:
+        store.wait(["backend_check/async_issued"], datetime.timedelta(seconds=30))
+        w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    exact(t, want, "an all_reduce rank 0 issued before the others called theirs")
+    return "wait, is_completed, get_future, then; issued before the other ranks call"
 
 
 def case_coalesced_and_broadcast():
