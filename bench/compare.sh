@@ -10,7 +10,8 @@
 # With PLOT=file.png (and gnuplot), it also draws busbw and time against
 # size, one line per library, into that file. COLL=alltoall: the
 # all-to-all instead (-C alltoall to collie-bench and to both peers; no
-# in-place column: it runs out of place).
+# in-place column: it runs out of place). NO_GLOO=1: without Gloo (at 3 and 4
+# ranks its large sizes take most of a run).
 # Without sweep args: 8 B to 32 KiB with 500 samples per size, then 128 KiB
 # to 256 MiB with 20. Needs a build with Open MPI
 # (build/bench/mpi_allreduce).
@@ -37,7 +38,7 @@ for r in $(seq 1 "$REPS"); do
     "${MPIRUN[@]}" --mca btl self,vader "$MPI_BENCH" "${sweep[@]}" > "$tmp/mpi_sm.$r.$i"
     "$BUILD/comm/launch/collie-run" -n "$NP" "$BUILD/bench/collie-bench" -B tcp "${sweep[@]}" > "$tmp/collie_tcp.$r.$i"
     "${MPIRUN[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo "$MPI_BENCH" "${sweep[@]}" > "$tmp/mpi_tcp.$r.$i"
-    if [ -x "$GLOO_BENCH" ]; then
+    if [ -x "$GLOO_BENCH" ] && [ -z "${NO_GLOO:-}" ]; then
       "$BUILD/comm/launch/collie-run" -n "$NP" "$GLOO_BENCH" "${sweep[@]}" > "$tmp/gloo.$r.$i"
     fi
   done

@@ -4,7 +4,7 @@
 #   scripts/test.sh                  release build, every test
 #   BUILD=build-asan SANITIZE=address,undefined scripts/test.sh
 #   SUITE=mp scripts/test.sh                      (one suite)
-#   NO_SUITE=soak scripts/test.sh                 (all but one suite)
+#   NO_SUITE=soak scripts/test.sh                 (all but one suite; soak,source: two)
 #   MESON_ARGS=-Dmpi=disabled scripts/test.sh    (extra options for meson)
 #   TESTS="faults store" scripts/test.sh          (those tests only, and only
 #                                    what they need built: CI's TSan run
@@ -60,7 +60,7 @@ esac
 rm -f "$BUILD/failed-tests.txt"
 suite_args=()
 [ -n "${SUITE:-}" ] && suite_args=(--suite "$SUITE")
-[ -n "${NO_SUITE:-}" ] && suite_args+=(--no-suite "$NO_SUITE")
+for s in ${NO_SUITE//,/ }; do suite_args+=(--no-suite "$s"); done
 # shellcheck disable=SC2206 # TESTS is a list of test names, split on spaces
 [ -n "${TESTS:-}" ] && suite_args+=(${TESTS})
 meson test -C "$BUILD" --print-errorlogs "${suite_args[@]}" 2>&1 | tail -n 60
