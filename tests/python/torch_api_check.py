@@ -264,14 +264,19 @@ def case_hook_wrong_shape():
 
 def case_compile():
     """torch.compile of the wrapper (PyTorch 2.x): the same parameters as
-    the eager wrapper after 3 steps, with several buckets."""
+    the eager wrapper after 3 steps, with several buckets. Compiled with
+    aot_eager: what touches collie (Dynamo's trace of the wrapper, the
+    backward AOTAutograd makes, whose gradients fire the reducer's hooks)
+    is the same as under inductor, whose kernels g++ compiled for 10-16 s
+    of each run (collie's DDP under inductor: bench/torch_ddp_bench.py
+    --compile)."""
     if not hasattr(torch, "compile"):
         return "skipped: this PyTorch has no torch.compile"
     small = dict(bucket_cap_mb=0.0005, first_bucket_cap_mb=0.0005)
     eager = ct.DistributedDataParallel(mlp(hidden=32), **small)
     want = train(eager, 3)
     b = ct.DistributedDataParallel(mlp(hidden=32), **small)
-    compiled = torch.compile(b)
+    compiled = torch.compile(b, backend="aot_eager")
     opt = torch.optim.SGD(b.parameters(), lr=0.1)
     for step in range(3):
         opt.zero_grad()
