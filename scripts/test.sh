@@ -60,7 +60,7 @@ esac
 rm -f "$BUILD/failed-tests.txt"
 suite_args=()
 [ -n "${SUITE:-}" ] && suite_args=(--suite "$SUITE")
-for s in ${NO_SUITE//,/ }; do suite_args+=(--no-suite "$s"); done
+for s in ${NO_SUITE:+${NO_SUITE//,/ }}; do suite_args+=(--no-suite "$s"); done
 # shellcheck disable=SC2206 # TESTS is a list of test names, split on spaces
 [ -n "${TESTS:-}" ] && suite_args+=(${TESTS})
 meson test -C "$BUILD" --print-errorlogs "${suite_args[@]}" 2>&1 | tail -n 60
