@@ -1,7 +1,7 @@
 """The backend's Work and how its ops run (collie.distributed's plumbing):
 a PyTorch Work over collie's op (_Work: wait with a timeout, is_completed,
 get_future, which PyTorch's DDP chains its hooks on), whether an op runs
-asynchronously or the caller waits in the front (_async, _front_waits),
+asynchronously or the caller waits in the front (_async, _caller),
 and the routing of CUDA tensors (_routed).
 """
 import sys
@@ -223,16 +223,22 @@ def _coalesced(method, outputs, inputs, opts):
 
 def _make_work(work, result, after=None):
     """The Work PyTorch gets for collie's `work`, or for an op that ran to
-    its end in the call (work None: a blocking call, see _async)."""
+    its end in the call (work None: a blocking call, see _async), by who
+    called the group's method (_caller)."""
+    caller = getattr(_tls, "caller", None)
     if work is None:
         if after is not None:
             after()
-        if getattr(_tls, "blocking", False):
+        if caller == "waits":
             # torch.distributed's front waits for it and drops it: one ended
             # Work for all (making one took 1-3 us of an 8 B op's 9-13).
             return _ENDED
-        return _Work(None, result) if ASYNC else _done_work(None, result)
-    return _Work(work, result, after) if ASYNC else _pending_work(work, result, after)
+        return _Work(None, result) if ASYNC or caller == "async" else _done_work(None, result)
+    if ASYNC or caller == "async":
+        return _Work(work, result, after)
+    if caller == "backward":
+        return _pending_work(work, result, after)
+    return _done_work(work, result, after)
 
 
 _tls = threading.local()
@@ -240,20 +246,41 @@ _tls = threading.local()
 
 def _async():
     """Whether the group's op in progress is issued async (async_op for
-    collie's call): not where the call came from torch.distributed's own
-    function with async_op=False (see _front_waits). A blocking call runs
-    on the calling thread where nothing else is queued: no hand-off to
-    collie's executor and back (a third of a 64 KiB all-reduce's time)."""
-    return not getattr(_tls, "blocking", False)
+    collie's call). A blocking call runs on the calling thread where nothing
+    else is queued: no hand-off to collie's executor and back (a third of a
+    64 KiB all-reduce's time). Where PyTorch's C++ can wait on a Python Work
+    (ASYNC), every op but those torch.distributed's front waits for at once;
+    elsewhere (1.13 to 2.1) only those whose caller is known to take an
+    async Work: the front with async_op=True (a Python Work, whose wait()
+    raises the op's error) and PyTorch's DDP reducing a bucket from backward
+    (_pending_work: C++ reads its future's value, which raises). Any other
+    caller may be C++ that waits on the Work it gets, which there cannot
+    call a Python Work's wait(), and whose FutureWrappingWork's wait() does
+    not raise: it gets a Work of an op already ended (_done_work)."""
+    caller = getattr(_tls, "caller", None)
+    return caller != "waits" if ASYNC else caller in ("async", "backward")
 
 
-def _front_waits(frame):
-    """Whether `frame`, the caller of a group method, is torch.distributed's
-    Python front (dist.all_reduce, dist.broadcast, ...) called with
-    async_op=False, which waits for the op before it returns."""
+def _caller(frame, name):
+    """Who called the group's method `name`, `frame` being its caller's
+    frame: "waits" (torch.distributed's Python front, dist.all_reduce and
+    the rest, with async_op=False: it waits for the op before it returns),
+    "async" (the same with async_op=True: it hands the Work to the user),
+    "backward" (an all_reduce from the autograd engine, with no Python
+    caller or one in torch.autograd: PyTorch's DDP reducing a bucket), or
+    None."""
     code = frame.f_code if frame is not None else None
-    return (code is not None and code.co_filename.endswith("distributed_c10d.py")
-            and "async_op" in code.co_varnames and frame.f_locals.get("async_op") is False)
+    if code is not None and code.co_filename.endswith("distributed_c10d.py"):
+        if "async_op" not in code.co_varnames:
+            return None
+        a = frame.f_locals.get("async_op")
+        return "waits" if a is False else "async" if a is True else None
+    if name == "allreduce" and (code is None or _AUTOGRAD in code.co_filename.replace("\\", "/")):
+        return "backward"
+    return None
+
+
+_AUTOGRAD = "/torch/autograd/"
 
 
 # collie's group is a ProcessGroup of its own, standing for every device.
@@ -298,12 +325,16 @@ def _routed(method):
             other = self._cuda_group()
             if other is not None:
                 return getattr(other, name)(*args, **kwargs)
-        before = getattr(_tls, "blocking", False)
-        _tls.blocking = _front_waits(sys._getframe(1))
+        before = getattr(_tls, "caller", None)
+        try:
+            frame = sys._getframe(1)
+        except ValueError:  # no Python frame: called from C++ on a thread of its own
+            frame = None
+        _tls.caller = _caller(frame, name)
         try:
             return method(self, *args, **kwargs)
         finally:
-            _tls.blocking = before
+            _tls.caller = before
     call.__name__, call.__qualname__, call.__doc__ = name, method.__qualname__, method.__doc__
     return call
 

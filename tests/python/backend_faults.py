@@ -1,8 +1,8 @@
 """Failures under the collie backend become PyTorch exceptions naming the op
 and the rank on every survivor, never a hang or a wrong sum:
 
-    python3 backend_faults.py COLLIE_RUN kill|skip    # the test: starts the job below
-    collie-run -n 3 python3 backend_faults.py --rank-side DIR kill|skip
+    python3 backend_faults.py COLLIE_RUN kill|skip|skip_async    # the test: starts the job below
+    collie-run -n 3 python3 backend_faults.py --rank-side DIR kill|skip|skip_async
 
 kill: three ranks train PyTorch's own DistributedDataParallel over
 init_process_group("collie"); at step 3 rank 2 kills itself with SIGKILL
@@ -11,7 +11,9 @@ after) must raise, within the timeout, a RuntimeError whose message names
 rank 2 (it was a SIGSEGV on PyTorch 2.15: see _Work.get_future).
 skip: rank 1 skips an all_reduce that the others make and goes on to a
 barrier: every rank's call raises a DistError (collie's mismatch; on
-1.13 a RuntimeError), naming both ops and the ranks.
+1.13 a RuntimeError), naming both ops and the ranks. skip_async: the same
+with async_op=True, the error raised by the Work's wait() (on 1.13 and
+2.1 a Work PyTorch's C++ makes from a future did not raise it).
 Each rank writes what it got to DIR; the driver checks every report.
 """
 import os
@@ -38,14 +40,19 @@ def rank_side(out_dir, mode):
     torch.set_num_threads(1)
     dist.init_process_group("collie")
     rank = dist.get_rank()
-    if mode == "skip":
+    if mode in ("skip", "skip_async"):
         t = torch.ones(1000)
+        a = mode == "skip_async"
         try:
             if rank == 1:
-                dist.barrier()
+                w = dist.barrier(async_op=a)
             else:
-                dist.all_reduce(t)
-            dist.barrier()
+                w = dist.all_reduce(t, async_op=a)
+            if a:
+                w.wait()
+            w = dist.barrier(async_op=a)
+            if a:
+                w.wait()
         except Exception as e:  # noqa: BLE001 - reported, checked by the driver
             report(out_dir, rank, "raised", e)
             os._exit(3)  # the group has failed: nothing left to tear down
@@ -102,7 +109,7 @@ def driver(collie_run, mode):
                 failures.append(f"rank {r} raised {kind}, not one of {', '.join(kinds)}")
             if mode == "kill" and "rank 2" not in msg:
                 failures.append(f"rank {r}'s error does not name rank 2")
-            if mode == "skip" and not ("barrier" in msg and "allreduce" in msg and "rank" in msg):
+            if mode != "kill" and not ("barrier" in msg and "allreduce" in msg and "rank" in msg):
                 failures.append(f"rank {r}'s error does not name both ops and the ranks")
         if failures:
             print(said[-3000:])
