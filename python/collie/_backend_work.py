@@ -261,21 +261,27 @@ def _async():
     return caller != "waits" if ASYNC else caller in ("async", "backward")
 
 
-def _caller(frame, name):
-    """Who called the group's method `name`, `frame` being its caller's
-    frame: "waits" (torch.distributed's Python front, dist.all_reduce and
-    the rest, with async_op=False: it waits for the op before it returns),
-    "async" (the same with async_op=True: it hands the Work to the user),
-    "backward" (an all_reduce from the autograd engine, with no Python
-    caller or one in torch.autograd: PyTorch's DDP reducing a bucket), or
-    None."""
+def _caller(frame, name, tensor):
+    """Who called the group's method `name` on `tensor` (its first),
+    `frame` being its caller's frame: "waits" (torch.distributed's Python
+    front, dist.all_reduce and the rest, with async_op=False: it waits for
+    the op before it returns), "async" (the same with async_op=True, and
+    isend and irecv: it hands the Work to the user), "backward" (an
+    all_reduce of floating-point values from the autograd engine, with no
+    Python caller or one in torch.autograd: PyTorch's DDP reducing a
+    bucket), or None."""
     code = frame.f_code if frame is not None else None
     if code is not None and code.co_filename.endswith("distributed_c10d.py"):
+        if code.co_name in ("isend", "irecv"):  # the Work goes to Python (batch_isend_irecv too)
+            return "async"
         if "async_op" not in code.co_varnames:
             return None
         a = frame.f_locals.get("async_op")
         return "waits" if a is False else "async" if a is True else None
-    if name == "allreduce" and (code is None or _AUTOGRAD in code.co_filename.replace("\\", "/")):
+    # A bucket's gradients, not the reducer's int32 map of the parameters
+    # used, which its C++ waits for with wait() (that raises nothing there).
+    if (name == "allreduce" and tensor is not None and tensor.is_floating_point()
+            and (code is None or _AUTOGRAD in code.co_filename.replace("\\", "/"))):
         return "backward"
     return None
 
@@ -330,7 +336,7 @@ def _routed(method):
             frame = sys._getframe(1)
         except ValueError:  # no Python frame: called from C++ on a thread of its own
             frame = None
-        _tls.caller = _caller(frame, name)
+        _tls.caller = _caller(frame, name, t)
         try:
             return method(self, *args, **kwargs)
         finally:

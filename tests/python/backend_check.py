@@ -310,8 +310,22 @@ def case_point_to_point():
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     exact(got2, values(left + 5, 6), "batch_isend_irecv")
+    # The receive posted first, and more than the sockets hold: isend and
+    # irecv must return at once (on 1.13 and 2.1 they once waited in the
+    # call: every rank in its irecv, nobody sending).
+    big = 1 << 20
+    got3 = torch.zeros(big)
+    ops = [dist.P2POp(dist.irecv, got3, left), dist.P2POp(dist.isend, values(RANK + 9, big), right)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    exact(got3, values(left + 9, big), "batch_isend_irecv, the receive first, 4 MiB")
+    got4 = torch.zeros(big)
+    works = [dist.irecv(got4, src=left), dist.isend(values(RANK + 3, big), dst=right)]
+    for w in works:
+        w.wait()
+    exact(got4, values(left + 3, big), "irecv then isend, 4 MiB")
     dist.barrier()
-    return "send/recv, batch_isend_irecv, barrier"
+    return "send/recv, batch_isend_irecv, irecv before isend (4 MiB), barrier"
 
 
 class Branchy(torch.nn.Module):

@@ -49,12 +49,17 @@ def rank_side(out_dir, mode):
             else:
                 w = dist.all_reduce(t, async_op=a)
             if a:
-                w.wait()
+                try:
+                    w.wait()
+                except Exception as e:  # noqa: BLE001 - where the driver wants it
+                    report(out_dir, rank, "raised", e)
+                    os._exit(3)
             w = dist.barrier(async_op=a)
             if a:
                 w.wait()
         except Exception as e:  # noqa: BLE001 - reported, checked by the driver
-            report(out_dir, rank, "raised", e)
+            # skip_async: the error belongs in the first wait(), not in a call.
+            report(out_dir, rank, "raised in a call" if a else "raised", e)
             os._exit(3)  # the group has failed: nothing left to tear down
         report(out_dir, rank, "finished")
         return
