@@ -40,6 +40,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from soak_growth import METRICS, fd_growth, steady  # noqa: E402
+
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--collie-run", required=True)
 ap.add_argument("--train-mlp", required=True)
@@ -136,6 +139,26 @@ def fds(pid, files_of=None):
         return None
 
 
+def fd_kinds(pid, files_of):
+    """What `pid`'s descriptors are, as counts by kind ("socket", "pipe",
+    "anon_inode:[eventfd]", a file's path), not counting files under
+    `files_of`: what a report of growth shows."""
+    kinds = {}
+    try:
+        for name in os.listdir("/proc/%d/fd" % pid):
+            try:
+                t = os.readlink("/proc/%d/fd/%s" % (pid, name))
+            except OSError:
+                continue
+            if t.startswith(files_of + "/"):
+                continue
+            t = re.sub(r"^(socket|pipe):\[\d+\]$", r"\1", t)
+            kinds[t] = kinds.get(t, 0) + 1
+    except OSError:
+        pass
+    return kinds
+
+
 def rss_kib(pid):
     try:
         with open("/proc/%d/status" % pid) as f:
@@ -209,28 +232,12 @@ def reference(backend):
         return f.read(), time.monotonic() - began
 
 
-METRICS = ("launcher_fds", "rank_fds", "launcher_rss", "rank_rss")
-
-
-def steady(samples):
-    """{round: {metric: value}}: the most common count of descriptors (the
-    largest of a tie), the median RSS."""
-    out = {}
-    for rnd in sorted({x["round"] for x in samples}):
-        mine = [x for x in samples if x["round"] == rnd]
-        v = {}
-        for m in METRICS:
-            xs = sorted(x[m] for x in mine)
-            v[m] = max(xs, key=lambda y: (xs.count(y), y)) if m.endswith("fds") else xs[len(xs) // 2]
-        out[rnd] = v
-    return out
-
-
 def per_round(st):
     if not st:
         return "no settled samples"
     return ", ".join("%s %s" % (m.replace("_", " ") + (" KiB" if m.endswith("rss") else ""),
-                                "/".join(str(st[r][m]) for r in st)) for m in METRICS)
+                                "/".join("-" if st[r][m] is None else str(st[r][m])
+                                         for r in st)) for m in METRICS)
 
 
 backends = args.backends.split(",")
@@ -311,8 +318,10 @@ while time.monotonic() - start < args.duration:
             rf = [fds(q, files_of=work) for q in group]
             rr = [rss_kib(q) for q in group]
             if now - round_began[rnd] >= settle and None not in [lf, lr] + rf + rr:
+                most = group[rf.index(max(rf))]
                 job["samples"].append({"round": rnd, "launcher_fds": lf, "launcher_rss": lr,
-                                       "rank_fds": max(rf), "rank_rss": max(rr)})
+                                       "rank_fds": max(rf), "rank_rss": max(rr),
+                                       "rank_fd_kinds": fd_kinds(most, work)})
         shm_max = max(shm_max, shm_entries())
         shm_ours |= shm_used([p.pid] + list(ranks.values()) + list(SPARES.values()))
         time.sleep(args.sample_every)
@@ -413,9 +422,10 @@ for j in jobs:
     st = j["steady"]
     if len(st) > 1:
         r0, rn = min(st), max(st)
-        if any(st[r]["launcher_fds"] != st[r0]["launcher_fds"] for r in st):
+        counted = [st[r]["launcher_fds"] for r in st if st[r]["launcher_fds"] is not None]
+        if len(set(counted)) > 1:
             problems.append("job %d: the launcher's fds changed across restarts: %s"
-                            % (j["n"], [st[r]["launcher_fds"] for r in st]))
+                            % (j["n"], counted))
         if st[rn]["launcher_rss"] - st[r0]["launcher_rss"] > 1024 and not args.rss_report_only:
             problems.append("job %d: the launcher's RSS grew across restarts: %d -> %d KiB"
                             % (j["n"], st[r0]["launcher_rss"], st[rn]["launcher_rss"]))
@@ -431,12 +441,19 @@ for b in backends:
     for m, what in (("launcher_fds", "launcher fds"), ("launcher_rss", "launcher RSS KiB"),
                     ("rank_fds", "rank fds (the most of any rank)"),
                     ("rank_rss", "rank RSS KiB (the most of any rank)")):
-        (n0, r0, v0), (nz, rz, vz) = rounds[0], rounds[-1]
-        every = [v[m] for _, _, v in rounds]
+        judged = [(n, r, v) for n, r, v in rounds if v[m] is not None]
+        if len(judged) < 2:
+            say("%s: %s: fewer than two rounds with enough samples" % (b, what))
+            continue
+        (n0, r0, v0), (nz, rz, vz) = judged[0], judged[-1]
+        every = [v[m] for _, _, v in judged]
         say("%s: %s: job %d round %d %d -> job %d round %d %d (%d rounds: %d..%d)"
-            % (b, what, n0, r0, v0[m], nz, rz, vz[m], len(rounds), min(every), max(every)))
-        if m == "rank_fds" and max(every) > v0[m]:
-            problems.append("%s: rank fds grew from %d to %d" % (b, v0[m], max(every)))
+            % (b, what, n0, r0, v0[m], nz, rz, vz[m], len(judged), min(every), max(every)))
+        grew = fd_growth(rounds) if m == "rank_fds" else None
+        if grew:
+            problems.append("%s: rank fds grew from %d to %d: %s -> %s"
+                            % (b, grew[0][m], grew[1][m], grew[0]["rank_fd_kinds"],
+                               grew[1]["rank_fd_kinds"]))
         if m == "rank_rss" and max(every) > v0[m] + max(4096, v0[m] // 10) and \
                 not args.rss_report_only:
             problems.append("%s: rank RSS grew from %d to %d KiB" % (b, v0[m], max(every)))
