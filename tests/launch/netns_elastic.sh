@@ -54,11 +54,15 @@ fail() { echo "FAILED: $*"; exit 1; }
 grep -q 'killed the first rank 1 (pid' "$work/got.txt" || fail "rank 1 was never killed"
 grep -q 'killed the first rank 3 (pid' "$work/got.txt" || fail "the first rank 3 was never killed"
 # Each host's launcher replaced its own rank, drawing from the job's count.
-sed -n '/^== host a/,/^== host b/p' "$work/got.txt" |
-  grep -Eq 'collie-run: rank 1 was killed by signal SIGKILL; --elastic: starting it again \(1 of 2\)' ||
+# (Each host's part read whole, then searched: `sed | grep -q` under pipefail
+# fails where grep quits at its match while sed still writes.)
+host_a=$(sed -n '/^== host a/,/^== host b/p' "$work/got.txt")
+host_b=$(sed -n '/^== host b/,/^== the fault/p' "$work/got.txt")
+grep -Eq 'collie-run: rank 1 was killed by signal SIGKILL; --elastic: starting it again \(1 of 2\)' \
+  <<<"$host_a" ||
   fail "host a's launcher did not start rank 1 again as the job's first replacement"
-sed -n '/^== host b/,/^== the fault/p' "$work/got.txt" |
-  grep -Eq 'collie-run: rank 3 was killed by signal SIGKILL; --elastic: starting it again \(2 of 2\)' ||
+grep -Eq 'collie-run: rank 3 was killed by signal SIGKILL; --elastic: starting it again \(2 of 2\)' \
+  <<<"$host_b" ||
   fail "host b's launcher did not start rank 3 again as the job's second replacement"
 [ "$(grep -Ec '^\[0\] back at step [0-9]+ with 4 ranks' "$work/got.txt")" = 2 ] ||
   fail "rank 0 did not go on with 4 ranks after each kill"
