@@ -297,6 +297,50 @@ TEST(Algorithms, CompletionsOutOfOrderChangeNothing) {
     }
 }
 
+// Every rank ends an all-reduce with the same bits, where the inputs hold
+// NaNs of different payloads (rank r's at every (r + 2)th place, so some
+// places hold several): min, max and sum commute on numbers, not on NaNs,
+// so an algorithm that reduced in each rank's own operand order would leave
+// replicas apart (recursive doubling did, before 2026-12-05: one rank got
+// the NaN, its partner the number).
+TEST(Algorithms, EveryRankEndsWithTheSameBitsWhereInputsHoldNaNs) {
+  for (Algo a : {Algo::ring, Algo::rd})
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
+      for (int n : {2, 3, 4, 5, 8}) {
+        const size_t count = 1000;
+        std::vector<std::vector<float>> got(static_cast<size_t>(n));
+        FakeNetwork net(n);
+        auto results = testing::run_ranks(net, [&](int r, Transport& tr) {
+          algo::Scratch scratch;
+          OpDesc desc;
+          desc.op = OpKind::allreduce;
+          desc.dtype = DType::f32;
+          desc.redop = op;
+          desc.count = count;
+          desc.seq = 1;
+          algo::Ctx c{tr, desc, 64, scratch, Deadline::clock::now() + 120s};
+          std::vector<float> in(count), out(count);
+          for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((r + 1) * (i % 7)) - 3;
+          for (size_t i = 0; i < count; i += static_cast<size_t>(r) + 2) {
+            const uint32_t bits = 0x7fc00000u | static_cast<uint32_t>(r + 1);
+            std::memcpy(&in[i], &bits, sizeof bits);
+          }
+          if (a == Algo::ring)
+            algo::ring_allreduce(c, in.data(), out.data(), count, DType::f32, op);
+          else
+            algo::rd_allreduce(c, in.data(), out.data(), count, DType::f32, op);
+          got[static_cast<size_t>(r)] = out;
+          return std::string();
+        });
+        for (int r = 0; r < n; ++r) {
+          ASSERT_TRUE(results[r].ok) << name(a) << " rank " << r << ": " << results[r].error;
+          EXPECT_EQ(0, std::memcmp(got[r].data(), got[0].data(), count * sizeof(float)))
+              << name(a) << " " << to_string(op) << " at " << n << " ranks: rank " << r
+              << " differs from rank 0";
+        }
+      }
+}
+
 // A rank vanishes in the middle of a collective (after its k-th message):
 // every other rank gets peer_lost naming it, none hangs, none sees success.
 TEST(Algorithms, AVanishingPeerIsPeerLostOnEverySurvivor) {

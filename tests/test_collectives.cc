@@ -121,18 +121,34 @@ TEST(Allreduce, HalfPrecisionErrorWithinFormatBound) {
 }
 
 // Every rank must hold the same bits: DDP replicas drift apart otherwise.
+// Sums of random floats, and min, max and sum over inputs with NaNs of
+// different payloads on different ranks (where a reduction's operand order
+// decides which payload, or whether the NaN, comes out), even ranks in
+// place and odd ones out of place, at sizes for every path (shm's whole
+// buffer per rank at 2 ranks up to 512 KiB, its slices above).
 TEST(Allreduce, ResultsAreBitIdenticalOnEveryRank) {
   const int n = comm().size(), r = comm().rank();
-  for (size_t count : {size_t{5}, size_t{4099}, size_t{300007}}) {
-    auto v = testing::random_values(r, count, 7);
-    std::vector<float> x(v.begin(), v.end());
-    comm().allreduce(view_of(x.data(), count), ReduceOp::sum).wait();
-    std::vector<float> gathered(count * n);
-    comm().allgather(view_of(x.data(), count), view_of(gathered.data(), gathered.size())).wait();
-    for (int q = 0; q < n; ++q)
-      EXPECT_EQ(0, std::memcmp(gathered.data() + q * count, x.data(), count * sizeof(float)))
-          << "rank " << q << " differs from rank " << r << " at count " << count;
-  }
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
+    for (bool nans : {false, true})
+      for (size_t count : {size_t{5}, size_t{4099}, size_t{65537}, size_t{300007}}) {
+        if (op != ReduceOp::sum && !nans) continue;
+        auto v = testing::random_values(r, count, 7);
+        std::vector<float> in(v.begin(), v.end()), out(count, -1.0f);
+        if (nans)  // quiet NaNs, payload r + 1, at every (r + 2)th place: some shared
+          for (size_t i = 0; i < count; i += static_cast<size_t>(r) + 2) {
+            const uint32_t bits = 0x7fc00000u | static_cast<uint32_t>(r + 1);
+            std::memcpy(&in[i], &bits, sizeof bits);
+          }
+        const bool in_place = r % 2 == 0;
+        float* result = in_place ? in.data() : out.data();
+        comm().allreduce(view_of(in.data(), count), view_of(result, count), op).wait();
+        std::vector<float> gathered(count * n);
+        comm().allgather(view_of(result, count), view_of(gathered.data(), gathered.size())).wait();
+        for (int q = 0; q < n; ++q)
+          EXPECT_EQ(0, std::memcmp(gathered.data() + q * count, result, count * sizeof(float)))
+              << "rank " << q << " differs from rank " << r << " at count " << count << ", "
+              << to_string(op) << (nans ? " with NaNs" : "");
+      }
 }
 
 // The search for NaN and Inf inside an all-reduce (Communicator::allreduce

@@ -44,15 +44,22 @@ void rd_allreduce(const Ctx& c, const void* in, void* out, size_t count, DType t
     std::memcpy(out, in, bytes);
   }
   for (int k = 1; k < p; k <<= 1) {
-    // Both partners compute a op b on the same two operands; the ops are
-    // commutative, so every rank ends with bit-identical results.
+    // Both partners compute lower op upper, the lower rank's operand first,
+    // so that every rank ends with the same bits: the ops commute on
+    // numbers, not on NaNs (which NaN's payload a sum keeps, and whether
+    // min or max returns the NaN or the number depends on the order).
     exchange(r ^ k, out, tmp);
     int divisor = (op == ReduceOp::avg && k * 2 == p) ? n : 0;
-    if (seen && k == 1)
-      kernels::reduce_searching(t, op, out, out, tmp, count, divisor, *seen, 0, r < extra ? -1 : r,
-                                -1);
-    else
-      kernels::reduce(t, op, out, out, tmp, count, divisor);
+    const bool lower = (r & k) == 0;
+    const void* a = lower ? out : tmp;
+    const void* b = lower ? tmp : out;
+    if (seen && k == 1) {
+      const int own = r < extra ? -1 : r;
+      kernels::reduce_searching(t, op, out, a, b, count, divisor, *seen, 0, lower ? own : -1,
+                                lower ? -1 : own);
+    } else {
+      kernels::reduce(t, op, out, a, b, count, divisor);
+    }
   }
   if (op == ReduceOp::avg && p == 1) kernels::divide(t, out, out, count, n);
   if (r < extra) exchange(r + p, out, nullptr);
