@@ -49,6 +49,17 @@ TEST(ShmChoose, DirectReadsFrom32KiBOr256KiBWhenCrowdedAndNeverWithoutCma) {
   EXPECT_FALSE(direct_size(64 << 20, o));
 }
 
+// Two ranks reduce the whole buffer each up to 512 KiB (one wait); more
+// ranks, or more bytes, a slice each.
+TEST(ShmChoose, TwoRanksReduceTheWholeBufferUpTo512KiB) {
+  EXPECT_EQ(kWholeMax, 512u * 1024);
+  EXPECT_TRUE(whole_size(2, kDirectMin));
+  EXPECT_TRUE(whole_size(2, kWholeMax));
+  EXPECT_FALSE(whole_size(2, kWholeMax + 1));
+  EXPECT_FALSE(whole_size(3, 64 * 1024));
+  EXPECT_FALSE(whole_size(4, kDirectMin));
+}
+
 TEST(ShmChoose, BroadcastReadsDirectlyUpToTwoRounds) {
   const Offer o = two_ranks();
   EXPECT_FALSE(broadcast_direct_size(16 * 1024, o));  // below the direct minimum

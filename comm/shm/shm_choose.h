@@ -31,6 +31,13 @@ inline constexpr size_t kDirectMin = 32 * 1024;
 // all-reduce read directly (six system calls per rank) was 0.69-0.82 x the
 // rounds; from 256 KiB about level or faster (bench/RESULTS.md).
 inline constexpr size_t kDirectMinCrowded = 256 * 1024;
+// A direct all-reduce of 2 ranks up to this size reduces the whole buffer
+// on each rank, reading the peer's whole input: one wait instead of two.
+// Measured against the reduce-scatter and all-gather (7 interleaved runs):
+// 64-256 KiB 0.66-0.74 x the time, 512 KiB 0.93 x, 1 MiB 1.14 x, 2 MiB
+// 1.36 x (past the L2, the second read of the whole input costs more than
+// the wait it saves; bench/RESULTS.md).
+inline constexpr size_t kWholeMax = 512 * 1024;
 // A direct all-reduce reduces a peer's data in pieces of a round / this.
 inline constexpr size_t kDirectPieces = 4;
 // The in-place all-reduce's slice per rank and step.
@@ -57,6 +64,12 @@ inline Path small_path(int ranks, size_t bytes, const Offer& o) {
 // memory (the caller also checks that the kernel can pin its buffers).
 inline bool direct_size(size_t bytes, const Offer& o) {
   return o.reads_peers && bytes >= (o.crowded ? kDirectMinCrowded : kDirectMin);
+}
+
+// Whether a direct all-reduce of `bytes` among `ranks` reduces the whole
+// buffer on each rank (rather than a slice each, then gathered).
+inline bool whole_size(int ranks, size_t bytes) {
+  return ranks == 2 && bytes <= kWholeMax;
 }
 
 // A broadcast reads the root directly only up to two rounds (one L2): in

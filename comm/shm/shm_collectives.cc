@@ -214,6 +214,10 @@ inline void ShmRunner::allreduce(const Op& op, const What& what, Deadline dl) {
     return allreduce_shared(op, what, dl);
   }
   if (direct && everyone_direct(d.seq)) {
+    if (whole_size(n_, bytes)) {
+      trace::algorithm(op, "whole");
+      return allreduce_whole(op, what, dl);
+    }
     trace::algorithm(op, "direct");
     return allreduce_direct(op, what, dl);
   }
@@ -345,6 +349,51 @@ inline void ShmRunner::allreduce_direct(const Op& op, const What& what, Deadline
   }
   seg_.advance();
   seg_.wait_all(what, dl);
+}
+
+// Two ranks, up to kWholeMax (shm_choose.h): each rank reduces the whole
+// buffer, reading the peer's whole input, so one wait instead of
+// allreduce_direct's two. Rank 0's term first on both ranks, so that both
+// end with the same bits (min and max of a NaN, a NaN's payload). Out of
+// place, a piece at a time into the output, then the wait keeps each input
+// unchanged until the peer has read it; in place, the peer's input read
+// whole into scratch, the wait (the peer has read this rank's input), then
+// the reduction into the buffer. Ranks may differ in place or not: each
+// waits once, and writes nothing the peer still reads. With op.seen each
+// rank searches its own input, as the one-step path does.
+inline void ShmRunner::allreduce_whole(const Op& op, const What& what, Deadline dl) {
+  const OpDesc& d = op.desc;
+  const DType t = op.in.dtype;
+  const size_t es = dtype_size(t), count = op.in.numel;
+  const int peer = 1 - me_;
+  const bool in_place = op.in.data == op.out.data;
+  const size_t piece = in_place ? count : direct_piece(offer_, es);
+  if (scratch_.size() < piece * es) scratch_.resize(piece * es);
+  const auto* own = static_cast<const uint8_t*>(op.in.data);
+  auto* dst = static_cast<uint8_t*>(op.out.data);
+  const uint64_t from = seg_.desc(peer, d.seq).large.in_addr;
+  const int divisor = d.redop == ReduceOp::avg ? 2 : 0;
+  for (size_t off = 0; off < count; off += piece) {
+    seg_.check();  // a peer's abort, before the next piece, not the next wait
+    const size_t m = std::min(piece, count - off);
+    seg_.read_peer(peer, scratch_.data(), from + off * es, m * es, what);
+    if (in_place) {
+      seg_.advance();
+      seg_.wait_all(what, dl);
+    }
+    const uint8_t* mine = own + off * es;
+    const void* a = me_ == 0 ? mine : scratch_.data();
+    const void* b = me_ == 0 ? static_cast<const void*>(scratch_.data()) : mine;
+    if (op.seen)
+      kernels::reduce_searching(t, d.redop, dst + off * es, a, b, m, divisor, *op.seen, off,
+                                me_ == 0 ? 0 : -1, me_ == 1 ? 1 : -1);
+    else
+      kernels::reduce(t, d.redop, dst + off * es, a, b, m, divisor);
+  }
+  if (!in_place) {
+    seg_.advance();
+    seg_.wait_all(what, dl);
+  }
 }
 
 inline bool ShmRunner::everyone_shared(uint32_t seq) {

@@ -146,6 +146,7 @@ class ShmRunner final : public HostRunner {
   // slice a rank reads from a peer's buffer in the first half is one that
   // peer only writes in the second.
   void allreduce_direct(const Op& op, const What& what, Deadline dl);
+  void allreduce_whole(const Op& op, const What& what, Deadline dl);
 
   bool everyone_shared(uint32_t seq);
 
