@@ -373,14 +373,13 @@ inline void ShmRunner::allreduce_whole(const Op& op, const What& what, Deadline 
   auto* dst = static_cast<uint8_t*>(op.out.data);
   const uint64_t from = seg_.desc(peer, d.seq).large.in_addr;
   const int divisor = d.redop == ReduceOp::avg ? 2 : 0;
-  for (size_t off = 0; off < count; off += piece) {
+  // Elements [off, off + m): the peer's, read into scratch, reduced with
+  // this rank's own, rank 0's term first.
+  auto read = [&](size_t off, size_t m) {
     seg_.check();  // a peer's abort, before the next piece, not the next wait
-    const size_t m = std::min(piece, count - off);
     seg_.read_peer(peer, scratch_.data(), from + off * es, m * es, what);
-    if (in_place) {
-      seg_.advance();
-      seg_.wait_all(what, dl);
-    }
+  };
+  auto reduce = [&](size_t off, size_t m) {
     const uint8_t* mine = own + off * es;
     const void* a = me_ == 0 ? mine : scratch_.data();
     const void* b = me_ == 0 ? static_cast<const void*>(scratch_.data()) : mine;
@@ -389,11 +388,21 @@ inline void ShmRunner::allreduce_whole(const Op& op, const What& what, Deadline 
                                 me_ == 0 ? 0 : -1, me_ == 1 ? 1 : -1);
     else
       kernels::reduce(t, d.redop, dst + off * es, a, b, m, divisor);
-  }
-  if (!in_place) {
+  };
+  if (in_place) {  // read, wait, write
+    read(0, count);
     seg_.advance();
     seg_.wait_all(what, dl);
+    reduce(0, count);
+    return;
   }
+  for (size_t off = 0; off < count; off += piece) {  // read and write, then wait
+    const size_t m = std::min(piece, count - off);
+    read(off, m);
+    reduce(off, m);
+  }
+  seg_.advance();
+  seg_.wait_all(what, dl);
 }
 
 inline bool ShmRunner::everyone_shared(uint32_t seq) {
