@@ -462,8 +462,7 @@ CASES = {"all_reduce": case_all_reduce, "collie_ddp": case_collie_ddp_on_the_bac
 
 
 def main():
-    check_cases.run(CASES, sys.argv[1:] or list(CASES), Failed, RANK, WORLD, group=GLOO,
-                    destroy=True)
+    check_cases.run(CASES, sys.argv[1:] or list(CASES), Failed, RANK, WORLD, group=GLOO)
 
 
 if __name__ == "__main__":

@@ -200,4 +200,4 @@ CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case
 
 if __name__ == "__main__":
     names = sys.argv[2:] or list(CASES)
-    check_cases.run(CASES, names, Failed, RANK, WORLD, destroy=True)
+    check_cases.run(CASES, names, Failed, RANK, WORLD)

@@ -18,7 +18,7 @@ def check(cond, what):
         raise Failed(what)
 
 
-def run(cases, names, failed_type, rank, world, group=None, destroy=False):
+def run(cases, names, failed_type, rank, world, group=None):
     """Runs cases[name]() for each name: its return value is the ok line's
     text; failed_type (the check's own assertion) fails it with its
     message, any other exception with its traceback. Then finish()."""
@@ -31,18 +31,30 @@ def run(cases, names, failed_type, rank, world, group=None, destroy=False):
         except Exception:  # noqa: BLE001 - a crashed case fails with its traceback
             verdict, failed = f"FAIL {name}: {traceback.format_exc()}", failed + 1
         print(f"[rank {rank} of {world}] {verdict}", flush=True)
-    finish(failed, len(names), rank, group, destroy)
+    finish(failed, len(names), rank, group)
 
 
-def finish(failed, total, rank, group=None, destroy=False):
+def finish(failed, total, rank, group=None):
     """Sums the failures over the ranks (on `group`), prints the summary on
-    rank 0, destroys the process group if asked, and exits 1 if any rank
-    failed."""
+    rank 0, destroys the process groups and exits 1 if any rank failed.
+
+    The groups go before the interpreter does: Gloo's worker thread drops
+    the Work of the last all-reduce (and with it the Python tensor) after
+    wait() returns, and a thread that takes the GIL while Python finalizes
+    is ended by pthread_exit inside a noexcept destructor: "terminate called
+    without an active exception", SIGABRT, after every case passed
+    (pytorch/pytorch#190489; PyTorch's docs ask for destroy_process_group)."""
     flag = torch.tensor([failed])
     dist.all_reduce(flag, group=group)
     if rank == 0:
         print(f"{total - failed} passed, {failed} failed (torch {torch.__version__}; "
               f"{int(flag)} failures on all ranks)", flush=True)
-    if destroy:
-        dist.destroy_process_group()
+    exit_cleanly()
     sys.exit(1 if int(flag) else 0)
+
+
+def exit_cleanly():
+    """Destroys every process group of this process, if there is one, so
+    that no Gloo worker thread outlives the interpreter (see finish())."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

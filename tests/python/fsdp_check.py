@@ -99,7 +99,7 @@ def main():
                  "fresh model, 2 more steps" + (f": {why}" if why else ": equal to the original"))
     for line in lines:
         print(f"[rank {RANK} of {WORLD}] {line}", flush=True)
-    check_cases.finish(failed, len(lines), RANK, group=GLOO, destroy=True)
+    check_cases.finish(failed, len(lines), RANK, group=GLOO)
 
 
 if __name__ == "__main__":

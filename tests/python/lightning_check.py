@@ -50,6 +50,7 @@ except ImportError:
     import pytorch_lightning as pl
 
 import collie  # noqa: E402
+from check_cases import exit_cleanly  # noqa: E402 - no Gloo thread outlives the interpreter
 import collie.lightning as cl  # noqa: E402
 import collie.torch as ct  # noqa: E402
 
@@ -455,6 +456,7 @@ def script_launcher(names):
         print(f"collie.lightning ({pl.__name__} {pl.__version__}, torch {torch.__version__}): "
               f"{len(names) - len(failures)} passed, {len(failures)} failed on rank 0; "
               f"{int(flag)} failures on all ranks", flush=True)
+    exit_cleanly()
     sys.exit(1 if int(flag) else 0)
 
 
@@ -514,6 +516,7 @@ def main():
         for p in children:
             if p.wait() != 0:
                 flag += 1
+        exit_cleanly()
         sys.exit(1 if int(flag) else 0)
     names = args or list(CASES)
     for n in names:
