@@ -12,6 +12,7 @@ init_method is an error that names it. Prints one line per method, then
 "N passed, N failed".
 """
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -113,6 +114,7 @@ def main():
     except (ValueError, RuntimeError) as e:
         print(f"ok   a bad init_method: {type(e).__name__}: {str(e)[:80]}")
     print(f"{len(methods) + 1 - failed} passed, {failed} failed (torch {torch.__version__})")
+    shutil.rmtree(tmp)
     sys.exit(1 if failed else 0)
 
 

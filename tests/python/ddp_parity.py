@@ -10,6 +10,7 @@ of the same training on every rank's data. Every rank prints its verdicts;
 the process exits non-zero when a check failed on any rank.
 """
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -731,7 +732,9 @@ def main():
             sys.stderr.flush()
             os._exit(1)
     flag = torch.tensor([len(failures)])
-    dist.all_reduce(flag)
+    dist.all_reduce(flag)  # also: every rank is done with rank 0's folder
+    if RANK == 0:
+        shutil.rmtree(shared[0])
     dist.destroy_process_group()
     sys.exit(1 if int(flag) else 0)
 

@@ -20,6 +20,7 @@ The harness around it, without touching the tutorial's code:
 Prints a line per demo and world size, then "N passed, N failed".
 """
 import os
+import shutil
 import sys
 import tempfile
 
@@ -204,6 +205,7 @@ def main():
             os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="collie-tutorial-")
             try:
                 run_demo(_CHECKED[demo.__name__], world_size)
+                shutil.rmtree(os.environ["TMPDIR"])
                 print(f"ok   {demo.__name__}, {world_size} ranks: one step, every rank equal to "
                       "the serial replay", flush=True)
                 passed += 1

@@ -16,6 +16,7 @@ needs CUDA even over Gloo, so earlier PyTorches skip (77).
 Prints "N passed, N failed".
 """
 import os
+import shutil
 import sys
 import tempfile
 
@@ -89,6 +90,9 @@ def main():
     state = {"model": loaded.state_dict()}
     dcp.load(state, checkpoint_id=box[0])
     loaded.load_state_dict(state["model"])
+    dist.barrier()  # every rank has read it: rank 0 removes the folder
+    if RANK == 0:
+        shutil.rmtree(box[0])
     why = differs(full(loaded), full(ours), 0)
     if why is None:
         train(ours, our_opt, 2, first=5)

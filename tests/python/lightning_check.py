@@ -529,7 +529,15 @@ if __name__ == "__main__":
     os.environ.setdefault("COLLIE_TIMEOUT", "120")
     # One folder for every rank (Lightning's script launcher starts the
     # others from rank 0, with its environment).
-    if "COLLIE_LIGHTNING_CHECK_DIR" not in os.environ:
+    # The process that made it (rank 0, or spawn's main process) removes it
+    # when main() exits, after the ranks it started have.
+    made = "COLLIE_LIGHTNING_CHECK_DIR" not in os.environ
+    if made:
         import tempfile
         os.environ["COLLIE_LIGHTNING_CHECK_DIR"] = tempfile.mkdtemp(prefix="collie-lightning-")
-    main()
+    try:
+        main()
+    finally:
+        if made:
+            import shutil
+            shutil.rmtree(os.environ["COLLIE_LIGHTNING_CHECK_DIR"], ignore_errors=True)

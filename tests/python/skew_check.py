@@ -15,6 +15,7 @@ rank 1 would have arrived, and never hang. Each rank writes what happened
 to DIR; the driver checks the reports.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,6 +102,7 @@ def run(collie_run, delay):
     for r in range(3):
         path = os.path.join(out, f"rank{r}")
         reports[r] = open(path).read().split("\n", 2) if os.path.exists(path) else None
+    shutil.rmtree(out)
     return job, reports
 
 
