@@ -309,6 +309,39 @@ void Segment::read_peer(int r, void* local, uint64_t remote, size_t len, const W
   }
 }
 
+Segment::Mapping::~Mapping() {
+  if (base) munmap(base, bytes);
+}
+
+uint8_t* Segment::peer_buffer(int r, const DescSlot& s, const What& what) {
+  Mapping& m = mapped_[{r, s.reg_id}];
+  m.used = ++uses_;
+  if (!m.base) {
+    // A peer's freed region stays alive while it is mapped here: keep at
+    // most kMaxMapped, dropping the one used longest ago (reopened if it
+    // comes back).
+    if (mapped_.size() > kMaxMapped) {
+      auto old = mapped_.begin();
+      for (auto it = mapped_.begin(); it != mapped_.end(); ++it)
+        if (it->second.used < old->second.used) old = it;
+      mapped_.erase(old);
+    }
+    try {
+      m.base = static_cast<uint8_t*>(
+          shared_file::open(info(r).pid, s.large.reg_fd, s.large.reg_bytes, names_(me_),
+                            names_(r) + "'s shared buffer of " + what.str()));
+    } catch (const Error&) {
+      // A peer that died (its /proc entry is gone) or aborted is the cause
+      // to report, as a lost peer, not the open that failed because of it.
+      mapped_.erase({r, s.reg_id});
+      blame_peer(r, what);
+      throw;
+    }
+    m.bytes = s.large.reg_bytes;
+  }
+  return m.base + s.large.reg_offset;
+}
+
 void Segment::blame_peer(int peer, const What& what) {
   check();
   if (std::string why = gone(peer, what); !why.empty()) throw Error(ErrorCode::peer_lost, why);

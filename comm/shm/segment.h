@@ -48,9 +48,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/config.h"
@@ -224,6 +226,10 @@ class Segment {
   // Reads `len` bytes at `remote` in rank r's address space into `local`;
   // throws naming r and `what` when it cannot (r died: peer_lost).
   void read_peer(int r, void* local, uint64_t remote, size_t len, const What& what);
+  // Rank r's registered region that its descriptor `s` names, mapped here
+  // (opened through /proc on the first op that names it, then kept until
+  // the segment goes; at most kMaxMapped, the least recently used dropped).
+  uint8_t* peer_buffer(int r, const DescSlot& s, const What& what);
 
   // Where waiters for every rank sleep: its value is the lowest phase all
   // ranks have reached, as last seen by a rank that moved it.
@@ -381,6 +387,19 @@ class Segment {
   bool crowded_ = false;  // more ranks than those CPUs
   int slot_ = -1;         // the CPU line this rank is registered on
   std::chrono::microseconds yield_{0};  // crowded: yield_for's budget (0: sleep at once)
+  // Peers' registered regions mapped here (peer_buffer).
+  struct Mapping {
+    uint8_t* base = nullptr;
+    size_t bytes = 0;
+    uint64_t used = 0;
+    Mapping() = default;
+    Mapping(const Mapping&) = delete;
+    Mapping& operator=(const Mapping&) = delete;
+    ~Mapping();
+  };
+  static constexpr size_t kMaxMapped = 64;
+  std::map<std::pair<int, uint64_t>, Mapping> mapped_;  // (rank, region id)
+  uint64_t uses_ = 0;
 };
 
 }  // namespace collie::shm
