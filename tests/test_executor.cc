@@ -29,6 +29,12 @@ class GatedRunner final : public HostRunner {
   void run_collective(const Op& op, Deadline deadline) override {
     std::unique_lock lk(mu_);
     ran.push_back(op.desc.seq);
+    threads.insert(std::this_thread::get_id());
+    if (++inside_ > 1) overlapped = true;  // another op is still in here
+    struct Leave {
+      int& n;
+      ~Leave() { --n; }
+    } leave{inside_};
     cv_.notify_all();
     cv_.wait_until(lk, deadline, [&] { return open_.count(op.desc.seq) || latch_->failed(); });
     if (latch_->failed()) throw *latch_->get();
@@ -85,6 +91,8 @@ class GatedRunner final : public HostRunner {
   }
 
   std::vector<uint32_t> ran;
+  std::set<std::thread::id> threads;  // that ran collectives
+  bool overlapped = false;            // an op entered while another was inside
   std::vector<size_t> batch_sizes;
   bool aborted = false, closed = false;
   int woken = 0;
@@ -95,6 +103,7 @@ class GatedRunner final : public HostRunner {
   std::condition_variable cv_;
   std::set<uint32_t> open_;
   bool in_p2p_ = false, late_issued_ = false;
+  int inside_ = 0;  // ops in run_collective now
 };
 
 struct Fixture {
@@ -135,18 +144,22 @@ TEST(Executor, AnOpsDeadlineIsTheTimeoutFromNowOnSteadyClock) {
   }
 }
 
+// Later ops opened first still wait for the first: the runner sees them
+// one at a time (none enters while another is inside), in issue order, on
+// one thread. No sleep: an executor that let an op overtake or overlap
+// would show it in the order, the overlap flag or the threads.
 TEST(Executor, OpsRunOneAtATimeInIssueOrder) {
   Fixture f;
   std::vector<Work> w;
   for (uint32_t k = 1; k <= 4; ++k) w.push_back(f.collective(k));
   for (uint32_t k = 4; k >= 2; --k) f.runner.open(k);  // later ones first: they still wait
   f.runner.wait_started(1);
-  std::this_thread::sleep_for(20ms);
-  EXPECT_EQ(f.runner.ran, std::vector<uint32_t>{1});
   EXPECT_FALSE(w[1].done());
   f.runner.open(1);
   for (auto& x : w) x.wait(5s);
   EXPECT_EQ(f.runner.ran, (std::vector<uint32_t>{1, 2, 3, 4}));
+  EXPECT_FALSE(f.runner.overlapped);
+  EXPECT_EQ(f.runner.threads.size(), 1u);
 }
 
 // Ops nobody waits for still run: the progress thread takes them whether a
