@@ -247,10 +247,14 @@ TEST_F(Launcher, AKilledRanksLastWordsAreInTheSummary) {
 // moment later and says so (peer_lost, naming it) before it exits; stopping
 // it at once used to cut that off.
 TEST_F(Launcher, OtherRanksOwnErrorsAreKeptNotCutOff) {
+  // Rank 0 speaks once collie-run has seen rank 1 end (others_outlive_rank_1's
+  // signal), not after a sleep that hoped to come after it.
   auto r = run({"-n", "3", "sh", "-c",
                 "case $RANK in "
-                "  1) exit 1;; "
-                "  0) sleep 0.3; echo 'rank 0: lost rank 1 (its connection closed)' >&2; exit 2;; "
+                "  1) echo $$ > $T/pid.tmp && mv $T/pid.tmp $T/pid.1; exit 1;; "
+                "  0) while [ ! -e $T/pid.1 ]; do sleep 0.01; done; "
+                "     while kill -0 $(cat $T/pid.1) 2>/dev/null; do sleep 0.01; done; "
+                "     echo 'rank 0: lost rank 1 (its connection closed)' >&2; exit 2;; "
                 "esac; sleep 60"});
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_TRUE(contains(r.err, "[0] rank 0: lost rank 1 (its connection closed)")) << r.err;
