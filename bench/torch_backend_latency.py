@@ -90,3 +90,7 @@ for nbytes in (8, 1024, 65536, 1 << 20, 16 << 20):
               f"backend/gloo {b / g:5.2f}  backend overhead {b - c:7.1f} us (front {f:4.1f} us)"
               + (f"  C++ backend {x:9.1f} us (overhead {x - c:7.1f} us)" if cpp is not None
                  else ""), flush=True)
+
+# Every group before the interpreter goes: a Gloo worker thread that drops
+# its last Work while Python finalizes aborts the process (pytorch/pytorch#190489).
+dist.destroy_process_group()
