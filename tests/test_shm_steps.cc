@@ -119,8 +119,7 @@ std::string run_call(const Call& c, uint32_t seq, int r, int n, Steps& steps, co
   const size_t out_elems = c.kind == OpKind::reduce_scatter ? c.count : c.count * blocks;
   Buffer in(in_elems * es, c.registered, 0), out(out_elems * es, c.registered, 0xcd);
   auto value = [&](int rank, size_t i) { return exact_value(c.op, rank, i, salt); };
-  for (size_t i = 0; i < in_elems; ++i)
-    put(c.t, in.data, i, c.kind == OpKind::allgather ? value(r, i) : value(r, i));
+  for (size_t i = 0; i < in_elems; ++i) put(c.t, in.data, i, value(r, i));
   uint8_t* dst = out.data;
   if (c.in_place) {
     if (c.kind == OpKind::allgather) {  // this rank's block of the output is the input
@@ -264,18 +263,24 @@ TEST(ShmSteps, EveryPathMatchesTheSerialReferenceAt1To8Ranks) {
       EXPECT_TRUE(paths[kind].count(name)) << kind << " never took its " << name << " path";
 }
 
+// Op number 1, an in-place f32 sum over the first `count` elements of buf.
+Op first_allreduce(std::vector<float>& buf, size_t count) {
+  Op op;
+  op.desc.op = OpKind::allreduce;
+  op.desc.dtype = DType::f32;
+  op.desc.seq = 1;
+  op.desc.count = count;
+  op.in = op.out = TensorView{buf.data(), DType::f32, count, Device::cpu()};
+  return op;
+}
+
 // Ranks that call different collectives: every rank's error names the other
 // call, before any data moves.
 TEST(ShmSteps, RanksThatDisagreeGetAMismatchNamingTheOther) {
   FakeShmWorld w(3, 4096, 512, true);
   auto said = on_ranks(w, [&](int r, Steps& steps) {
     std::vector<float> buf(100, 1.0f);
-    Op op;
-    op.desc.op = OpKind::allreduce;
-    op.desc.dtype = DType::f32;
-    op.desc.seq = 1;
-    op.desc.count = r == 2 ? 99 : 100;  // rank 2 passes one element fewer
-    op.in = op.out = TensorView{buf.data(), DType::f32, op.desc.count, Device::cpu()};
+    const Op op = first_allreduce(buf, r == 2 ? 99 : 100);  // rank 2 passes one element fewer
     steps.collective(op, Deadline::clock::now() + 10s);
     return std::string("returned");
   });
@@ -292,12 +297,7 @@ TEST(ShmSteps, ARankThatNeverCallsTimesOutItsPartnersNamingIt) {
   auto said = on_ranks(w, [&](int r, Steps& steps) {
     if (r == 3) return std::string("stayed away");
     std::vector<float> buf(20000, 1.0f);  // a direct all-reduce
-    Op op;
-    op.desc.op = OpKind::allreduce;
-    op.desc.dtype = DType::f32;
-    op.desc.seq = 1;
-    op.desc.count = buf.size();
-    op.in = op.out = TensorView{buf.data(), DType::f32, buf.size(), Device::cpu()};
+    const Op op = first_allreduce(buf, buf.size());
     steps.collective(op, Deadline::clock::now() + 200ms);
     return std::string("returned");
   });
@@ -315,12 +315,7 @@ TEST(ShmSteps, AVanishingOrAbortingRankIsNamedOnEverySurvivor) {
     FakeShmWorld w(3, 4096, 512, false);
     auto said = on_ranks(w, [&](int r, Steps& steps) {
       std::vector<float> buf(20000, 1.0f);  // rounds: several waits
-      Op op;
-      op.desc.op = OpKind::allreduce;
-      op.desc.dtype = DType::f32;
-      op.desc.seq = 1;
-      op.desc.count = buf.size();
-      op.in = op.out = TensorView{buf.data(), DType::f32, buf.size(), Device::cpu()};
+      const Op op = first_allreduce(buf, buf.size());
       if (r == 1) {
         // Its arrival, then nothing more: gone, or given up.
         FakeSegment& seg = steps.segment();
