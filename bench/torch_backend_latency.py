@@ -6,7 +6,10 @@
 Sizes 8 B to 16 MiB (f32); per size the median over 9 rounds of back-to-back
 calls (200 up to 64 KiB, 20 above), after 20 warm-ups, the calls taking
 turns round by round; rank 0 prints.
-"backend overhead" is the backend's time minus collie's own call's;
+"C call" is collie's blocking all-reduce called as C calls it (collie-bench's
+call; from Python, through ctypes, its tensor described once);
+"Communicator.allreduce" is collie's own Python API's call;
+"backend overhead" is the backend's time minus the C call's;
 "front" is dist.all_reduce's time on a Python group that does nothing
 (PyTorch's own share of any Python backend's call). --cpp
 adds the backend written as a C++ extension ("collie_cpp",
@@ -19,7 +22,9 @@ import time
 import torch
 import torch.distributed as dist
 
+import collie
 import collie.distributed
+from collie import _lib
 
 torch.set_num_threads(1)
 dist.init_process_group("collie")
@@ -34,11 +39,15 @@ class _Ended(torch._C._distributed_c10d.Work):
         return True
 
 
+_ENDED = _Ended()
+
+
 class _Nothing(dist.ProcessGroup):
-    """A group whose all_reduce does nothing: what PyTorch's front costs."""
+    """A group whose all_reduce does nothing (and returns one ended Work for
+    all): what PyTorch's front costs."""
 
     def allreduce(self, tensors, opts=None):
-        return _Ended()
+        return _ENDED
 
     def getBackendName(self):
         return "nothing"
@@ -76,18 +85,31 @@ def bench(fns, n, rounds=9):
     return [statistics.median(x) * 1e6 for x in ts]
 
 
-for nbytes in (8, 1024, 65536, 1 << 20, 16 << 20):
+def c_call(t):
+    """collie's blocking all-reduce of t as a C caller makes it (what
+    collie-bench times): one call into the C ABI, its tensor described
+    once, outside the timing."""
+    desc = collie.as_tensor(t)
+    fn, h = _lib.lib.collie_comm_allreduce, comm._h
+
+    def call():
+        _lib.check(fn(h, desc, desc, 0, None))
+    return call
+
+
+for nbytes in (8, 1024, 65536, 256 << 10, 1 << 20, 16 << 20):
     t = torch.ones(nbytes // 4)
     n = 200 if nbytes <= 65536 else 20
     fns = [lambda: dist.all_reduce(t), lambda: dist.all_reduce(t, group=gloo),
-           lambda: comm.allreduce(t), lambda: dist.all_reduce(t, group=nothing)]
+           c_call(t), lambda: dist.all_reduce(t, group=nothing), lambda: comm.allreduce(t)]
     if cpp is not None:
         fns.append(lambda: dist.all_reduce(t, group=cpp))
-    b, g, c, f, *x = bench(fns, n)
+    b, g, c, f, p, *x = bench(fns, n)
     x = x[0] if x else float("nan")
     if rank == 0:
-        print(f"{nbytes:>10} B  backend {b:9.1f} us  gloo {g:9.1f} us  collie direct {c:9.1f} us  "
-              f"backend/gloo {b / g:5.2f}  backend overhead {b - c:7.1f} us (front {f:4.1f} us)"
+        print(f"{nbytes:>10} B  backend {b:9.1f} us  gloo {g:9.1f} us  C call {c:9.1f} us  "
+              f"Communicator.allreduce {p:9.1f} us  backend/gloo {b / g:5.2f}  "
+              f"backend overhead {b - c:7.1f} us = {100 * (b - c) / c:5.1f} % (front {f:4.1f} us)"
               + (f"  C++ backend {x:9.1f} us (overhead {x - c:7.1f} us)" if cpp is not None
                  else ""), flush=True)
 
