@@ -35,7 +35,8 @@ import torch.distributed as dist
 
 from . import _lib
 from . import torch_dtype_code
-from ._backend_work import _async, _coalesced, _current_stream, _make_work, _routed
+from ._backend_work import (_allreduce_now, _async, _coalesced, _current_stream, _make_work,
+                            _routed)
 
 __all__ = ["ProcessGroupCollie", "BACKEND", "backend_of", "init_process_group", "launcher_env"]
 
@@ -211,11 +212,11 @@ class ProcessGroupCollie(dist.ProcessGroup):
 
     # ---- collectives -------------------------------------------------------------
 
-    @_routed
     def allreduce(self, tensors, opts=None):
         t = self._tensor(self._one(tensors, "all_reduce"), "all_reduce")
         op = _reduce_op(opts)
         return _make_work(self._comm.allreduce(t, op=op, async_op=_async()), [t])
+    allreduce = _routed(allreduce, now=_allreduce_now)  # dist.all_reduce(t): a shortcut
 
     @_routed
     def allreduce_coalesced(self, tensors, opts=None):

@@ -12,6 +12,8 @@ group of the same ranks beside it:
   * all_to_all and all_to_all_single, even and uneven, against the blocks
     each rank sent and against Gloo;
   * monitored_barrier: passes with every rank, names the ranks missing;
+  * dist.all_reduce(t) waited for goes through the shortcut to collie's C
+    call, async_op=True does not;
   * async ops: wait(), is_completed(), get_future()'s value; the call
     returns before the other ranks have called theirs;
   * collie's own DDP in the same job: on the backend's communicator;
@@ -107,6 +109,34 @@ def case_all_reduce():
     else:
         check(torch.allclose(a, b, rtol=1e-6, atol=1e-6), "random float32 against Gloo")
     return f"{len(ops)} ops x {len(DTYPES)} dtypes exact; {compared} also against Gloo"
+
+
+def case_all_reduce_shortcut():
+    """dist.all_reduce(t) of one CPU tensor, waited for, goes straight to
+    collie's blocking C call (collie._backend_work._allreduce_now);
+    async_op=True takes the general path. Both sum right."""
+    from collie import _backend_work
+    real, calls = _backend_work._ALLREDUCE, []
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+    want = sum(values(r, n=9) for r in range(WORLD))
+    dist.all_reduce(values(RANK, n=9))  # float32 met: the shortcut knows its code
+    _backend_work._ALLREDUCE = counted
+    try:
+        t = values(RANK, n=9)
+        dist.all_reduce(t)
+        check(len(calls) == 1, f"dist.all_reduce(t) made {len(calls)} shortcut calls, not 1")
+        exact(t, want, "all_reduce through the shortcut")
+        del calls[:]
+        t = values(RANK, n=9)
+        dist.all_reduce(t, async_op=True).wait()
+        check(not calls, "dist.all_reduce(t, async_op=True) took the shortcut")
+        exact(t, want, "async all_reduce beside the shortcut")
+    finally:
+        _backend_work._ALLREDUCE = real
+    return "blocking calls through the shortcut, async ones not; both exact"
 
 
 def case_async():
@@ -453,7 +483,8 @@ def case_collie_ddp_on_the_backend():
     return "one communicator for both; the average gradient"
 
 
-CASES = {"all_reduce": case_all_reduce, "collie_ddp": case_collie_ddp_on_the_backend, "async": case_async,
+CASES = {"all_reduce": case_all_reduce, "all_reduce_shortcut": case_all_reduce_shortcut,
+         "collie_ddp": case_collie_ddp_on_the_backend, "async": case_async,
          "coalesced_and_broadcast": case_coalesced_and_broadcast,
          "gather_family": case_gather_family, "reduce_family": case_reduce_family,
          "point_to_point": case_point_to_point, "all_to_all": case_all_to_all,
