@@ -34,6 +34,9 @@ inline void put_element(DType t, void* buf, size_t i, double v) {
     case DType::u8:
       static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v);
       break;
+    case DType::i8:
+      static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(v);
+      break;
   }
 }
 
@@ -53,6 +56,8 @@ inline double get_element(DType t, const void* buf, size_t i) {
       return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
     case DType::u8:
       return static_cast<const uint8_t*>(buf)[i];
+    case DType::i8:
+      return static_cast<const int8_t*>(buf)[i];
   }
   return 0;
 }

@@ -197,6 +197,7 @@ NonFinite dispatch(DType t, void* dst, const void* src, size_t n) {
     case DType::i32:
     case DType::i64:
     case DType::u8:
+    case DType::i8:
       break;
   }
   if (dst) std::memcpy(dst, src, n * dtype_size(t));

@@ -300,6 +300,9 @@ void dispatch(DType t, void* dst, const void* a, const void* b, size_t n, int di
     case DType::u8:
       return combine<Op>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
                          static_cast<const uint8_t*>(b), n);
+    case DType::i8:
+      return combine<Op>(static_cast<int8_t*>(dst), static_cast<const int8_t*>(a),
+                         static_cast<const int8_t*>(b), n);
   }
 }
 

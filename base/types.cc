@@ -20,6 +20,7 @@ constexpr std::array<DTypeInfo, kNumDTypes> kDTypes = {{
     {"i32", 4, false},
     {"i64", 8, false},
     {"u8", 1, false},
+    {"i8", 1, false},
 }};
 constexpr std::array<std::string_view, kNumReduceOps> kOps = {"sum", "avg", "min", "max", "prod"};
 }  // namespace
@@ -44,6 +45,7 @@ std::optional<DType> parse_dtype(std::string_view name) {
   if (name == "int" || name == "int32") return DType::i32;
   if (name == "int64") return DType::i64;
   if (name == "uint8") return DType::u8;
+  if (name == "int8") return DType::i8;
   return std::nullopt;
 }
 

@@ -90,7 +90,7 @@ const char* const kUsage =
     "                           barrier and 10 back-to-back ops up to 64 KiB, else 1\n"
     "  -w, --warmup_iters N     untimed operations before them (>= 0, default 5)\n"
     "  -c, --check 0|1          check every result against the known answer (default 1)\n"
-    "  -d, --datatype T         f32 f64 f16 bf16 i32 i64 u8 (default f32)\n"
+    "  -d, --datatype T         f32 f64 f16 bf16 i32 i64 u8 i8 (default f32)\n"
     "  -o, --op OP              sum avg min max prod (default sum)\n"
     "  -i, --inplace 0|1        in place (default 0: out of place)\n"
     "  -W, --work 0|1           1: time each op as issued and then waited for through its\n"
@@ -172,7 +172,7 @@ Args parse(int argc, char** argv) {
       a.in_place = parse_int(f, value(), 0, 1, "0 (out of place) or 1 (in place)");
     } else if (f == "-d" || f == "--datatype") {
       auto d = collie::parse_dtype(value());
-      if (!d) throw UsageError(f + " '" + v + "' is not a dtype: f32 f64 f16 bf16 i32 i64 u8");
+      if (!d) throw UsageError(f + " '" + v + "' is not a dtype: f32 f64 f16 bf16 i32 i64 u8 i8");
       a.dtype = *d;
     } else if (f == "-o" || f == "--op") {
       auto o = collie::parse_reduce_op(value());

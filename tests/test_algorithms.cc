@@ -219,7 +219,7 @@ std::string run_all(int n, const std::vector<Case>& cases, FakeOptions opt) {
 }
 
 constexpr DType kDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
-                             DType::i32, DType::i64, DType::u8};
+                             DType::i32, DType::i64, DType::u8,  DType::i8};
 constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
                              ReduceOp::prod};
 

@@ -37,7 +37,7 @@ Communicator& comm() {
 
 const std::vector<size_t> kCounts = {0, 1, 2, 3, 7, 13, 97, 1000, 4099, 65537};
 constexpr DType kDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
-                             DType::i32, DType::i64, DType::u8};
+                             DType::i32, DType::i64, DType::u8,  DType::i8};
 constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
                              ReduceOp::prod};
 

@@ -134,6 +134,9 @@ struct Buf {
       case DType::u8:
         *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v);
         break;
+      case DType::i8:
+        *static_cast<int8_t*>(p) = static_cast<int8_t>(v);
+        break;
     }
   }
   double get(size_t i) const {
@@ -153,6 +156,8 @@ struct Buf {
         return static_cast<double>(*static_cast<const int64_t*>(p));
       case DType::u8:
         return *static_cast<const uint8_t*>(p);
+      case DType::i8:
+        return *static_cast<const int8_t*>(p);
     }
     return 0;
   }
@@ -204,7 +209,7 @@ double tolerance(DType t, double x) {
 }
 
 const DType kTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
-                        DType::i32, DType::i64, DType::u8};
+                        DType::i32, DType::i64, DType::u8,  DType::i8};
 const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
                          ReduceOp::prod};
 

@@ -127,6 +127,32 @@ TEST(Kernels, IntegerSumAndProdWrapAroundWithoutUndefinedBehaviour) {
   kernels::reduce(DType::u8, ReduceOp::prod, d8, a8, b8, 2);
   EXPECT_EQ(d8[0], 255);
   EXPECT_EQ(d8[1], 0);  // 256 wraps
+  const int8_t ai8[] = {127, -128, 100, -3}, bi8[] = {1, -1, 100, 5};
+  int8_t di8[4];
+  kernels::reduce(DType::i8, ReduceOp::sum, di8, ai8, bi8, 4);
+  EXPECT_EQ(di8[0], -128);
+  EXPECT_EQ(di8[1], 127);
+  EXPECT_EQ(di8[2], -56);  // 200 wraps, as torch's int8 and Gloo's do
+  EXPECT_EQ(di8[3], 2);
+  kernels::reduce(DType::i8, ReduceOp::prod, di8, ai8, bi8, 4);
+  EXPECT_EQ(di8[0], 127);
+  EXPECT_EQ(di8[1], -128);  // -2^7 x -1 wraps to itself
+  EXPECT_EQ(di8[2], 16);    // 10000 = 39 x 256 + 16
+  EXPECT_EQ(di8[3], -15);
+}
+
+// int8 is ordered as signed (a reduction in u8's order would take -1 for
+// 255): min and max of negative and positive values.
+TEST(Kernels, Int8MinAndMaxCompareSigned) {
+  const int8_t a[] = {-1, 5, -128, 127}, b[] = {1, -5, 0, -128};
+  int8_t lo[4], hi[4];
+  kernels::reduce(DType::i8, ReduceOp::min, lo, a, b, 4);
+  kernels::reduce(DType::i8, ReduceOp::max, hi, a, b, 4);
+  EXPECT_EQ(std::vector<int>(lo, lo + 4), (std::vector<int>{-1, -5, -128, -128}));
+  EXPECT_EQ(std::vector<int>(hi, hi + 4), (std::vector<int>{1, 5, 0, 127}));
+  EXPECT_EQ(to_string(DType::i8), "i8");
+  EXPECT_EQ(parse_dtype("int8"), DType::i8);
+  EXPECT_EQ(dtype_size(DType::i8), 1u);
 }
 
 TEST(Kernels, MinMaxPropagateNanWhicheverSideItIsOn) {

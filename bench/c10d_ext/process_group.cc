@@ -39,6 +39,8 @@ int32_t dtype_of(const at::Tensor& t) {
       return COLLIE_I64;
     case at::kByte:
       return COLLIE_U8;
+    case at::kChar:
+      return COLLIE_I8;
     default:
       TORCH_CHECK(false, "collie_cpp: no collie dtype for ", t.scalar_type());
   }

@@ -143,6 +143,8 @@ MPI_Datatype Process::type(DType t) const {
       return MPI_INT64_T;
     case DType::u8:
       return MPI_UINT8_T;
+    case DType::i8:
+      return MPI_INT8_T;
   }
   return MPI_BYTE;
 }

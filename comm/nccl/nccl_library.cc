@@ -122,6 +122,8 @@ ncclDataType_t type_of(DType t) {
       return ncclInt64;
     case DType::u8:
       return ncclUint8;
+    case DType::i8:
+      return ncclInt8;
   }
   throw Error(ErrorCode::invalid_argument, "a dtype NCCL has no counterpart for");
 }

@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define COLLIE_ABI_VERSION 3
+#define COLLIE_ABI_VERSION 4
 /* struct_tag of the structs of this header: "CL" and the ABI version. */
 #define COLLIE_STRUCT_TAG (0x434C0000u | COLLIE_ABI_VERSION)
 
@@ -68,7 +68,8 @@ typedef enum {
   COLLIE_BF16 = 3,
   COLLIE_I32 = 4,
   COLLIE_I64 = 5,
-  COLLIE_U8 = 6
+  COLLIE_U8 = 6,
+  COLLIE_I8 = 7 /* ABI 4: int8, whose sums and products wrap around as the other integers' do */
 } collie_dtype;
 
 typedef enum {

@@ -10,8 +10,8 @@
 
 namespace collie {
 
-enum class DType : uint8_t { f32 = 0, f64, f16, bf16, i32, i64, u8 };
-inline constexpr int kNumDTypes = 7;
+enum class DType : uint8_t { f32 = 0, f64, f16, bf16, i32, i64, u8, i8 };
+inline constexpr int kNumDTypes = 8;
 
 size_t dtype_size(DType t);
 std::string_view to_string(DType t);
@@ -75,6 +75,10 @@ struct DTypeOf<int64_t> {
 template <>
 struct DTypeOf<uint8_t> {
   static constexpr DType value = DType::u8;
+};
+template <>
+struct DTypeOf<int8_t> {
+  static constexpr DType value = DType::i8;
 };
 
 template <typename T>

@@ -13,7 +13,7 @@ import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_int, c_int32,
                     c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 STRUCT_TAG = 0x434C0000 | ABI_VERSION
 
 # collie_status
@@ -23,7 +23,7 @@ CODES = {1: "timeout", 2: "peer_lost", 3: "invalid_argument", 4: "mismatch",
          5: "unavailable", 6: "internal", 7: "aborted"}
 
 # collie_dtype, collie_op, collie_device_type
-F32, F64, F16, BF16, I32, I64, U8 = range(7)
+F32, F64, F16, BF16, I32, I64, U8, I8 = range(8)
 OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 CPU, CUDA = 0, 1
 

@@ -25,7 +25,7 @@ expect_usage_error "-n '0': a whole number of timed samples, at least 1" -n 0
 expect_usage_error "-C 'gather' is not a collective: allreduce allgather reduce_scatter" -C gather
 expect_usage_error "-C alltoall runs out of place only (-i 0)" -C alltoall -i 1
 expect_usage_error "-f '1': a whole number, at least 2" -f 1
-expect_usage_error "-d 'f8' is not a dtype: f32 f64 f16 bf16 i32 i64 u8" -d f8
+expect_usage_error "-d 'f8' is not a dtype: f32 f64 f16 bf16 i32 i64 u8 i8" -d f8
 expect_usage_error "-o avg is not defined on -d i32" -d i32 -o avg
 expect_usage_error "unknown option '--bogus'" --bogus
 expect_usage_error "-c '2': 0 (do not check) or 1 (check every result)" -c 2
