@@ -23,9 +23,10 @@ __all__ = ["Error", "Communicator", "Work", "ProcessFailed", "connect", "join",
            "default_communicator", "spawn", "start_processes"]
 
 _TORCH_DTYPES = {"float32": _lib.F32, "float64": _lib.F64, "float16": _lib.F16,
-                 "bfloat16": _lib.BF16, "int32": _lib.I32, "int64": _lib.I64, "uint8": _lib.U8}
+                 "bfloat16": _lib.BF16, "int32": _lib.I32, "int64": _lib.I64, "uint8": _lib.U8,
+                 "int8": _lib.I8}
 _BUFFER_DTYPES = {"f": _lib.F32, "d": _lib.F64, "e": _lib.F16, "i": _lib.I32, "l": _lib.I64,
-                  "q": _lib.I64, "B": _lib.U8}
+                  "q": _lib.I64, "B": _lib.U8, "b": _lib.I8, "?": _lib.U8}
 
 
 _TORCH_DTYPE_CODES = {}  # torch dtype -> collie's code, filled as dtypes are met
@@ -43,11 +44,24 @@ def torch_dtype_code(dtype):
     return code
 
 
+def _holds_bools(x):
+    """Whether x is a torch tensor or an array of bools."""
+    d = getattr(x, "dtype", None)
+    return d is not None and d not in _TORCH_DTYPE_CODES and str(d) in ("torch.bool", "bool")
+
+
+# Bools travel as their bytes (u8, 0 or 1) and reduce as PyTorch's and
+# Gloo's do: sum and max as or, prod and min as and (_op).
+_BOOL_OPS = {"sum": "max", "max": "max", "prod": "min", "min": "min"}
+
+
 def as_tensor(x):
     """A collie_tensor describing `x`: a torch tensor (contiguous), or a
     C-contiguous object with the buffer protocol (numpy array, bytearray)."""
     if hasattr(x, "data_ptr") and hasattr(x, "dtype"):  # torch.Tensor
         code = torch_dtype_code(x.dtype)
+        if code is None and _holds_bools(x):
+            code = _lib.U8
         if code is None:
             raise _lib.error("invalid_argument", f"collie does not move {x.dtype} tensors")
         if not x.is_contiguous():
@@ -240,9 +254,15 @@ class Work:
             self._h = None
 
 
-def _op(op):
+def _op(op, x=None):
+    """collie's code of op for a reduction of x (bools: see _BOOL_OPS)."""
     if op not in _lib.OPS:
         raise _lib.error("invalid_argument", f"unknown op '{op}': sum avg min max prod")
+    if x is not None and _holds_bools(x):
+        if op not in _BOOL_OPS:
+            raise _lib.error("invalid_argument", f"{op} is not defined on bool tensors (sum and "
+                             "max reduce them as or, prod and min as and)")
+        op = _BOOL_OPS[op]
     return _lib.OPS[op]
 
 
@@ -311,7 +331,7 @@ class Communicator:
     def allreduce(self, x, op="sum", async_op=False, out=None):
         tin = as_tensor(x)
         tout = as_tensor(out) if out is not None else tin
-        return self._run(lambda w: lib.collie_comm_allreduce(self._h, tin, tout, _op(op), w),
+        return self._run(lambda w: lib.collie_comm_allreduce(self._h, tin, tout, _op(op, x), w),
                          async_op, (x, out), [x if out is None else out])
 
     def broadcast(self, x, root=0, async_op=False):
@@ -326,7 +346,8 @@ class Communicator:
 
     def reduce_scatter(self, x, out, op="sum", async_op=False):
         tin, tout = as_tensor(x), as_tensor(out)
-        return self._run(lambda w: lib.collie_comm_reduce_scatter(self._h, tin, tout, _op(op), w),
+        return self._run(lambda w: lib.collie_comm_reduce_scatter(self._h, tin, tout, _op(op, x),
+                                                                   w),
                          async_op, (x, out), [out])
 
     def alltoall(self, x, out, send_counts=None, recv_counts=None, async_op=False):

@@ -173,9 +173,9 @@ class ProcessGroupCollie(dist.ProcessGroup):
             _lib.lib.collie_set_cuda_stream(_current_stream(t.device) or None)
         else:
             raise self._refused(what, f"{t.device} tensors (CPU and CUDA tensors only)")
-        if torch_dtype_code(t.dtype) is None:
+        if torch_dtype_code(t.dtype) is None and t.dtype != torch.bool:
             raise self._refused(what, f"{t.dtype} tensors (it moves float32, float64, float16, "
-                                "bfloat16, int32, int64 and uint8)")
+                                "bfloat16, int32, int64, uint8, int8 and bool)")
         if not t.is_contiguous():
             raise self._refused(what, "a non-contiguous tensor")
         return t

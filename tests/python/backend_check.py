@@ -12,6 +12,8 @@ group of the same ranks beside it:
   * all_to_all and all_to_all_single, even and uneven, against the blocks
     each rank sent and against Gloo;
   * monitored_barrier: passes with every rank, names the ranks missing;
+  * int8 across its range and bools of every pattern, against PyTorch's
+    own arithmetic and Gloo;
   * dist.all_reduce(t) waited for goes through the shortcut to collie's C
     call, async_op=True does not;
   * async ops: wait(), is_completed(), get_future()'s value; the call
@@ -46,7 +48,7 @@ RANK, WORLD = dist.get_rank(), dist.get_world_size()
 GLOO = dist.new_group(backend="gloo")
 TORCH2 = hasattr(dist, "DistError")
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
-          torch.uint8]
+          torch.uint8, torch.int8, torch.bool]
 
 
 def values(rank, n=7, dtype=torch.float32):
@@ -56,8 +58,18 @@ def values(rank, n=7, dtype=torch.float32):
 
 
 def exact(got, want, what):
+    """Equal dtypes and values; bools byte for byte (a bool tensor holding a
+    2, a sum of two Trues, equals True to torch.equal)."""
+    if got.dtype == want.dtype == torch.bool:
+        got, want = got.view(torch.uint8), want.view(torch.uint8)
     check(got.dtype == want.dtype and torch.equal(got, want),
           f"{what}: got {got.tolist()}, want {want.tolist()}")
+
+
+def logical(t):
+    """A bool tensor as 0s and 1s: Gloo's sum of bools holds the count (3
+    Trues: a 3), where PyTorch's own bool arithmetic, and collie, hold 1."""
+    return t.view(torch.uint8).ne(0) if t.dtype == torch.bool else t
 
 
 def gloo_has(fn):
@@ -96,7 +108,7 @@ def case_all_reduce():
                 exact(t, want, f"all_reduce {name} {dtype}")
             g = values(RANK, dtype=dtype)
             if name != "AVG" and gloo_has(lambda: dist.all_reduce(g, op=op, group=GLOO)):
-                exact(t, g, f"all_reduce {name} {dtype} against Gloo")
+                exact(t, logical(g), f"all_reduce {name} {dtype} against Gloo")
                 compared += 1
     # Random values: Gloo's sums, bit for bit where the order cannot differ.
     torch.manual_seed(10 + RANK)
@@ -109,6 +121,51 @@ def case_all_reduce():
     else:
         check(torch.allclose(a, b, rtol=1e-6, atol=1e-6), "random float32 against Gloo")
     return f"{len(ops)} ops x {len(DTYPES)} dtypes exact; {compared} also against Gloo"
+
+
+def case_int8_and_bool():
+    """int8 across its range (sums that wrap, negative minima) and bools of
+    every pattern: each reduction equal to a serial one in PyTorch's own
+    arithmetic and to Gloo's; bools moved by broadcast, all_gather and
+    reduce_scatter as they were sent."""
+    ops = {"SUM": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT,
+           "MIN": dist.ReduceOp.MIN, "MAX": dist.ReduceOp.MAX}
+    ints = [torch.randint(-128, 128, (257,), dtype=torch.int8,
+                          generator=torch.Generator().manual_seed(100 + r)) for r in range(WORLD)]
+    bools = [torch.rand(257, generator=torch.Generator().manual_seed(200 + r)) < 0.5
+             for r in range(WORLD)]
+    every = {torch.int8: torch.stack(ints).long(), torch.bool: torch.stack(bools).long()}
+    compared = 0
+    serial = {"SUM": lambda x: x.sum(0), "PRODUCT": lambda x: x.prod(0),
+              "MIN": lambda x: x.min(0).values, "MAX": lambda x: x.max(0).values}
+    for dtype, mine in ((torch.int8, ints[RANK]), (torch.bool, bools[RANK])):
+        for name, op in ops.items():
+            t = mine.clone()
+            dist.all_reduce(t, op=op)
+            # int64 results cast back: int8 wraps as its arithmetic does;
+            # a bool is any nonzero (sum and max: or; prod and min: and).
+            exact(t, serial[name](every[dtype]).to(dtype), f"all_reduce {name} {dtype}")
+            g = mine.clone()
+            if gloo_has(lambda: dist.all_reduce(g, op=op, group=GLOO)):  # 2.x: 1.13's has neither
+                exact(t, logical(g), f"all_reduce {name} {dtype} against Gloo")
+                compared += 1
+    try:
+        dist.all_reduce(bools[RANK].clone(), op=dist.ReduceOp.AVG)
+        raise Failed("AVG of bools: no error")
+    except (RuntimeError, ValueError) as e:
+        check("bool" in str(e), f"AVG of bools: the error does not say why: {e}")
+    b = bools[RANK].clone() if RANK == 0 else torch.zeros(257, dtype=torch.bool)
+    dist.broadcast(b, 0)
+    exact(b, bools[0], "broadcast of bools")
+    out = torch.empty(257 * WORLD, dtype=torch.bool)
+    dist.all_gather_into_tensor(out, bools[RANK])
+    exact(out, torch.cat(bools), "all_gather_into_tensor of bools")
+    mine = torch.stack([bools[RANK]] * WORLD).reshape(-1)
+    out = torch.empty(257, dtype=torch.bool)
+    dist.reduce_scatter_tensor(out, mine)
+    exact(out, torch.stack(bools).any(0), "reduce_scatter_tensor of bools (sum: or)")
+    return (f"int8 and bool: 4 ops each exact, {compared} of 8 also against Gloo; bools moved "
+            "and reduced")
 
 
 def case_all_reduce_shortcut():
@@ -484,6 +541,7 @@ def case_collie_ddp_on_the_backend():
 
 
 CASES = {"all_reduce": case_all_reduce, "all_reduce_shortcut": case_all_reduce_shortcut,
+         "int8_and_bool": case_int8_and_bool,
          "collie_ddp": case_collie_ddp_on_the_backend, "async": case_async,
          "coalesced_and_broadcast": case_coalesced_and_broadcast,
          "gather_family": case_gather_family, "reduce_family": case_reduce_family,
