@@ -364,11 +364,14 @@ def _current_stream(device):
 _ENDED = _Work(None, []) if ASYNC else _done_work(None, [])
 
 
+# torch.distributed's reduce ops collie has, with collie's names.
+_OP_NAMES = tuple((value, name) for name, value in (
+    ("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN),
+    ("prod", dist.ReduceOp.PRODUCT), ("avg", getattr(dist.ReduceOp, "AVG", None)))
+    if value is not None)
+
 _ALLREDUCE = _lib.lib.collie_comm_allreduce
-_OP_CODES = {hash(op): _lib.OPS[name] for op, name in (  # hash(ReduceOp): its RedOpType
-    (dist.ReduceOp.SUM, "sum"), (getattr(dist.ReduceOp, "AVG", None), "avg"),
-    (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.MAX, "max"),
-    (dist.ReduceOp.PRODUCT, "prod")) if op is not None}
+_OP_CODES = {hash(op): _lib.OPS[name] for op, name in _OP_NAMES}  # hash(ReduceOp): its RedOpType
 
 
 def _allreduce_now(group, tensors, opts=None):
@@ -383,19 +386,18 @@ def _allreduce_now(group, tensors, opts=None):
         return None
     t = tensors[0]
     waits = getattr(opts, "asyncOp", None)
-    if waits is None:  # PyTorch 1.13 to 2.6: who called (1: _routed's call, 2: its caller)
-        try:
-            caller = _caller(sys._getframe(2), "allreduce", t) if opts is not None else None
-        except ValueError:  # no Python frame there: C++ called (PyTorch's DDP)
-            caller = None
-        if caller != "waits":
-            return None
-    elif waits:  # asyncOp True: the caller keeps the Work
+    if waits or opts is None:  # asyncOp True: the caller keeps the Work
         return None
     code = _TORCH_DTYPE_CODES.get(t.dtype)
     op = _OP_CODES.get(hash(opts.reduceOp))
     if code is None or op is None or not t.is_cpu or not t.is_contiguous():
         return None
+    if waits is None:  # PyTorch 1.13 to 2.6: who called (1: _routed's call, 2: its caller)
+        try:
+            if _caller(sys._getframe(2), "allreduce", t) != "waits":
+                return None
+        except ValueError:  # no Python frame there: C++ called (PyTorch's DDP)
+            return None
     desc = _lib.Tensor(t.data_ptr(), t.numel(), code, _lib.CPU, 0)
     _lib.check(_ALLREDUCE(group._comm._h, desc, desc, op, None))
     return _ENDED

@@ -35,8 +35,8 @@ import torch.distributed as dist
 
 from . import _lib
 from . import torch_dtype_code
-from ._backend_work import (_allreduce_now, _async, _coalesced, _current_stream, _make_work,
-                            _routed)
+from ._backend_work import (_OP_NAMES, _allreduce_now, _async, _coalesced, _current_stream,
+                            _make_work, _routed)
 
 __all__ = ["ProcessGroupCollie", "BACKEND", "backend_of", "init_process_group", "launcher_env"]
 
@@ -44,12 +44,6 @@ BACKEND = "collie"
 
 def _refuse(what):
     return _lib.error("invalid_argument", f"the collie backend does not do {what}")
-
-
-_R = dist.ReduceOp
-_OP_NAMES = tuple((value, name) for name, value in (
-    ("sum", _R.SUM), ("max", _R.MAX), ("min", _R.MIN), ("prod", _R.PRODUCT),
-    ("avg", getattr(_R, "AVG", None))) if value is not None)
 
 
 def _op_name(op):
