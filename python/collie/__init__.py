@@ -45,13 +45,19 @@ def torch_dtype_code(dtype):
 
 
 def _holds_bools(x):
-    """Whether x is a torch tensor or an array of bools."""
+    """Whether x is a torch tensor, an array or a buffer of bools."""
     d = getattr(x, "dtype", None)
-    return d is not None and d not in _TORCH_DTYPE_CODES and str(d) in ("torch.bool", "bool")
+    if d is None:
+        try:
+            return memoryview(x).format.lstrip("@=<>") == "?"  # ctypes c_bool arrays: "<?"
+        except TypeError:
+            return False
+    return d not in _TORCH_DTYPE_CODES and str(d) in ("torch.bool", "bool")
 
 
-# Bools travel as their bytes (u8, 0 or 1) and reduce as PyTorch's and
-# Gloo's do: sum and max as or, prod and min as and (_op).
+# Bools travel as their bytes (u8, 0 or 1) and reduce as PyTorch's bool
+# arithmetic does, holding 0 or 1: sum and max as or, prod and min as and
+# (_op). (Gloo's sum of bools holds the count.)
 _BOOL_OPS = {"sum": "max", "max": "max", "prod": "min", "min": "min"}
 
 
@@ -254,10 +260,14 @@ class Work:
             self._h = None
 
 
-def _op(op, x=None):
-    """collie's code of op for a reduction of x (bools: see _BOOL_OPS)."""
+def _op(op, x=None, out=None):
+    """collie's code of op for a reduction of x into out (bools: see
+    _BOOL_OPS; bools and bytes, both u8 to collie, are not mixed)."""
     if op not in _lib.OPS:
         raise _lib.error("invalid_argument", f"unknown op '{op}': sum avg min max prod")
+    if out is not None and _holds_bools(x) != _holds_bools(out):
+        raise _lib.error("invalid_argument", "a reduction of bools into another dtype, or of "
+                         "another dtype into bools: input and output must both be bool")
     if x is not None and _holds_bools(x):
         if op not in _BOOL_OPS:
             raise _lib.error("invalid_argument", f"{op} is not defined on bool tensors (sum and "
@@ -331,7 +341,8 @@ class Communicator:
     def allreduce(self, x, op="sum", async_op=False, out=None):
         tin = as_tensor(x)
         tout = as_tensor(out) if out is not None else tin
-        return self._run(lambda w: lib.collie_comm_allreduce(self._h, tin, tout, _op(op, x), w),
+        return self._run(lambda w: lib.collie_comm_allreduce(self._h, tin, tout, _op(op, x, out),
+                                                             w),
                          async_op, (x, out), [x if out is None else out])
 
     def broadcast(self, x, root=0, async_op=False):
@@ -346,8 +357,8 @@ class Communicator:
 
     def reduce_scatter(self, x, out, op="sum", async_op=False):
         tin, tout = as_tensor(x), as_tensor(out)
-        return self._run(lambda w: lib.collie_comm_reduce_scatter(self._h, tin, tout, _op(op, x),
-                                                                   w),
+        return self._run(lambda w: lib.collie_comm_reduce_scatter(self._h, tin, tout,
+                                                                   _op(op, x, out), w),
                          async_op, (x, out), [out])
 
     def alltoall(self, x, out, send_counts=None, recv_counts=None, async_op=False):

@@ -164,6 +164,20 @@ def case_int8_and_bool():
     out = torch.empty(257, dtype=torch.bool)
     dist.reduce_scatter_tensor(out, mine)
     exact(out, torch.stack(bools).any(0), "reduce_scatter_tensor of bools (sum: or)")
+    # collie's own Communicator: a buffer of bools without a dtype (ctypes)
+    # reduces as bools too, and bools are not mixed with bytes (both u8 to
+    # collie's C layer).
+    import ctypes
+    comm = collie.distributed.backend_of().comm
+    flags = (ctypes.c_bool * 257)(*bools[RANK].tolist())
+    comm.allreduce(flags)
+    got = torch.frombuffer(bytearray(bytes(flags)), dtype=torch.uint8)
+    exact(got, torch.stack(bools).any(0).to(torch.uint8), "Communicator.allreduce of c_bools")
+    try:
+        comm.allreduce(torch.ones(4, dtype=torch.uint8), out=torch.zeros(4, dtype=torch.bool))
+        raise Failed("uint8 summed into bools: no error")
+    except RuntimeError as e:
+        check("bool" in str(e), f"uint8 into bools: the error does not say why: {e}")
     return (f"int8 and bool: 4 ops each exact, {compared} of 8 also against Gloo; bools moved "
             "and reduced")
 
