@@ -107,10 +107,12 @@ double contribution(int r, size_t i) {
   return (r + 1) + static_cast<double>(i % 13);
 }
 
-double expected(collie::ReduceOp op, int n, size_t i) {
-  double acc = contribution(0, i);
+// One reduction of the ranks' contributions at element i, in A.
+template <typename A>
+A fold(collie::ReduceOp op, int n, size_t i) {
+  A acc = static_cast<A>(contribution(0, i));
   for (int r = 1; r < n; ++r) {
-    double x = contribution(r, i);
+    const A x = static_cast<A>(contribution(r, i));
     switch (op) {
       case collie::ReduceOp::sum:
       case collie::ReduceOp::avg:
@@ -127,14 +129,18 @@ double expected(collie::ReduceOp op, int n, size_t i) {
         break;
     }
   }
-  return op == collie::ReduceOp::avg ? acc / n : acc;
+  return acc;
 }
 
-// What an integer dtype holds for the exact integer v: its arithmetic wraps
-// (a u8 or i8 product of 3 ranks already does). v stays below 2^53 (15^n
-// for n up to 13), where a double holds it exactly.
-double wrapped(collie::DType t, double v) {
-  const auto x = static_cast<int64_t>(v);
+// The known answer at element i as dtype t holds it: floats in double;
+// integers in uint64_t, whose sums and products wrap as every narrower
+// integer's do (a u8 or i8 product of 3 ranks already wraps), narrowed.
+double expected(collie::DType t, collie::ReduceOp op, int n, size_t i) {
+  if (collie::is_floating(t)) {
+    const double acc = fold<double>(op, n, i);
+    return op == collie::ReduceOp::avg ? acc / n : acc;
+  }
+  const uint64_t x = fold<uint64_t>(op, n, i);
   switch (t) {
     case collie::DType::i32:
       return static_cast<int32_t>(x);
@@ -143,7 +149,7 @@ double wrapped(collie::DType t, double v) {
     case collie::DType::i8:
       return static_cast<int8_t>(x);
     default:
-      return v;
+      return static_cast<double>(static_cast<int64_t>(x));
   }
 }
 
@@ -393,11 +399,11 @@ int main(int argc, char** argv) {
         auto want_at = [&](size_t i) -> double {
           switch (a.coll) {
             case Coll::allreduce:
-              return expected(a.op, n, i);
+              return expected(a.dtype, a.op, n, i);
             case Coll::allgather:
               return contribution(static_cast<int>(i / block), i % block);
             case Coll::reduce_scatter:
-              return expected(a.op, n, rank * block + i);
+              return expected(a.dtype, a.op, n, rank * block + i);
             case Coll::broadcast:
               return contribution(0, i);
             case Coll::sendrecv:
@@ -408,7 +414,7 @@ int main(int argc, char** argv) {
           return 0;
         };
         for (size_t i = 0; i < result.numel; ++i) {
-          double want = wrapped(a.dtype, want_at(i));
+          double want = want_at(i);
           double tol =
               reduces(a.coll) && collie::is_floating(a.dtype) && a.op == collie::ReduceOp::avg
                   ? std::abs(want) * (a.dtype == collie::DType::bf16 ? 8e-3 : 1e-3)
