@@ -9,7 +9,7 @@ import contextlib
 import torch
 
 from . import _lib
-from ._ddp_parts import _DTYPES, _JoinHook
+from ._ddp_parts import _broadcast_buffers, _JoinHook
 from ._lib import check, lib
 
 
@@ -97,7 +97,7 @@ class _UnevenInputs:
     def _shadow_step(self):
         """The collectives of one training step, with zero gradients."""
         if self._broadcast_buffers and self.require_forward_param_sync:
-            self._sync_buffers()
+            self._sync_buffers(training=False)
         status = lib.collie_reducer_join_step(self._h)
         if self._bucket_view:
             self._bind_views()
@@ -110,6 +110,4 @@ class _UnevenInputs:
         with torch.no_grad():
             for p in self._params:
                 self._comm.broadcast(p.data, root=root)
-        for b in self.module.buffers():
-            if b.numel() and b.dtype in _DTYPES and b.is_contiguous():
-                self._comm.broadcast(b.data, root=root)
+        _broadcast_buffers(self._comm, self.module, root)

@@ -39,9 +39,9 @@ from . import Communicator, Error, Work, _open_wrappers, as_tensor, default_comm
 from . import _lib
 from . import distributed as _distributed  # noqa: F401 - registers the backend "collie"
 from ._ddp_parts import (REFUSED_OPTIONS, _DTYPES, _MiB, _TORCH_OF, GradBucket,  # noqa: F401
-                         _Arenas, _as_bytes, _as_uint8, _builtin_spec, _check_process_group,
-                         _check_torch_world, _eager_under_compile, _JoinHook, _map_tensors,
-                         _Sink)
+                         _Arenas, _as_bytes, _as_uint8, _broadcast_buffers, _builtin_spec,
+                         _check_process_group, _check_torch_world, _eager_under_compile,
+                         _JoinHook, _map_tensors, _Sink)
 from ._ddp_checkpoint import _Checkpoint
 from ._ddp_elastic import _Elastic, broadcast_object, handoff_state, warm_spare
 from ._ddp_hooks import _CommHooks
@@ -207,7 +207,7 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
         if self._bucket_view:
             self._bind_views()
         if self._init_sync:
-            self._sync_buffers()
+            _broadcast_buffers(self._comm, self.module, 0)
         # A hook per parameter, after its gradient has been accumulated:
         # PyTorch's own (2.1 and later), else one on the parameter's gradient
         # accumulator node, kept alive here.
@@ -254,7 +254,7 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
             if work is not None:
                 work.wait()
                 self._active = int(work.result()[0].item())
-        # Rank 0's buffers when PyTorch's DDP sends them: not after a no_sync
+        # Buffers out when PyTorch's DDP sends them: not after a no_sync
         # micro-batch or a no-grad forward (evaluation), whose ranks keep
         # their own until the next synchronising step.
         if self._broadcast_buffers and self.require_forward_param_sync:
@@ -422,21 +422,16 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
             if p.grad is not None:
                 p.grad = self._views[i]
 
-    def _sync_buffers(self):
-        """Rank 0's buffers (BatchNorm's running statistics, ...) to every
-        rank, one broadcast per dtype."""
-        by_dtype = {}
-        for b in self.module.buffers():
-            if b.numel() and b.dtype in _DTYPES:
-                by_dtype.setdefault(b.dtype, []).append(b)
-        for group in by_dtype.values():
-            flat = torch.cat([b.detach().reshape(-1) for b in group])
-            self._comm.broadcast(flat, root=0)
-            at = 0
-            with torch.no_grad():
-                for b in group:
-                    b.copy_(flat[at:at + b.numel()].view_as(b))
-                    at += b.numel()
+    def _sync_buffers(self, training=True):
+        """Rank 0's buffers to every rank; in a join, the buffers of the
+        highest rank still training, as PyTorch's DDP chooses (rank 0 may
+        have joined, its buffers stale): one more all-reduce then."""
+        root = 0
+        if self._joining or self._join_config.enable:
+            rank = torch.tensor([self._comm.rank if training else -1], dtype=torch.int64)
+            self._comm.allreduce(rank, op="max")
+            root = int(rank[0])
+        _broadcast_buffers(self._comm, self.module, root)
 
     # ---- the DDP API users know ---------------------------------------------
 

@@ -119,6 +119,65 @@ def case_join():
     return "join() and PyTorch's Join over collie's wrapper match PyTorch's, both divisors"
 
 
+class Buffered(torch.nn.Module):
+    """The MLP with buffers of the dtypes models carry (BatchNorm's float
+    statistics and int64 step count, an int8 code, a bool mask, and a
+    non-contiguous one), which every forward changes by rank."""
+
+    def __init__(self, mask_dtype=torch.bool):
+        super().__init__()
+        self.net = mlp()
+        self.register_buffer("mean", torch.full((6,), float(RANK)))
+        self.register_buffer("count", torch.tensor(10 * RANK))
+        self.register_buffer("codes", torch.full((5,), 120 - RANK, dtype=torch.int8))
+        self.register_buffer("mask", (torch.arange(6) % (RANK + 2) == 0).to(mask_dtype))
+        self.register_buffer("grid", torch.full((2, 3), float(RANK)).t())
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.mean.mul_(0.5).add_(x.mean(0))
+            self.count += 1 + RANK
+            self.codes.add_(3 + RANK)  # wraps past 127
+            self.mask ^= x[0] > 0
+            self.grid.add_(x[:3, :2])
+        return self.net(x)
+
+
+def same_buffers(got, want, what):
+    for (name, a), (_, b) in zip(got.named_buffers(), want.named_buffers()):
+        bytes_of = lambda t: t.detach().contiguous().reshape(-1).view(torch.uint8)  # noqa: E731
+        check(a.dtype in (b.dtype, torch.bool) and torch.equal(bytes_of(a), bytes_of(b)),
+              f"{what}: buffer {name} ({a.dtype}) is {a.tolist()}, PyTorch's {b.tolist()}")
+
+
+def case_buffers():
+    """Buffers of every dtype move as PyTorch's DDP moves them: rank 0's at
+    construction and before each forward; in a join (rank r has 2 + 2r
+    batches), the highest training rank's, then the longest-training
+    rank's at the end. Compared byte for byte with PyTorch's DDP's (whose
+    Gloo on 1.13 does not take bools: a uint8 mask there)."""
+    try:
+        dist.broadcast(torch.zeros(1, dtype=torch.bool), 0)
+        theirs = torch.bool
+    except RuntimeError:
+        theirs = torch.uint8
+    a, b = TorchDDP(Buffered(theirs)), ct.DistributedDataParallel(Buffered())
+    same_buffers(b.module, a.module, "after construction")
+    close(train(b, 3), train(a, 3), "training with buffers")
+    same_buffers(b.module, a.module, "after 3 steps")
+    b.close()
+    steps = 2 + 2 * RANK
+    a = TorchDDP(Buffered(theirs))
+    want = train(a, steps, lambda: Join([a]))
+    for how in ("ddp.join()", "Join([collie's DDP])"):
+        b = ct.DistributedDataParallel(Buffered())
+        got = train(b, steps, (lambda: b.join()) if how == "ddp.join()" else (lambda: Join([b])))
+        close(got, want, how)
+        same_buffers(b.module, a.module, how)
+        b.close()
+    return "float32, int64, int8, bool and non-contiguous buffers as PyTorch's DDP moves them"
+
+
 def case_join_throw():
     """throw_on_early_termination: every rank raises once rank 0 (the one
     with fewest batches) runs out, none hangs."""
@@ -452,7 +511,7 @@ CASES = {"future_error": case_future_error, "bucket_order": case_bucket_order, "
          "loss_not_through_wrapper": case_loss_not_through_wrapper,
          "hook_after_first_step": case_hook_after_first_step,
          "hook_wrong_shape": case_hook_wrong_shape, "check_nonfinite": case_check_nonfinite,
-         "check_replicas": case_check_replicas}
+         "check_replicas": case_check_replicas, "buffers": case_buffers}
 
 
 def main():
