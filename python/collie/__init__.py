@@ -260,14 +260,21 @@ class Work:
             self._h = None
 
 
+def _bools_match(x, out, what):
+    """Bools and bytes are both u8 to collie, which cannot tell them apart:
+    refused mixed, so that no bool tensor comes to hold a 2 or a 7."""
+    if _holds_bools(x) != _holds_bools(out):
+        raise _lib.error("invalid_argument", f"{what} of bools into another dtype, or of another "
+                         "dtype into bools: input and output must both be bool")
+
+
 def _op(op, x=None, out=None):
     """collie's code of op for a reduction of x into out (bools: see
-    _BOOL_OPS; bools and bytes, both u8 to collie, are not mixed)."""
+    _BOOL_OPS; bools and bytes are not mixed)."""
     if op not in _lib.OPS:
         raise _lib.error("invalid_argument", f"unknown op '{op}': sum avg min max prod")
-    if out is not None and _holds_bools(x) != _holds_bools(out):
-        raise _lib.error("invalid_argument", "a reduction of bools into another dtype, or of "
-                         "another dtype into bools: input and output must both be bool")
+    if out is not None:
+        _bools_match(x, out, "a reduction")
     if x is not None and _holds_bools(x):
         if op not in _BOOL_OPS:
             raise _lib.error("invalid_argument", f"{op} is not defined on bool tensors (sum and "
@@ -352,6 +359,7 @@ class Communicator:
 
     def allgather(self, x, out, async_op=False):
         tin, tout = as_tensor(x), as_tensor(out)
+        _bools_match(x, out, "an all-gather")
         return self._run(lambda w: lib.collie_comm_allgather(self._h, tin, tout, w), async_op,
                          (x, out), [out])
 
@@ -366,6 +374,7 @@ class Communicator:
         Equal blocks (size() of them), or send_counts[j] elements to rank j
         and recv_counts[q] from rank q, packed in rank order."""
         tin, tout = as_tensor(x), as_tensor(out)
+        _bools_match(x, out, "an all-to-all")
         if send_counts is None and recv_counts is None:
             return self._run(lambda w: lib.collie_comm_alltoall(self._h, tin, tout, w), async_op,
                              (x, out), [out])

@@ -173,11 +173,17 @@ def case_int8_and_bool():
     comm.allreduce(flags)
     got = torch.frombuffer(bytearray(bytes(flags)), dtype=torch.uint8)
     exact(got, torch.stack(bools).any(0).to(torch.uint8), "Communicator.allreduce of c_bools")
-    try:
-        comm.allreduce(torch.ones(4, dtype=torch.uint8), out=torch.zeros(4, dtype=torch.bool))
-        raise Failed("uint8 summed into bools: no error")
-    except RuntimeError as e:
-        check("bool" in str(e), f"uint8 into bools: the error does not say why: {e}")
+    n = comm.size
+    for what, call in (
+            ("allreduce", lambda x, y: comm.allreduce(x, out=y)),
+            ("allgather", lambda x, y: comm.allgather(x, torch.cat([y] * n))),
+            ("alltoall", lambda x, y: comm.alltoall(torch.cat([x] * n), torch.cat([y] * n)))):
+        for a, b in ((torch.uint8, torch.bool), (torch.bool, torch.uint8)):
+            try:
+                call(torch.full((4,), 7).to(a), torch.zeros(4, dtype=b))
+                raise Failed(f"Communicator.{what} of {a} into {b}: no error")
+            except RuntimeError as e:
+                check("bool" in str(e), f"{what} of {a} into {b}: the error does not say why: {e}")
     return (f"int8 and bool: 4 ops each exact, {compared} of 8 also against Gloo; bools moved "
             "and reduced")
 
