@@ -81,13 +81,17 @@ inline std::vector<uint8_t> det_reference(DType t, ReduceOp op,
     case DType::u8:
       fold<uint8_t>(t, op, inputs, count, out.data());
       break;
+    case DType::i8:
+      fold<int8_t>(t, op, inputs, count, out.data());
+      break;
     default:  // f32, and f16 and bf16 accumulated in float
       fold<float>(t, op, inputs, count, out.data());
   }
   return out;
 }
 
-constexpr DType kDetDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32};
+constexpr DType kDetDTypes[] = {DType::f32,  DType::f64, DType::f16,
+                                DType::bf16, DType::i32, DType::i8};
 constexpr ReduceOp kDetOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::prod, ReduceOp::min,
                                 ReduceOp::max};
 

@@ -45,7 +45,7 @@ RANK, WORLD = dist.get_rank(), dist.get_world_size()
 DEV = torch.device("cuda", 0)
 torch.cuda.set_device(DEV)
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
-          torch.uint8]
+          torch.uint8, torch.int8, torch.bool]
 
 
 def values(rank, n=7, dtype=torch.float32, device=DEV):
