@@ -12,6 +12,8 @@ group of the same ranks beside it:
   * all_to_all and all_to_all_single, even and uneven, against the blocks
     each rank sent and against Gloo;
   * monitored_barrier: passes with every rank, names the ranks missing;
+  * the object collectives (pickles of lengths that differ by rank) and
+    complex tensors, against known answers;
   * int8 across its range and bools of every pattern, against PyTorch's
     own arithmetic and Gloo;
   * dist.all_reduce(t) waited for goes through the shortcut to collie's C
@@ -284,6 +286,36 @@ def case_gather_family():
         dist.scatter(got, scatter_list=pieces, src=0)
         exact(got, values(10 + RANK, 5, dtype), f"scatter {dtype}")
     return "all_gather, all_gather_into_tensor, gather, scatter: every dtype"
+
+
+def case_objects():
+    """The object collectives (Lightning's strategy.broadcast is
+    broadcast_object_list) over the backend's broadcast, all-gather,
+    gather and scatter of pickled bytes, whose lengths differ by rank; and
+    complex tensors, which PyTorch sums as their real views."""
+    mine = {"rank": RANK, "text": "x" * (100 * RANK + 1)}  # a pickle of another length on each
+    everyone = [None] * WORLD
+    dist.all_gather_object(everyone, mine)
+    check(everyone == [{"rank": r, "text": "x" * (100 * r + 1)} for r in range(WORLD)],
+          f"all_gather_object: {str(everyone)[:80]}")
+    root = WORLD - 1
+    sent = [{"step": 7, "ckpt": "a" * 300}, ("path", root)]
+    objs = list(sent) if RANK == root else [None, None]
+    dist.broadcast_object_list(objs, src=root)
+    check(objs == sent, f"broadcast_object_list: {str(objs)[:80]}")
+    got = [None] * WORLD if RANK == root else None
+    dist.gather_object(("g", RANK, "y" * RANK), got, dst=root)
+    if RANK == root:
+        check(got == [("g", r, "y" * r) for r in range(WORLD)], f"gather_object: {got}")
+    out = [None]
+    dist.scatter_object_list(out, [("s", r, [0] * r) for r in range(WORLD)] if RANK == root
+                             else None, src=root)
+    check(out == [("s", RANK, [0] * RANK)], f"scatter_object_list: {out}")
+    c = torch.tensor([1 + 2j, 3 - 1j, -0.5j], dtype=torch.complex64) * (RANK + 1)
+    dist.all_reduce(c)
+    want = torch.tensor([1 + 2j, 3 - 1j, -0.5j], dtype=torch.complex64) * sum(range(1, WORLD + 1))
+    exact(c, want, "all_reduce of complex64")
+    return "all_gather_object, broadcast_object_list, gather_object, scatter_object_list; complex"
 
 
 def case_reduce_family():
@@ -565,6 +597,7 @@ CASES = {"all_reduce": case_all_reduce, "all_reduce_shortcut": case_all_reduce_s
          "collie_ddp": case_collie_ddp_on_the_backend, "async": case_async,
          "coalesced_and_broadcast": case_coalesced_and_broadcast,
          "gather_family": case_gather_family, "reduce_family": case_reduce_family,
+         "objects": case_objects,
          "point_to_point": case_point_to_point, "all_to_all": case_all_to_all,
          "monitored_barrier": case_monitored_barrier, "launcher_env": case_launcher_env, "pytorch_ddp": case_pytorch_ddp,
          "bad_input": case_bad_input}
