@@ -26,6 +26,7 @@ class _UnevenInputs:
         raises once one has run out. Works without torch.distributed; with
         it, torch.distributed.algorithms.join.Join([ddp, ...]) drives the
         wrapper too (it is a Joinable)."""
+        self._join_enabled = bool(enable)
         if not enable:
             yield
             return
@@ -54,10 +55,16 @@ class _UnevenInputs:
                 self._joining = False
                 self._active = None
 
-    def _join_round(self, active):
-        count = torch.tensor([active], dtype=torch.int64)
+    def _join_round(self, active, syncing=False):
+        """One all-reduce per step of a join: how many ranks still train,
+        and how many of those run a synchronising step (not no_sync, not
+        without gradients), which the joined ranks shadow; the ranks that
+        train a no_sync step run no collective a joined rank could match."""
+        m = self._comm.size + 1
+        count = torch.tensor([int(bool(active)) + m * int(bool(syncing))], dtype=torch.int64)
         self._comm.allreduce(count, op="sum")
-        self._active = int(count[0])
+        self._active = int(count[0]) % m
+        self._join_syncing = int(count[0]) // m > 0
         if active and self._throw_on_early_termination and self._active < self._comm.size:
             raise _lib.error("invalid_argument",
                              f"rank {self._comm.rank}: {self._comm.size - self._active} rank(s) "
@@ -94,10 +101,23 @@ class _UnevenInputs:
                                  "ddp.join(), which needs no torch.distributed"))
         return dist.group.WORLD
 
+    def _exchange_sync(self, syncing):
+        """In PyTorch's Join, whose count carries no more: whether any rank
+        runs a synchronising step, one all-reduce (as PyTorch's DDP)."""
+        flag = torch.tensor([int(bool(syncing))], dtype=torch.int64)
+        self._comm.allreduce(flag, op="max")
+        self._join_syncing = bool(flag[0])
+
     def _shadow_step(self):
-        """The collectives of one training step, with zero gradients."""
+        """The collectives of one training step, with zero gradients: the
+        buffers where the training ranks' last step synchronised, then the
+        gradients' where this one does (not after their no_sync or
+        no-grad forwards)."""
         if self._broadcast_buffers and self.require_forward_param_sync:
             self._sync_buffers(training=False)
+        self.require_forward_param_sync = self._join_syncing
+        if not self._join_syncing:
+            return
         status = lib.collie_reducer_join_step(self._h)
         if self._bucket_view:
             self._bind_views()
@@ -110,4 +130,5 @@ class _UnevenInputs:
         with torch.no_grad():
             for p in self._params:
                 self._comm.broadcast(p.data, root=root)
-        _broadcast_buffers(self._comm, self.module, root)
+        if self._broadcast_buffers:
+            _broadcast_buffers(self._comm, self.module, root)

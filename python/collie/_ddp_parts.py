@@ -25,33 +25,36 @@ _DTYPES = {torch.float32: _lib.F32, torch.float64: _lib.F64, torch.float16: _lib
            torch.bfloat16: _lib.BF16, torch.int32: _lib.I32, torch.int64: _lib.I64,
            torch.uint8: _lib.U8}
 _TORCH_OF = {v: k for k, v in _DTYPES.items()}
+_MiB = 1 << 20
 
 
 def _bytes_of(t):
     """A tensor's elements as a flat uint8 tensor: a view where it is
     contiguous, else a copy. What a broadcast moves for a dtype collie does
     not reduce (int8, bool, complex, ...): a broadcast only copies."""
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    return t.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
 
 
 def _broadcast_buffers(comm, module, root):
     """`root`'s buffers (BatchNorm's running statistics and step count,
-    masks, ...) to every rank in one broadcast of their bytes, whatever
-    their dtypes, as PyTorch's DDP moves every buffer."""
-    # Widest elements first: each buffer's bytes then start at a multiple
-    # of its element size, where they can be viewed as its dtype.
-    group = sorted((b for b in module.buffers() if b.numel()), key=lambda b: -b.element_size())
-    if not group:
-        return
-    flat = torch.cat([_bytes_of(b.detach()) for b in group])
-    comm.broadcast(flat, root=root)
-    at = 0
-    with torch.no_grad():
-        for b in group:
-            n = b.numel() * b.element_size()
-            b.copy_(flat[at:at + n].view(b.dtype).view(b.shape))
-            at += n
-_MiB = 1 << 20
+    masks, ...) to every rank, one broadcast of their bytes per device,
+    whatever their dtypes, as PyTorch's DDP moves every buffer."""
+    by_device = {}
+    for b in module.buffers():
+        if b.numel():
+            by_device.setdefault(b.device, []).append(b)
+    for group in by_device.values():
+        # Widest elements first: each buffer's bytes then start at a multiple
+        # of its element size, where they can be viewed as its dtype.
+        group.sort(key=lambda b: -b.element_size())
+        flat = torch.cat([_bytes_of(b.detach()) for b in group])
+        comm.broadcast(flat, root=root)
+        at = 0
+        with torch.no_grad():
+            for b in group:
+                n = b.numel() * b.element_size()
+                b.copy_(flat[at:at + n].view(b.dtype).view(b.shape))
+                at += n
 
 
 class _Arenas:
@@ -262,6 +265,7 @@ class _JoinHook(JoinHook):
         self.ddp = ddp
 
     def main_hook(self):
+        self.ddp._exchange_sync(False)
         self.ddp._shadow_step()
 
     def post_hook(self, is_last_joiner):

@@ -124,6 +124,10 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
             if value is not None:
                 raise _lib.error("invalid_argument", f"collie.torch.DistributedDataParallel does not "
                                                 f"take {name} ({REFUSED_OPTIONS[name]})")
+        # As PyTorch 2.x: broadcast_buffers=False keeps buffers rank-local at
+        # construction too; forward_sync_buffers only governs the forwards.
+        self._init_sync_buffers = True if forward_sync_buffers is not None else \
+            broadcast_buffers is not False
         if broadcast_buffers is None:
             broadcast_buffers = True if forward_sync_buffers is None else forward_sync_buffers
         if bucket_cap_mb is None:
@@ -206,7 +210,7 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
         self._views = [None] * n
         if self._bucket_view:
             self._bind_views()
-        if self._init_sync:
+        if self._init_sync and self._init_sync_buffers:
             _broadcast_buffers(self._comm, self.module, 0)
         # A hook per parameter, after its gradient has been accumulated:
         # PyTorch's own (2.1 and later), else one on the parameter's gradient
@@ -228,7 +232,12 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
         # forward was a synchronising one (or there was none).
         self.require_forward_param_sync = True
         self._joining = False
+        # join(enable=...)'s last word, which stays after the join as the
+        # Join PyTorch's ddp.join() makes leaves its config: while true,
+        # buffers come from the highest rank still training.
+        self._join_enabled = False
         self._active = None  # ranks still training in this step of a join
+        self._join_syncing = True  # whether any of them synchronises in it
         self._divide_by_initial = True
         self._throw_on_early_termination = False
         self._every_rank_state = False
@@ -245,8 +254,9 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
         if self._handoff_to_load is not None:  # a newcomer's: see __init__
             state, self._handoff_to_load = self._handoff_to_load, None
             self.load_handoff(state)
+        syncing = torch.is_grad_enabled() and self.require_backward_grad_sync
         if self._joining:
-            self._join_round(1)
+            self._join_round(1, syncing)
         elif self._join_config.enable:
             # In PyTorch's Join: it counts the ranks still training (and
             # raises for throw_on_early_termination).
@@ -254,6 +264,7 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
             if work is not None:
                 work.wait()
                 self._active = int(work.result()[0].item())
+            self._exchange_sync(syncing)  # matched by _JoinHook.main_hook on joined ranks
         # Buffers out when PyTorch's DDP sends them: not after a no_sync
         # micro-batch or a no-grad forward (evaluation), whose ranks keep
         # their own until the next synchronising step.
@@ -423,11 +434,14 @@ class DistributedDataParallel(_CommHooks, _UnevenInputs, _Checkpoint, _Elastic, 
                 p.grad = self._views[i]
 
     def _sync_buffers(self, training=True):
-        """Rank 0's buffers to every rank; in a join, the buffers of the
-        highest rank still training, as PyTorch's DDP chooses (rank 0 may
-        have joined, its buffers stale): one more all-reduce then."""
+        """Rank 0's buffers to every rank; once join is enabled, the buffers
+        of the highest rank still training, as PyTorch's DDP chooses (rank 0
+        may have joined, its buffers stale): one more all-reduce then. None
+        without buffers, as PyTorch's DDP."""
+        if next(self.module.buffers(), None) is None:
+            return
         root = 0
-        if self._joining or self._join_config.enable:
+        if self._join_enabled or self._join_config.enable:
             rank = torch.tensor([self._comm.rank if training else -1], dtype=torch.int64)
             self._comm.allreduce(rank, op="max")
             root = int(rank[0])

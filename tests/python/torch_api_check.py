@@ -134,17 +134,33 @@ class Buffered(torch.nn.Module):
         self.register_buffer("grid", torch.full((2, 3), float(RANK)).t())
 
     def forward(self, x):
+        out = self.net(x + 0.1 * self.mean)  # the parameters learn which rank's buffers came
         with torch.no_grad():
             self.mean.mul_(0.5).add_(x.mean(0))
             self.count += 1 + RANK
             self.codes.add_(3 + RANK)  # wraps past 127
             self.mask ^= x[0] > 0
             self.grid.add_(x[:3, :2])
-        return self.net(x)
+        return out
+
+
+def buffers_of(module):
+    return [(name, t.detach().clone()) for name, t in module.named_buffers()]
+
+
+def gloo_mask_dtype():
+    """bool where Gloo moves bools; uint8 (the same bytes) on 1.13's."""
+    try:
+        dist.broadcast(torch.zeros(1, dtype=torch.bool), 0)
+        return torch.bool
+    except RuntimeError:
+        return torch.uint8
 
 
 def same_buffers(got, want, what):
-    for (name, a), (_, b) in zip(got.named_buffers(), want.named_buffers()):
+    """got: a module; want: a module or buffers_of one."""
+    want = want if isinstance(want, list) else buffers_of(want)
+    for (name, a), (_, b) in zip(got.named_buffers(), want):
         bytes_of = lambda t: t.detach().contiguous().reshape(-1).view(torch.uint8)  # noqa: E731
         check(a.dtype in (b.dtype, torch.bool) and torch.equal(bytes_of(a), bytes_of(b)),
               f"{what}: buffer {name} ({a.dtype}) is {a.tolist()}, PyTorch's {b.tolist()}")
@@ -152,30 +168,73 @@ def same_buffers(got, want, what):
 
 def case_buffers():
     """Buffers of every dtype move as PyTorch's DDP moves them: rank 0's at
-    construction and before each forward; in a join (rank r has 2 + 2r
-    batches), the highest training rank's, then the longest-training
-    rank's at the end. Compared byte for byte with PyTorch's DDP's (whose
-    Gloo on 1.13 does not take bools: a uint8 mask there)."""
-    try:
-        dist.broadcast(torch.zeros(1, dtype=torch.bool), 0)
-        theirs = torch.bool
-    except RuntimeError:
-        theirs = torch.uint8
+    construction and before each forward; in a join (rank r has 2 + 2(n-1-r)
+    batches, so rank 0 trains longest), the highest training rank's, then
+    the longest-training rank's at the end, and the highest rank's after
+    it; with broadcast_buffers=False (2.x), none. The forward reads a
+    buffer, so the parameters differ where a buffer came from another rank.
+    Compared byte for byte with PyTorch's DDP's (whose Gloo on 1.13 does
+    not take bools: a uint8 mask there)."""
+    theirs = gloo_mask_dtype()
     a, b = TorchDDP(Buffered(theirs)), ct.DistributedDataParallel(Buffered())
     same_buffers(b.module, a.module, "after construction")
     close(train(b, 3), train(a, 3), "training with buffers")
     same_buffers(b.module, a.module, "after 3 steps")
     b.close()
-    steps = 2 + 2 * RANK
+    steps = 2 + 2 * (WORLD - 1 - RANK)
     a = TorchDDP(Buffered(theirs))
     want = train(a, steps, lambda: Join([a]))
+    want_buffers = buffers_of(a.module)
+    want_after = train(a, 2)  # still in the Join's config: the highest rank's buffers
+    want_buffers_after = buffers_of(a.module)
     for how in ("ddp.join()", "Join([collie's DDP])"):
         b = ct.DistributedDataParallel(Buffered())
         got = train(b, steps, (lambda: b.join()) if how == "ddp.join()" else (lambda: Join([b])))
         close(got, want, how)
-        same_buffers(b.module, a.module, how)
+        same_buffers(b.module, want_buffers, how)
+        close(train(b, 2), want_after, f"2 steps after {how}")
+        same_buffers(b.module, want_buffers_after, f"2 steps after {how}")
+        b.close()
+    if TORCH2:  # 1.13's DDP sends buffers at construction whatever the flag
+        a = TorchDDP(Buffered(theirs), broadcast_buffers=False)
+        b = ct.DistributedDataParallel(Buffered(), broadcast_buffers=False)
+        same_buffers(b.module, a.module, "broadcast_buffers=False, after construction")
+        close(train(b, 2), train(a, 2), "broadcast_buffers=False")
+        same_buffers(b.module, a.module, "broadcast_buffers=False, after 2 steps")
         b.close()
     return "float32, int64, int8, bool and non-contiguous buffers as PyTorch's DDP moves them"
+
+
+def train_accumulating(model, steps, ctx):
+    """Gradients accumulated over two micro-batches, the first under
+    no_sync; then a step."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ctx():
+        for step in range(steps):
+            x, y = batch(step, RANK)
+            with (model.no_sync() if step % 2 == 0 else _null()):
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            if step % 2 == 1:
+                opt.step()
+                opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def case_join_no_sync():
+    """no_sync micro-batches inside a join (rank r has 2 + 2r): the ranks
+    that joined shadow only the synchronising steps, as PyTorch's DDP's do,
+    and the parameters match PyTorch's DDP in PyTorch's Join."""
+    steps = 2 + 2 * RANK
+    a = TorchDDP(Buffered(gloo_mask_dtype()))
+    want = train_accumulating(a, steps, lambda: Join([a]))
+    for how in ("ddp.join()", "Join([collie's DDP])"):
+        b = ct.DistributedDataParallel(Buffered())
+        got = train_accumulating(b, steps, (lambda: b.join()) if how == "ddp.join()"
+                                 else (lambda: Join([b])))
+        close(got, want, f"no_sync in {how}")
+        same_buffers(b.module, a.module, f"no_sync in {how}")
+        b.close()
+    return "no_sync micro-batches in ddp.join() and in PyTorch's Join match PyTorch's DDP"
 
 
 def case_join_throw():
@@ -511,7 +570,8 @@ CASES = {"future_error": case_future_error, "bucket_order": case_bucket_order, "
          "loss_not_through_wrapper": case_loss_not_through_wrapper,
          "hook_after_first_step": case_hook_after_first_step,
          "hook_wrong_shape": case_hook_wrong_shape, "check_nonfinite": case_check_nonfinite,
-         "check_replicas": case_check_replicas, "buffers": case_buffers}
+         "check_replicas": case_check_replicas, "buffers": case_buffers,
+         "join_no_sync": case_join_no_sync}
 
 
 def main():
