@@ -50,13 +50,17 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 
 def values(rank, n=7, dtype=torch.float32, device=DEV):
     """Small whole numbers (1 to 3), which every dtype and their sums and
-    products over a few ranks hold exactly."""
+    products over a few ranks hold exactly; bools True and False by rank."""
+    if dtype == torch.bool:
+        return ((torch.arange(n) + rank) % 3 == 0).to(device)
     return ((torch.arange(n) + rank) % 3 + 1).to(dtype).to(device)
 
 
 def exact(got, want, what):
     got = got.cpu()
     want = want.cpu()
+    if got.dtype == want.dtype == torch.bool:  # byte for byte: a bool holding 2 equals True
+        got, want = got.view(torch.uint8), want.view(torch.uint8)
     check(got.dtype == want.dtype and torch.equal(got, want),
           f"{what}: got {got.tolist()}, want {want.tolist()}")
 
