@@ -5,7 +5,11 @@ PyTorch's own DDP over Gloo (and serial references), on 2 or 3 ranks:
 
   * join with PyTorch's signature (divide_by_initial_world_size either way,
     throw_on_early_termination), and PyTorch's Join driving the wrapper as
-    a Joinable, against PyTorch's DDP in PyTorch's Join;
+    a Joinable, against PyTorch's DDP in PyTorch's Join; no_sync
+    micro-batches inside both;
+  * buffers of every dtype (int8, bool, non-contiguous), byte for byte as
+    PyTorch's DDP moves them: at construction, before forwards, in and
+    after a join, and with broadcast_buffers=False;
   * Work.get_future(): its value, then() chains, and a comm hook written
     the way PyTorch's docs write them (an async all-reduce's future); a
     failed op's future handed straight to PyTorch's own DDP raises collie's
