@@ -55,7 +55,10 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 
 def values(rank, n=7, dtype=torch.float32):
     """Small whole numbers (1 to 3): every dtype holds them, their sums and
-    products over a few ranks, exactly."""
+    products over a few ranks, exactly; bools True and False by rank (so
+    that or and and differ)."""
+    if dtype == torch.bool:
+        return (torch.arange(n) + rank) % 3 == 0
     return ((torch.arange(n) + rank) % 3 + 1).to(dtype)
 
 
@@ -91,12 +94,13 @@ def case_all_reduce():
            "PRODUCT": dist.ReduceOp.PRODUCT}
     if hasattr(dist.ReduceOp, "AVG"):
         ops["AVG"] = dist.ReduceOp.AVG
-    everyone = [values(r, dtype=torch.float64) for r in range(WORLD)]
-    serial = {"SUM": sum(everyone), "MIN": torch.stack(everyone).min(0).values,
-              "MAX": torch.stack(everyone).max(0).values,
-              "PRODUCT": torch.stack(everyone).prod(0), "AVG": sum(everyone) / WORLD}
     compared = 0
     for dtype in DTYPES:
+        # In float64, then cast: a bool's sum is then its or, its product its and.
+        everyone = [values(r, dtype=dtype).double() for r in range(WORLD)]
+        serial = {"SUM": sum(everyone), "MIN": torch.stack(everyone).min(0).values,
+                  "MAX": torch.stack(everyone).max(0).values,
+                  "PRODUCT": torch.stack(everyone).prod(0), "AVG": sum(everyone) / WORLD}
         for name, op in ops.items():
             if name == "AVG" and not dtype.is_floating_point:
                 continue
@@ -323,7 +327,7 @@ def case_reduce_family():
         ins = [values(RANK + 3 * k, 4, dtype) for k in range(WORLD)]
         out = torch.zeros(4, dtype=dtype)
         dist.reduce_scatter(out, ins)
-        exact(out, sum(values(r + 3 * RANK, 4, torch.float64) for r in range(WORLD)).to(dtype),
+        exact(out, sum(values(r + 3 * RANK, 4, dtype).double() for r in range(WORLD)).to(dtype),
               f"reduce_scatter {dtype}")
         flat = torch.cat(ins)
         out2 = torch.zeros(4, dtype=dtype)
@@ -334,7 +338,7 @@ def case_reduce_family():
             t = values(RANK, 6, dtype)
             dist.reduce(t, dst=root)
             if RANK == root:
-                exact(t, sum(values(r, 6, torch.float64) for r in range(WORLD)).to(dtype),
+                exact(t, sum(values(r, 6, dtype).double() for r in range(WORLD)).to(dtype),
                       f"reduce to {root} {dtype}")
             else:
                 exact(t, values(RANK, 6, dtype), f"reduce to {root}: a non-root's tensor moved")
