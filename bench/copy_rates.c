@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
     t[3 * samples + s] = now() - t0;
   }
   const char* what[] = {"memcpy, own memory", "process_vm_readv into a buffer of N",
-                        "process_vm_readv into a cached piece", "memcpy from a peer's shared mapping"};
+                        "process_vm_readv into a cached piece",
+                        "memcpy from a peer's shared mapping"};
   printf("%zu MiB, %d samples, pieces of %zu KiB: median GB/s of bytes copied\n", n >> 20, samples,
          piece >> 10);
   for (int k = 0; k < 4; ++k)
