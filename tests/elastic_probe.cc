@@ -2,7 +2,7 @@
 // with a replacement, under collie-run --elastic --max-restarts M.
 //
 //   elastic_probe [--steps N] [--kill-rank R --kill-at S] [--floats K] [--joiners-die 1]
-//                 [--lost-at-end R --sync-dir D] [--spares-die 1]
+//                 [--lost-at-end R --sync-dir D [--await-replacement 1]] [--spares-die 1]
 //
 // The "model" is K floats; at step i, rank r's "gradient" element j is
 // (r + 1) * ((i + j) % 7 + 1), all-reduced (sum) and added to the model.
@@ -88,9 +88,15 @@ bool ended(pid_t pid) {
 }
 
 // --lost-at-end R: rank R dies once every other rank has finished its work,
-// while they are still running; they end once it has. Ordered by files in
-// `dir` (done.<rank>, lost.pid), not by time.
-void end_with_a_loss(const std::string& dir, int born, long lost, int world) {
+// while they are still running; they end once it has, or with
+// --await-replacement once its replacement has started too (collie-run
+// has then handled the loss while they ran: without it, collie-run may
+// reap them first and take the loss for one after the end). Ordered by
+// files in `dir` (done.<rank>, lost.pid, replacement), not by time; the
+// wait for a replacement gives up after 60 s, so that a launcher that
+// never starts one fails the test rather than hanging it.
+void end_with_a_loss(const std::string& dir, int born, long lost, int world,
+                     bool await_replacement) {
   if (born == lost) {
     for (int r = 0; r < world; ++r)
       while (r != lost && !exists(dir + "/done." + std::to_string(r))) usleep(1000);
@@ -111,16 +117,19 @@ void end_with_a_loss(const std::string& dir, int born, long lost, int world) {
     std::fclose(f);
   }
   while (pid > 0 && !ended(pid)) usleep(1000);
+  for (int ms = 0; await_replacement && ms < 60000 && !exists(dir + "/replacement"); ++ms)
+    usleep(1000);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   long steps = 40, kill_rank = -1, kill_at = -1, floats = 1 << 16;
-  bool joiners_die = false;  // a replacement kills itself once it has the state
-  bool spares_die = false;   // a first-life spare kills itself before it joins
-  long lost_at_end = -1;     // this rank, in its first life, dies as the others finish
-  std::string sync_dir;      // where --lost-at-end's ranks order themselves
+  bool joiners_die = false;        // a replacement kills itself once it has the state
+  bool spares_die = false;         // a first-life spare kills itself before it joins
+  long lost_at_end = -1;           // this rank, in its first life, dies as the others finish
+  std::string sync_dir;            // where --lost-at-end's ranks order themselves
+  bool await_replacement = false;  // ... and the others end once its replacement has started
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (i + 1 >= argc) usage("missing value after " + a);
@@ -141,6 +150,8 @@ int main(int argc, char** argv) {
       spares_die = number(a, v) != 0;
     else if (a == "--sync-dir")
       sync_dir = v;
+    else if (a == "--await-replacement")
+      await_replacement = number(a, v) != 0;
     else
       usage("unknown option " + a);
   }
@@ -153,6 +164,8 @@ int main(int argc, char** argv) {
     return w ? std::atoi(w) : 1;
   }();
 
+  if (joining && !sync_dir.empty())  // for --await-replacement: collie-run started this one
+    if (FILE* f = std::fopen((sync_dir + "/replacement").c_str(), "w")) std::fclose(f);
   if (spares_die && first_life && std::getenv("COLLIE_SPARE")) {
     std::printf("spare killed before joining\n");
     std::fflush(stdout);
@@ -227,7 +240,7 @@ int main(int argc, char** argv) {
     std::printf("done: %ld steps, model exact, rank %d of %d\n", steps, comm->rank(), comm->size());
     std::fflush(stdout);
     if (lost_at_end >= 0 && first_life && !joining)
-      end_with_a_loss(sync_dir, born, lost_at_end, world);
+      end_with_a_loss(sync_dir, born, lost_at_end, world, await_replacement);
   } catch (const Error& e) {
     std::printf("ERROR code=%s: %s\n", std::string(to_string(e.code())).c_str(), e.what());
     return 3;

@@ -344,9 +344,13 @@ TEST_F(Launcher, ElasticStopsAReplacementNoGrowWillTakeAndStartsTheRoundAgain) {
   // round starts again (its second life ends well).
   const char* probe = std::getenv("ELASTIC_PROBE");
   if (!probe) GTEST_SKIP() << "ELASTIC_PROBE is not set";
-  auto r = run({"-n", "3", "--elastic", "--max-restarts", "2", probe, "--steps", "5", "--floats",
-                "16", "--lost-at-end", "1", "--sync-dir", dir_.string()},
-               {"COLLIE_TIMEOUT=60"});
+  // --await-replacement: the others end only once the replacement has
+  // started, so collie-run sees the loss while they run (without it, it
+  // sometimes reaped them first: "lost after every other rank had ended").
+  auto r =
+      run({"-n", "3", "--elastic", "--max-restarts", "2", probe, "--steps", "5", "--floats", "16",
+           "--lost-at-end", "1", "--sync-dir", dir_.string(), "--await-replacement", "1"},
+          {"COLLIE_TIMEOUT=60"});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "[1] lost as the others finish")) << r.out;
   EXPECT_TRUE(contains(r.err, "--elastic: starting it again (1 of 2)")) << r.err;
