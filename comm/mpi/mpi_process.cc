@@ -39,7 +39,9 @@ std::string level_name(int level) {
 
 // The reduce ops MPI lacks, made of collie's kernels, so that results match
 // the other backends: f16 and bf16 (widened to f32, combined, rounded once
-// per step), 8-bit sums (wrapped, where Open MPI 4.1 saturates), and
+// per step), 8-bit sums (wrapped: Open MPI 4.1's op/avx saturates them over
+// its vector body, 100 + 100 in int8 gave 127 there and -56 in its tail;
+// Allreduce.EightBitSumsWrapAtEveryCount in tests/test_collectives.cc), and
 // min/max on floats (NaN wins wherever it is; MPI_MIN's
 // comparison keeps whichever side comes first).
 template <ReduceOp R>
@@ -152,10 +154,7 @@ MPI_Datatype Process::type(DType t) const {
   return MPI_BYTE;
 }
 
-// avg is a sum here; the caller divides. 8-bit sums are collie's too: Open
-// MPI 4.1's op/avx component saturates them where it vectorises (100 + 100
-// in int8 gave 127 over its vector body, the wrapped -56 in its tail;
-// Allreduce.EightBitSumsWrapAtEveryCount in tests/test_collectives.cc).
+// avg is a sum here; the caller divides. Which ops are collie's: user_op.
 MPI_Op Process::op(ReduceOp r, DType t) const {
   const bool narrow = t == DType::f16 || t == DType::bf16;
   const bool fp = narrow || t == DType::f32 || t == DType::f64;
