@@ -113,6 +113,11 @@ class FakeSegment {
     std::memcpy(local, reinterpret_cast<const void*>(remote), len);
   }
 
+  void write_peer(int r, uint64_t remote, const void* local, size_t len, const shm::What& what) {
+    blame_peer(r, what);
+    std::memcpy(reinterpret_cast<void*>(remote), local, len);
+  }
+
   // The region mapped a second time in this process, as a peer would map
   // it (through /proc/<pid>/fd), and kept until the segment goes.
   uint8_t* peer_buffer(int r, const shm::DescSlot& s, const shm::What& what) {

@@ -37,14 +37,14 @@ TEST(ShmChoose, SmallPathsByTheSmallestLimitThatHolds) {
   EXPECT_EQ(small_path(2, 1, none), Path::large);
 }
 
-TEST(ShmChoose, DirectReadsFrom32KiBOr256KiBWhenCrowdedAndNeverWithoutCma) {
+TEST(ShmChoose, DirectReadsFrom32KiBOr64KiBWhenCrowdedAndNeverWithoutCma) {
   Offer o = two_ranks();
   EXPECT_FALSE(direct_size(kDirectMin - 1, o));
   EXPECT_TRUE(direct_size(kDirectMin, o));
   EXPECT_EQ(kDirectMin, 32u * 1024);
   o.crowded = true;
-  EXPECT_FALSE(direct_size(255 * 1024, o));
-  EXPECT_TRUE(direct_size(256 * 1024, o));
+  EXPECT_FALSE(direct_size(63 * 1024, o));
+  EXPECT_TRUE(direct_size(64 * 1024, o));
   o.reads_peers = false;  // COLLIE_SHM_CMA=0, or the kernel refused
   EXPECT_FALSE(direct_size(64 << 20, o));
 }

@@ -286,11 +286,15 @@ bool Segment::pinnable(const void* a, size_t a_len, const void* b, size_t b_len)
   return true;
 }
 
-void Segment::read_peer(int r, void* local, uint64_t remote, size_t len, const What& what) {
-  auto* to = static_cast<uint8_t*>(local);
+// One copy between this process and rank r's, `len` bytes: a read
+// (process_vm_readv) or a write (process_vm_writev).
+void Segment::copy_with_peer(int r, void* local, uint64_t remote, size_t len, bool write,
+                             const What& what) {
+  auto* at = static_cast<uint8_t*>(local);
   while (len > 0) {
-    iovec l{to, len}, rem{reinterpret_cast<void*>(remote), len};
-    const ssize_t got = process_vm_readv(pids_[r], &l, 1, &rem, 1, 0);
+    iovec l{at, len}, rem{reinterpret_cast<void*>(remote), len};
+    const ssize_t got = write ? process_vm_writev(pids_[r], &l, 1, &rem, 1, 0)
+                              : process_vm_readv(pids_[r], &l, 1, &rem, 1, 0);
     if (got <= 0) {
       // A peer that died (ESRCH: its memory is gone) or gave up on the op
       // and aborted (its buffer may be gone) is the cause to report.
@@ -300,13 +304,22 @@ void Segment::read_peer(int r, void* local, uint64_t remote, size_t len, const W
         throw Error(ErrorCode::peer_lost, names_(me_) + ": " + names_(r) + " (pid " +
                                               std::to_string(pids_[r]) + ") died during " +
                                               what.str());
-      throw Error(ErrorCode::internal, names_(me_) + ": reading " + names_(r) + "'s buffer of " +
-                                           what.str() + " failed: " + std::strerror(err));
+      throw Error(ErrorCode::internal, names_(me_) + (write ? ": writing " : ": reading ") +
+                                           names_(r) + "'s buffer of " + what.str() +
+                                           " failed: " + std::strerror(err));
     }
-    to += got;
+    at += got;
     remote += static_cast<uint64_t>(got);
     len -= static_cast<size_t>(got);
   }
+}
+
+void Segment::read_peer(int r, void* local, uint64_t remote, size_t len, const What& what) {
+  copy_with_peer(r, local, remote, len, false, what);
+}
+
+void Segment::write_peer(int r, uint64_t remote, const void* local, size_t len, const What& what) {
+  copy_with_peer(r, const_cast<void*>(local), remote, len, true, what);
 }
 
 Segment::Mapping::~Mapping() {

@@ -226,6 +226,10 @@ class Segment {
   // Reads `len` bytes at `remote` in rank r's address space into `local`;
   // throws naming r and `what` when it cannot (r died: peer_lost).
   void read_peer(int r, void* local, uint64_t remote, size_t len, const What& what);
+  // Writes `len` bytes from `local` at `remote` in rank r's address space
+  // (process_vm_writev, allowed wherever the reads are); throws as
+  // read_peer does.
+  void write_peer(int r, uint64_t remote, const void* local, size_t len, const What& what);
   // Rank r's registered region that its descriptor `s` names, mapped here
   // (opened through /proc on the first op that names it, then kept until
   // the segment goes; at most kMaxMapped, the least recently used dropped).
@@ -363,6 +367,8 @@ class Segment {
   config::ShmTuning settings_;
   Layout lay_;
   bool read_peers_ = false;
+  void copy_with_peer(int r, void* local, uint64_t remote, size_t len, bool write,
+                      const What& what);
   SpinBudget spin_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<FailureLatch> failure_;

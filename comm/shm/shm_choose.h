@@ -27,10 +27,13 @@ struct Offer {
 // 1.3 x, 4-16 MiB 1.8-2 x; the other collectives 1.6-2.1 x up to 16 MiB;
 // bench/RESULTS.md).
 inline constexpr size_t kDirectMin = 32 * 1024;
-// With more ranks than CPUs, from 256 KiB: 4 ranks on 2 cores, a 64 KiB
-// all-reduce read directly (six system calls per rank) was 0.69-0.82 x the
-// rounds; from 256 KiB about level or faster (bench/RESULTS.md).
-inline constexpr size_t kDirectMinCrowded = 256 * 1024;
+// With more ranks than CPUs, from 64 KiB: since the all-reduce pushes its
+// reduced slices (one wait, not two), 3 ranks on 2 cores take 64 and
+// 128 KiB directly in 0.55 and 0.45 x the rounds' time, 4 ranks 0.9-1.0
+// and 0.5-0.9 x; at 32 KiB the rounds stay ahead (direct 0.75-1.33 x
+// their time at 3 ranks, 1.1-1.4 x at 4: bench/RESULTS.md). Before the push, 256 KiB: a 64 KiB
+// all-reduce read directly was 0.69-0.82 x the rounds at 4 ranks.
+inline constexpr size_t kDirectMinCrowded = 64 * 1024;
 // A direct all-reduce of 2 ranks up to this size reduces the whole buffer
 // on each rank, reading the peer's whole input: one wait instead of two.
 // Measured against the reduce-scatter and all-gather (7 interleaved runs):

@@ -94,18 +94,16 @@ inline void ShmSteps<Seg>::allreduce(const Op& op, const What& what, Deadline dl
   }
 }
 
-// Every rank may read every peer's memory (process_vm_readv, as Open
-// MPI's single copy does): no copy through the segment. Each rank reduces
-// its own 1/n slice of the whole buffer, a piece at a time: it reads each
-// peer's input piece into a scratch buffer that stays in its cache and
-// reduces it into its output; after one wait it reads the others' reduced
-// slices from their outputs into its own. Per rank that is the input and
-// a peer's slice read, the output written, against the segment path's
+// Every rank may read and write every peer's memory (process_vm_readv
+// and process_vm_writev, as Open MPI's single copy does): no copy through
+// the segment. Each rank reduces its own 1/n slice of the whole buffer, a
+// piece at a time: it reads each peer's input piece into a scratch buffer
+// that stays in its cache and reduces it into its output; then it writes
+// its reduced slice into every peer's output. Per rank that is the input
+// and a peer's slice read, the output written, against the segment path's
 // copy in, reduce in place and copy out. Each slice is reduced once, so
-// every rank ends with the same bits. The last wait keeps every buffer
-// unchanged until no rank reads it any more. In place works too: the
-// slice a rank reads from a peer's buffer in the first half is one that
-// peer only writes in the second.
+// every rank ends with the same bits. The one wait, at the end, keeps
+// every buffer unchanged until no rank reads or writes it any more.
 template <class Seg>
 inline void ShmSteps<Seg>::allreduce_direct(const Op& op, const What& what, Deadline dl) {
   const OpDesc& d = op.desc;
@@ -115,14 +113,19 @@ inline void ShmSteps<Seg>::allreduce_direct(const Op& op, const What& what, Dead
   const size_t lo = sl.lo(me_);
   auto* out = static_cast<uint8_t*>(op.out.data);
   reduce_from_peers(op, out + lo * es, lo, sl.lo(me_ + 1) - lo, what);
-  seg_.advance();
-  seg_.wait_all(what, dl);
-  for (int k = 0; k < n_; ++k) {
-    const size_t klo = sl.lo(k), klen = sl.lo(k + 1) - klo;
-    if (k != me_ && klen)
-      seg_.read_peer(k, out + klo * es, seg_.desc(k, d.seq).large.out_addr + klo * es, klen * es,
-                     what);
-  }
+  // Pushed, not pulled: this rank writes its reduced slice, still in its
+  // cache, into every peer's output (process_vm_writev), instead of
+  // reading each peer's slice after a wait, lines the peer had just
+  // written (dirty in the other CPU's cache): 2-3 x faster from 1 to 4 MiB
+  // (bench/RESULTS.md), and one wait instead of two. No rank reads or
+  // writes the part of a buffer that another writes: a peer reads only its
+  // own slice of every input, and in place that slice is one this rank
+  // never writes.
+  const size_t len = sl.lo(me_ + 1) - lo;
+  for (int k = 0; k < n_; ++k)
+    if (k != me_ && len)
+      seg_.write_peer(k, seg_.desc(k, d.seq).large.out_addr + lo * es, out + lo * es, len * es,
+                      what);
   seg_.advance();
   seg_.wait_all(what, dl);
 }
@@ -183,12 +186,11 @@ inline void ShmSteps<Seg>::allreduce_whole(const Op& op, const What& what, Deadl
 }
 
 // Every rank's buffer is mapped by every other: in rounds of n slices,
-// each rank reduces its own slice of every rank's buffer
-// into its own buffer, in place, and after one wait copies the others'
-// reduced slices from their buffers into its own while they are still in
-// the shared cache. Each slice is reduced once, so every rank ends with
-// the same bits. The last wait keeps every buffer unchanged until no rank
-// reads it any more.
+// each rank reduces its own slice of every rank's buffer into its own
+// buffer, in place, and copies the result into every other rank's buffer
+// while it is still in its cache. Each slice is reduced once, so every
+// rank ends with the same bits. The one wait, at the end, keeps every
+// buffer unchanged until no rank reads or writes it any more.
 template <class Seg>
 inline void ShmSteps<Seg>::allreduce_shared(const Op& op, const What& what, Deadline dl) {
   const OpDesc& d = op.desc;
@@ -199,19 +201,24 @@ inline void ShmSteps<Seg>::allreduce_shared(const Op& op, const What& what, Dead
     buf[r] = r == me_ ? static_cast<uint8_t*>(op.in.data)
                       : seg_.peer_buffer(r, seg_.desc(r, d.seq), what);
   // Slices of 1 MiB per rank per round: no segment space limits them
-  // here, and with 256 KiB slices the waits cost 2 MiB to 256 MiB a fifth
-  // to two fifths of their speed (bench/RESULTS.md). Fixed, not the
-  // segment's round: that follows the L2 now, and this was measured alone.
+  // here (chosen when every round ended in a wait, which cost 256 KiB
+  // slices a fifth to two fifths of their speed: bench/RESULTS.md); a
+  // slice is this machine's L2, where it stays between its reduction and
+  // its copies.
   const size_t per_round = std::max<size_t>(kSharedSlice / es, 1) * n_;
   for (size_t off = 0; off < count; off += per_round) {
     const Slices sl = slices(std::min(per_round, count - off), es);
     reduce_own_slice([&](int q) { return buf[q] + off * es; }, sl, es, t, d.redop, op.seen, off);
-    seg_.advance();
-    seg_.wait_all(what, dl);
-    for (int k = 0; k < n_; ++k) {
-      const size_t klo = off + sl.lo(k), klen = sl.lo(k + 1) - sl.lo(k);
-      if (k != me_ && klen) std::memcpy(buf[me_] + klo * es, buf[k] + klo * es, klen * es);
-    }
+    // Pushed, not pulled: this rank writes its reduced slice, still in its
+    // cache, into every peer's buffer. Reading a peer's slice right after
+    // the peer wrote it instead (the peer's dirty lines, from the other
+    // CPU's cache) ran at a fifth of a memcpy's speed in this VM's slow
+    // spells, and needed a wait per round (bench/RESULTS.md). No rank reads
+    // or writes another's slice, so the rounds need no wait: only the last
+    // one, before any rank returns its buffer.
+    const size_t lo = off + sl.lo(me_), len = sl.lo(me_ + 1) - sl.lo(me_);
+    for (int k = 0; k < n_; ++k)
+      if (k != me_ && len) std::memcpy(buf[k] + lo * es, buf[me_] + lo * es, len * es);
   }
   seg_.advance();
   seg_.wait_all(what, dl);
