@@ -50,7 +50,7 @@ except ImportError:
     import pytorch_lightning as pl
 
 import collie  # noqa: E402
-from check_cases import exit_cleanly  # noqa: E402 - no Gloo thread outlives the interpreter
+from check_cases import exit_cleanly  # noqa: E402 - ends a rank without finalizing Python
 import collie.lightning as cl  # noqa: E402
 import collie.torch as ct  # noqa: E402
 
@@ -456,8 +456,7 @@ def script_launcher(names):
         print(f"collie.lightning ({pl.__name__} {pl.__version__}, torch {torch.__version__}): "
               f"{len(names) - len(failures)} passed, {len(failures)} failed on rank 0; "
               f"{int(flag)} failures on all ranks", flush=True)
-    exit_cleanly()
-    sys.exit(1 if int(flag) else 0)
+    exit_cleanly(1 if int(flag) else 0)
 
 
 def spawned():
@@ -516,8 +515,7 @@ def main():
         for p in children:
             if p.wait() != 0:
                 flag += 1
-        exit_cleanly()
-        sys.exit(1 if int(flag) else 0)
+        exit_cleanly(1 if int(flag) else 0)
     names = args or list(CASES)
     for n in names:
         if n not in CASES:
@@ -530,14 +528,12 @@ if __name__ == "__main__":
     # One folder for every rank (Lightning's script launcher starts the
     # others from rank 0, with its environment).
     # The process that made it (rank 0, or spawn's main process) removes it
-    # when main() exits, after the ranks it started have.
-    made = "COLLIE_LIGHTNING_CHECK_DIR" not in os.environ
-    if made:
+    # at exit (atexit: exit_cleanly runs it too), after the ranks it started
+    # have ended.
+    if "COLLIE_LIGHTNING_CHECK_DIR" not in os.environ:
+        import atexit
+        import shutil
         import tempfile
         os.environ["COLLIE_LIGHTNING_CHECK_DIR"] = tempfile.mkdtemp(prefix="collie-lightning-")
-    try:
-        main()
-    finally:
-        if made:
-            import shutil
-            shutil.rmtree(os.environ["COLLIE_LIGHTNING_CHECK_DIR"], ignore_errors=True)
+        atexit.register(shutil.rmtree, os.environ["COLLIE_LIGHTNING_CHECK_DIR"], ignore_errors=True)
+    main()
