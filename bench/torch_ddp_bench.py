@@ -6,7 +6,10 @@ by side in one run: step time, the all-reduce alone, exposed communication.
         [--backend] [--cpp] [--checks]
 
 --backend adds PyTorch's own DDP over the torch.distributed backend
-"collie" (collie.distributed), against the same over Gloo. --cpp adds it
+"collie" (collie.distributed), against the same over Gloo; where PyTorch's
+DDP takes its buckets' memory from the backend (2.15; not 1.13, 2.1), also over
+"collie_plain", the same backend offering none (its buckets in PyTorch's
+memory). --cpp adds it
 over "collie_cpp", the backend written as a C++ extension
 (bench/c10d_ext/: all_reduce, broadcast, barrier only; no fp16 hook run).
 
@@ -30,6 +33,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
+import collie.distributed
 import collie.torch as ct
 
 
@@ -68,6 +72,16 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     hooks = [False] if args.no_fp16 else [False, True]
     collie_group = dist.new_group(backend="collie") if args.backend else None
+    plain_group = None
+    if args.backend and collie_group._memory is not None:
+        # The same backend offering PyTorch's DDP no memory of collie's: its
+        # buckets in PyTorch's, all-reduced through process_vm_readv on shm.
+        class Plain(collie.distributed.ProcessGroupCollie):
+            def _offer_memory(self):
+                self._memory = None
+
+        dist.Backend.register_backend("collie_plain", lambda *a: Plain(*a[:4]), devices=["cpu"])
+        plain_group = dist.new_group(backend="collie_plain")
     if args.cpp:
         import os
         import sys
@@ -89,6 +103,10 @@ def main():
             m = TorchDDP(m, gradient_as_bucket_view=True, process_group=collie_group)
             if fp16:
                 m.register_comm_hook(collie_group, default_hooks.fp16_compress_hook)
+        elif kind == "torch@collie_plain":
+            m = TorchDDP(m, gradient_as_bucket_view=True, process_group=plain_group)
+            if fp16:
+                m.register_comm_hook(plain_group, default_hooks.fp16_compress_hook)
         elif kind == "torch@collie_cpp":
             m = TorchDDP(m, gradient_as_bucket_view=True, process_group=cpp_group)
         elif kind == "collie":
@@ -111,6 +129,8 @@ def main():
         configs += [("collie+replicas@1", False), ("collie+nonfinite", False)]
     if args.backend:
         configs += [("torch@collie", h) for h in hooks]
+        if plain_group is not None:
+            configs += [("torch@collie_plain", h) for h in hooks]
     if args.cpp:
         configs.append(("torch@collie_cpp", False))
     models = {c: build(*c) for c in configs}
@@ -167,6 +187,11 @@ def main():
                     print(f"{batch:>5}  {'fp16' if h else '-':<5} {local:>9.1f} {t:>9.1f} {b:>10.1f} "
                           f"{t / b:>7.2f}x  {t - local:>11.1f}ms {b - local:>12.1f}ms   "
                           "PyTorch's DDP over the collie backend")
+                if plain_group is not None:
+                    b = ms[(batch, ("torch@collie_plain", h))]
+                    print(f"{batch:>5}  {'fp16' if h else '-':<5} {local:>9.1f} {t:>9.1f} "
+                          f"{b:>10.1f} {t / b:>7.2f}x  {t - local:>11.1f}ms {b - local:>12.1f}ms"
+                          "   the same, its buckets in PyTorch's memory")
                 if args.cpp and not h:
                     b = ms[(batch, ("torch@collie_cpp", h))]
                     print(f"{batch:>5}  {'-':<5} {local:>9.1f} {t:>9.1f} {b:>10.1f} "

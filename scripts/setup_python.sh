@@ -31,3 +31,20 @@ for name in torch-latest torch-oldest; do
   rm -rf ".venv/$name"
   ln -s "$venv" ".venv/$name"
 done
+# The module that gives PyTorch's own DDP collie's memory for its buckets
+# (python/collie/_comm_memory.py), built here once per PyTorch that can use
+# it (about 20 s), not by the first job that needs it.
+for name in torch-latest torch-oldest; do
+  ".venv/$name/bin/python3" - python/collie/_comm_memory.py <<'PY'
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("comm_memory", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+if m.supported():
+    try:
+        m.build()
+        print(f"setup: collie's DDP memory module is built for PyTorch {m.torch.__version__}")
+    except Exception as e:  # optional: DDP's buckets then stay in PyTorch's memory
+        print(f"setup: warning: collie's DDP memory module could not be built: {e}")
+PY
+done

@@ -15,6 +15,8 @@
 // where PyTorch's C++ DDP hook (divide by the world size) runs inline. A
 // Python comm hook that waits for another op there would deadlock: the
 // Python backend hands completions to a pool for that reason.
+#include <torch/extension.h>
+
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>

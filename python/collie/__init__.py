@@ -295,6 +295,9 @@ class Communicator:
         self._h = ctypes.c_void_p(handle)
         self._owned = owned
         self._works = weakref.WeakSet()  # the async ops handed out, while anyone holds them
+        # Called as it closes: what holds the handle outside Python lets go
+        # (collie.distributed's memory backend for PyTorch's DDP).
+        self._on_close = []
         if owned:
             _open_comms.add(self)
 
@@ -453,6 +456,9 @@ class Communicator:
         return None
 
     def close(self):
+        for fn in getattr(self, "_on_close", ()):
+            fn()
+        self._on_close = []
         if self._owned and self._h:
             check(lib.collie_comm_destroy(self._h))
         self._h = None

@@ -21,10 +21,13 @@ backend for "collie", through PyTorch's ProcessGroupNCCL for
 all_reduce_coalesced, broadcast, all_gather, all_gather_into_tensor,
 reduce_scatter, reduce_scatter_tensor, all_to_all, all_to_all_single
 (even or uneven splits), reduce, gather, scatter, barrier, send and recv.
-monitored_barrier (the group's method: PyTorch's dist.monitored_barrier
-takes Gloo only on 1.13 and 2.1, and on 2.15 only groups with a backend per
-device, which a Python ProcessGroup is not).
+monitored_barrier (PyTorch's dist.monitored_barrier where the group has
+its memory backend for the CPU, 2.15 here; else the group's method: PyTorch
+takes Gloo only on 1.13 and 2.1).
 Refused, naming what is missing: the bitwise ops, recv from any source.
+On a recent PyTorch (2.15 here) PyTorch's DDP over a collie group allocates its
+host buckets in collie's memory, all-reduced in place on shm
+(_comm_memory).
 """
 import datetime
 import os
@@ -124,6 +127,28 @@ class ProcessGroupCollie(dist.ProcessGroup):
         self._timeout = seconds or 1800.0  # PyTorch's default group timeout
         self._monitored = 0  # monitored_barrier calls, for their store keys
         self._cuda = None  # PyTorch's NCCL group for "cuda:nccl" (False: collie's own)
+        self._offer_memory()
+
+    def _offer_memory(self):
+        """PyTorch's DDP over this group allocates its host buckets in
+        collie's communication memory (recent PyTorch; see
+        _comm_memory): through a C++ backend registered as the group's
+        default, for the CPU. The collectives stay this class's: PyTorch
+        calls the Python methods of a Python group first; only what asks
+        the C++ group for its CPU backend itself (functional collectives)
+        reaches that backend, which has no collective."""
+        from . import _comm_memory
+        self._memory = _comm_memory.backend(self._comm, self.rank(), self.size())
+        if self._memory is not None:
+            custom = dist.ProcessGroup.BackendType.CUSTOM
+            try:
+                self._register_backend(torch.device("cpu"), custom, self._memory)
+                self._set_default_backend(custom)
+            except (RuntimeError, TypeError, AttributeError) as e:  # a PyTorch unlike 2.15's
+                import warnings
+                warnings.warn("collie: PyTorch's DDP keeps its buckets in PyTorch's memory: "
+                              f"this PyTorch took no memory backend ({e})", RuntimeWarning)
+                self._memory = None
 
     @property
     def comm(self):

@@ -26,6 +26,10 @@ group of the same ranks beside it:
     join with uneven inputs; its PowerSGD hook at a rank that makes it
     exact, against plain DDP): parameters within 1e-5 after 5 steps (fp16's
     and PowerSGD's rounding: 2e-4, 1e-4);
+  * where PyTorch's DDP asks its backend for memory (2.15; not 1.13, 2.1), its
+    buckets in collie's memory (seen in /proc/self/maps), the parameters
+    as over Gloo; DDP_DISABLE_COMM_MEM=1 leaves them in PyTorch's; a
+    failed build of the module: one warning;
   * bad input: an op collie does not have, tensors that differ across ranks:
     an exception naming the op and the rank, no hang.
 Prints one ok/FAIL line per case and rank, then "N passed, N failed".
@@ -381,29 +385,42 @@ def case_all_to_all():
 
 
 def case_monitored_barrier():
-    """Every rank arrives: it passes. Rank 0 alone (the others wait on a
-    Gloo barrier until it has given up): it names every other rank; then
-    the others alone: each names rank 0. The group works after. Called on
-    collie's group: PyTorch's dist.monitored_barrier takes Gloo only on
-    1.13 and 2.1, and on 2.15 a group with a backend per device, which a
-    Python ProcessGroup is not."""
+    """Every rank arrives: it passes. Rank 0 alone (the others wait in a
+    Gloo all-reduce until it has given up): it names every other rank; then
+    the others alone: each names rank 0. The group works after. Through
+    PyTorch's dist.monitored_barrier where it takes collie's group (2.15:
+    a group with a backend for the CPU, which the memory backend of
+    _comm_memory is), else the group's method (PyTorch takes Gloo only on
+    1.13 and 2.1)."""
     import datetime
     group = collie.distributed.backend_of()
-    group.monitored_barrier(datetime.timedelta(seconds=60))
+    through = "PyTorch's dist.monitored_barrier" if group._memory is not None else "the group's"
+
+    def barrier(timeout, wait_all_ranks=False):
+        if group._memory is not None:
+            return dist.monitored_barrier(timeout=timeout, wait_all_ranks=wait_all_ranks)
+        return group.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    barrier(datetime.timedelta(seconds=60))
     short = datetime.timedelta(seconds=1)
     msg = ""
     if RANK == 0:
         try:
-            group.monitored_barrier(short, wait_all_ranks=True)
+            barrier(short, wait_all_ranks=True)
             raise Failed("rank 0 alone passed the monitored barrier")
         except RuntimeError as e:
             msg = str(e)
             want = ", ".join(str(q) for q in range(1, WORLD))
             check(f"{want} did not arrive" in msg, f"the missing ranks are not named: {msg}")
-    dist.barrier(group=GLOO)
+    # The others wait in a Gloo all-reduce, not Gloo's barrier: that barrier
+    # first waits on the group's works in progress and rethrows their
+    # errors, and the failed probe of gloo_has in an earlier case can still
+    # be one for a moment after its wait() raised (1.13 in CI: "Invalid
+    # scalar type" from dist.barrier, rank 0 left waiting to the timeout).
+    dist.all_reduce(torch.zeros(1), group=GLOO)
     if RANK != 0:
         try:
-            group.monitored_barrier(short)
+            barrier(short)
             raise Failed(f"rank {RANK} passed without rank 0")
         except RuntimeError as e:
             msg = str(e)
@@ -411,7 +428,7 @@ def case_monitored_barrier():
     t = torch.ones(3)
     dist.all_reduce(t)
     exact(t, torch.full((3,), float(WORLD)), "all_reduce after failed monitored barriers")
-    return f"passes with everyone; refused: {msg[:100]}"
+    return f"{through}: passes with everyone; refused: {msg[:100]}"
 
 
 def case_launcher_env():
@@ -482,9 +499,9 @@ class Branchy(torch.nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
-def train(group, steps=5, hook=None, join_short=False, **kw):
+def train(group, steps=5, hook=None, join_short=False, model=None, **kw):
     torch.manual_seed(0)
-    model = Branchy()
+    model = model() if model is not None else Branchy()
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, **kw)
     if hook is not None:
         state, fn = hook(group)
@@ -499,6 +516,8 @@ def train(group, steps=5, hook=None, join_short=False, **kw):
             opt.zero_grad()
             torch.nn.functional.mse_loss(ddp(x), y).backward()
             opt.step()
+    if kw.get("gradient_as_bucket_view"):
+        train.grads = [p.grad for p in model.parameters() if p.grad is not None]
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -547,6 +566,114 @@ def case_pytorch_ddp():
             check(diff <= tolerance, f"PyTorch's DDP, {name}: collie and Gloo differ by {diff}")
     return (f"PyTorch's DDP over collie equals it over Gloo in {ran} configurations "
             f"(worst {worst:.1e})")
+
+
+def in_collie_memory(t):
+    """Whether t's first byte lies in collie's communication memory: a
+    mapping of a memfd named collie-buf (comm/shm/region.cc), read from
+    /proc/self/maps, not from collie."""
+    addr = t.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= addr < hi:
+                return any("collie-buf" in x for x in fields[5:])
+    return False
+
+
+def wide():
+    # Its one bucket (52 KiB) takes shm's in-place all-reduce (from 32 KiB).
+    return torch.nn.Sequential(torch.nn.Linear(8, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 4))
+
+
+def case_ddp_comm_memory():
+    """PyTorch's DDP over collie allocates its buckets in collie's memory
+    where PyTorch asks its backend for memory (2.15; not 1.13, 2.1): on shm every
+    gradient (a view of its bucket) lies in a collie-buf mapping, and the
+    parameters equal those of the same over Gloo. DDP_DISABLE_COMM_MEM=1
+    keeps PyTorch's own memory. Where the module cannot be built, a warning
+    says so and DDP keeps PyTorch's memory."""
+    import importlib.util
+    import tempfile
+    import warnings
+    from collie import _comm_memory
+    group = collie.distributed.backend_of()
+    if not _comm_memory.supported():
+        check(group._memory is None, "a memory backend on a PyTorch whose DDP cannot use it")
+        train(None, model=wide, gradient_as_bucket_view=True)
+        check(not any(in_collie_memory(g) for g in train.grads),
+              "DDP's buckets in collie's memory on a PyTorch without the hook")
+        return f"not offered: PyTorch {torch.__version__}'s DDP asks no backend for memory"
+    check(_comm_memory._failed is None and group._memory is not None,
+          f"no memory backend: its module could not be built ({_comm_memory._failed})")
+    check(os.environ.get("DDP_DISABLE_COMM_MEM") == "0",
+          f"DDP_DISABLE_COMM_MEM is {os.environ.get('DDP_DISABLE_COMM_MEM')!r}, not 0, after "
+          "init_process_group('collie')")
+    shm = group.comm.backend == "shm"
+    said = []
+    for disable in ("0", "1"):
+        os.environ["DDP_DISABLE_COMM_MEM"] = disable
+        try:
+            for model in (Branchy, wide):
+                kw = dict(model=model, gradient_as_bucket_view=True,
+                          find_unused_parameters=model is Branchy)
+                before = _comm_memory.allocations()
+                ours = train(None, **kw)
+                made = _comm_memory.allocations() - before
+                inside = [in_collie_memory(g) for g in train.grads]
+                theirs = train(GLOO, **kw)
+                for a, b in zip(ours, theirs):
+                    diff = (a - b).abs().max().item()
+                    check(diff <= 1e-5, f"DDP_DISABLE_COMM_MEM={disable}, {model.__name__}: "
+                                        f"collie and Gloo differ by {diff}")
+                # At construction, and again where DDP rebuilds its buckets
+                # after the first step (not with find_unused_parameters).
+                check((made >= 1) == (disable == "0"),
+                      f"DDP_DISABLE_COMM_MEM={disable}, {model.__name__}: {made} buckets "
+                      "allocated in collie's memory")
+                want = shm and disable == "0"
+                check(all(x == want for x in inside),
+                      f"DDP_DISABLE_COMM_MEM={disable}, {model.__name__}: {sum(inside)} of "
+                      f"{len(inside)} gradients in collie's memory, want "
+                      f"{'all' if want else 'none'} (backend {group.comm.backend})")
+        finally:
+            os.environ["DDP_DISABLE_COMM_MEM"] = "0"
+        said.append(f"DDP_DISABLE_COMM_MEM={disable}: gradients in collie's memory "
+                    f"{'yes' if shm and disable == '0' else 'no'}")
+    # A group whose communicator has closed gives PyTorch's memory; what it
+    # gave before stays good.
+    other = dist.new_group(backend="collie")
+    cpu = torch.device("cpu")
+    kept = other._memory.allocate_tensor(1000, dtype=torch.float64, device=cpu)
+    check(in_collie_memory(kept) == shm, "a bucket of a live group outside collie's memory")
+    other.comm.close()
+    before = _comm_memory.allocations()
+    late = other._memory.allocate_tensor(1000, dtype=torch.float64, device=cpu)
+    check(not in_collie_memory(late) and _comm_memory.allocations() == before,
+          "a bucket in collie's memory through a closed communicator")
+    kept.fill_(2.5)
+    check(float(kept.sum()) == 2500.0, "memory given before the close is not usable after it")
+    del kept, late, other
+    # A build that fails (no compiler here): a warning, once; no backend.
+    spec = importlib.util.spec_from_file_location("collie._comm_memory_probe",
+                                                  _comm_memory.__file__)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    saved = {k: os.environ.get(k) for k in ("CXX", "COLLIE_TORCH_EXT_CACHE")}
+    with tempfile.TemporaryDirectory() as cache, warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        os.environ.update(CXX="false", COLLIE_TORCH_EXT_CACHE=cache)
+        try:
+            first = probe.backend(group.comm, RANK, WORLD)
+            second = probe.backend(group.comm, RANK, WORLD)
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    told = [str(w.message) for w in seen if "could not be built" in str(w.message)]
+    check(first is None and second is None, "a backend although its module could not be built")
+    check(len(told) == 1, f"{len(told)} warnings of the failed build, want 1: {told}")
+    return "; ".join(said) + "; a failed build warned once"
 
 
 def case_bad_input():
@@ -604,7 +731,7 @@ CASES = {"all_reduce": case_all_reduce, "all_reduce_shortcut": case_all_reduce_s
          "objects": case_objects,
          "point_to_point": case_point_to_point, "all_to_all": case_all_to_all,
          "monitored_barrier": case_monitored_barrier, "launcher_env": case_launcher_env, "pytorch_ddp": case_pytorch_ddp,
-         "bad_input": case_bad_input}
+         "ddp_comm_memory": case_ddp_comm_memory, "bad_input": case_bad_input}
 
 
 def main():
