@@ -12,16 +12,33 @@ descriptors is the fewest of its samples, and only rounds with at least
 MIN_FD_SAMPLES samples are judged: one sample cannot tell a moment from a
 round. (The CI of 4a51d9e failed on "tcp: rank fds grew from 8 to 9" with
 the most common count of two samples, the larger of a tie.)
+
+A rank's RSS climbs for its first seconds as it warms up (a PyTorch rank's
+from 460 to 714 MiB in 5 s here, longer under CI's load), so a round whose
+samples are still climbing past the growth margin, or that has one sample,
+is not judged: the CI of 8da99d6 failed on "tcp: rank RSS grew from 580692
+to 739512 KiB", a round of fresh PyTorch ranks sampled while warming up
+against a later round of warm ones. A leak per round still shows: each
+round settles higher than the first.
 """
 
 METRICS = ("launcher_fds", "rank_fds", "launcher_rss", "rank_rss")
 MIN_FD_SAMPLES = 2
+MIN_RSS_SAMPLES = 2
+
+
+def rss_margin(kib):
+    """How far a rank's RSS may exceed `kib` (KiB) without counting as
+    growth: 10 % or 4 MiB, whichever is more."""
+    return max(4096, kib // 10)
 
 
 def steady(samples):
     """{round: {metric: value}} from samples ({"round", metric...,
-    "rank_fd_kinds"}): the fewest descriptors of the round's samples (None
-    with fewer than MIN_FD_SAMPLES of them), the median RSS, and what the
+    "rank_fd_kinds"}, in the order taken): the fewest descriptors of the
+    round's samples (None with fewer than MIN_FD_SAMPLES of them), the
+    median RSS (the ranks': None with fewer than MIN_RSS_SAMPLES, or while
+    the last exceeds the first by more than rss_margin), and what the
     fewest descriptors were ("rank_fd_kinds")."""
     out = {}
     for rnd in sorted({x["round"] for x in samples}):
@@ -31,6 +48,10 @@ def steady(samples):
             xs = sorted(x[m] for x in mine)
             if m.endswith("fds"):
                 v[m] = xs[0] if len(xs) >= MIN_FD_SAMPLES else None
+            elif m == "rank_rss":
+                first, last = mine[0][m], mine[-1][m]
+                settled = len(xs) >= MIN_RSS_SAMPLES and last - first <= rss_margin(first)
+                v[m] = xs[len(xs) // 2] if settled else None
             else:
                 v[m] = xs[len(xs) // 2]
         v["rank_fd_kinds"] = min(mine, key=lambda x: x["rank_fds"]).get("rank_fd_kinds", {})
@@ -78,6 +99,16 @@ def _self_test():
     # The launcher's count is read the same way.
     st = steady([sample(0, 8, 12), sample(0, 8, 13)])
     assert st[0]["launcher_fds"] == 12, st
+    # Ranks' RSS: a round still warming up (or of one sample) is not
+    # judged; settled rounds are, and one settled higher is growth.
+    def rss(rnd, kib):
+        return dict(sample(rnd, 8), rank_rss=kib)
+    warm = steady([rss(0, 460000), rss(0, 580000), rss(1, 714000), rss(1, 739000), rss(2, 580000)])
+    assert warm[0]["rank_rss"] is None and warm[2]["rank_rss"] is None, warm
+    assert warm[1]["rank_rss"] == 739000, warm
+    leak = steady([rss(0, 700000), rss(0, 714000), rss(1, 800000), rss(1, 805000)])
+    assert (leak[0]["rank_rss"], leak[1]["rank_rss"]) == (714000, 805000), leak
+    assert leak[1]["rank_rss"] > leak[0]["rank_rss"] + rss_margin(leak[0]["rank_rss"])
     print("soak_growth: self-test passed")
 
 
