@@ -227,9 +227,10 @@ MpiSettings mpi_settings(const Env& env);
 bool ranks_fit_cores(int local_world_size, int usable_cpus, const Env& env);
 
 // COLLIE_HIER_PIECE: the hierarchical all-reduce runs in pieces of this many
-// bytes (default 1 MiB), the network stage of one beside the shared-memory
-// stages of the next and the previous.
-size_t hier_piece_bytes(const Env& env);
+// bytes, the network stage of one beside the shared-memory stages of the
+// next and the previous; `unset` where the variable is not set (hier: 1 MiB,
+// or on crowded hosts the whole message, one piece).
+size_t hier_piece_bytes(const Env& env, size_t unset = size_t{1} << 20);
 
 // COLLIE_BACKEND, when Options::backend is "auto".
 std::string backend(const Options& options, const Env& env);

@@ -246,10 +246,10 @@ bool ranks_fit_cores(int local_world_size, int usable_cpus, const Env& env) {
   return verdict >= 0 ? verdict == 0 : local_world_size <= usable_cpus;
 }
 
-size_t hier_piece_bytes(const Env& raw) {
+size_t hier_piece_bytes(const Env& raw, size_t unset) {
   const Env env = tuned(raw);
   auto v = parse_bytes("COLLIE_HIER_PIECE", env("COLLIE_HIER_PIECE"));
-  if (!v) return size_t{1} << 20;
+  if (!v) return unset;
   if (*v < 4096 || *v > (1LL << 30))
     throw bad("COLLIE_HIER_PIECE must be between 4096 and 1073741824 bytes");
   return static_cast<size_t>(*v);

@@ -108,6 +108,11 @@ struct BackendContext {
   // inside a host run beside each rank's stage across hosts (1). shm's
   // waiters spin only where these fit the CPUs too (Segment::core_free).
   int beside_per_rank = 0;
+  // The caller knows this host has more busy threads than CPUs though the
+  // ranks of this backend fit them (hier: other hosts' ranks share these
+  // cores unseen); the same on every rank. shm's waiters then hand the CPU
+  // over as where its own ranks outnumber the CPUs (Segment::crowded).
+  bool crowded = false;
   // The busy threads of this host while this backend's ops run: each local
   // rank's runner and the threads beside it. tcp and mpi spin only where
   // these fit the CPUs (config::ranks_fit_cores).

@@ -176,6 +176,11 @@ TEST(Config, SizesTakeKMAndGSuffixes) {
   EXPECT_EQ(config::tcp_tuning(fake({{"COLLIE_TCP_CHUNK_BYTES", "512K"}})).chunk_bytes, 524288u);
   EXPECT_EQ(config::cuda_chunk_bytes(fake({{"COLLIE_CUDA_CHUNK", "1G"}})), size_t{1} << 30);
   EXPECT_EQ(config::hier_piece_bytes(fake({{"COLLIE_HIER_PIECE", "2M"}})), size_t{2} << 20);
+  // Unset: 1 MiB, or the caller's default (hier on crowded hosts: the whole
+  // message); a set value wins over either.
+  EXPECT_EQ(config::hier_piece_bytes(fake({})), size_t{1} << 20);
+  EXPECT_EQ(config::hier_piece_bytes(fake({}), size_t{1} << 40), size_t{1} << 40);
+  EXPECT_EQ(config::hier_piece_bytes(fake({{"COLLIE_HIER_PIECE", "8K"}}), size_t{1} << 40), 8192u);
   for (const char* bad : {"1X", "K", "1.5M", "1MB", "-1K", "99999999999G"}) {
     auto msg = error_of([&] { config::shm_tuning(fake({{"COLLIE_SHM_CHUNK", bad}})); });
     EXPECT_EQ(msg, std::string("invalid_argument: COLLIE_SHM_CHUNK='") + bad +

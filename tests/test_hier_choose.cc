@@ -1,5 +1,5 @@
 // tests/test_hier_choose.cc: comm/hier/hier_choose.h, which all-reduces
-// hier sends over its flat mesh: the small ones, and only on crowded hosts.
+// hier runs in two stages: the small ones, and only on crowded hosts.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -9,12 +9,12 @@
 namespace collie::hier {
 namespace {
 
-TEST(HierChoose, CrowdedHostsSendSmallAllReducesFlat) {
-  EXPECT_TRUE(flat_allreduce(0, true));
-  EXPECT_TRUE(flat_allreduce(8, true));
-  EXPECT_TRUE(flat_allreduce(kFlatCrowdedBytes, true));
-  EXPECT_FALSE(flat_allreduce(kFlatCrowdedBytes + 1, true));
-  EXPECT_FALSE(flat_allreduce(256 << 20, true));
+TEST(HierChoose, CrowdedHostsRunSmallAllReducesInTwoStages) {
+  EXPECT_TRUE(two_stage_allreduce(0, true));
+  EXPECT_TRUE(two_stage_allreduce(8, true));
+  EXPECT_TRUE(two_stage_allreduce(kTwoStageCrowdedBytes, true));
+  EXPECT_FALSE(two_stage_allreduce(kTwoStageCrowdedBytes + 1, true));
+  EXPECT_FALSE(two_stage_allreduce(256 << 20, true));
 }
 
 // Each rank of a host runs a stage with another beside it: 2 ranks on 2
@@ -43,8 +43,8 @@ TEST(HierChoose, AStagedPartCountsTheThreadBesideEachOfItsHostsRanks) {
 }
 
 TEST(HierChoose, HostsWithCoresToSpareGoTheHierarchicalWayAtEverySize) {
-  for (size_t bytes : {size_t{0}, size_t{8}, kFlatCrowdedBytes, size_t{256} << 20})
-    EXPECT_FALSE(flat_allreduce(bytes, false)) << bytes;
+  for (size_t bytes : {size_t{0}, size_t{8}, kTwoStageCrowdedBytes, size_t{256} << 20})
+    EXPECT_FALSE(two_stage_allreduce(bytes, false)) << bytes;
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ namespace {
 // A one-rank segment whose launch counts `local_ranks` ranks on this host,
 // with `beside` threads busy beside each (hier's part inside a host: its
 // stage across hosts, 1).
-std::unique_ptr<Segment> one_rank(int local_ranks, int beside) {
+std::unique_ptr<Segment> one_rank(int local_ranks, int beside, bool crowded = false) {
   BackendContext ctx;
   ctx.launch.rank = 0;
   ctx.launch.world_size = 1;
@@ -23,6 +23,7 @@ std::unique_ptr<Segment> one_rank(int local_ranks, int beside) {
   ctx.key = "test-shm-segment";
   ctx.failure = std::make_shared<FailureLatch>();
   ctx.beside_per_rank = beside;
+  ctx.crowded = crowded;
   return std::make_unique<Segment>(ctx, config::ShmTuning{}, SpinBudget(50, false));
 }
 
@@ -49,6 +50,16 @@ TEST(ShmSegment, AWaiterSpinsOnlyWhereTheThreadsBesideItFitToo) {
 // run on other CPUs (bound), so they do not stop this one's waiters spinning.
 TEST(ShmSegment, TheLaunchsOtherLocalRanksDoNotStopTheSpin) {
   EXPECT_TRUE(one_rank(usable_cpus() + 4, 0)->core_free());
+}
+
+// hier's small all-reduces on crowded hosts: a host's 2 ranks fit its 2
+// CPUs, but the other host's 2 ranks share them unseen. Its shm segment
+// spun (430 us per 8 B all-reduce, one scheduler tick a sample) until it
+// took the job's verdict (bench/RESULTS.md, "hier's small all-reduces in
+// two stages"): crowded, and so a waiter hands its CPU over.
+TEST(ShmSegment, TheCallersCrowdedVerdictCrowdsASegmentThatFitsItsCpus) {
+  EXPECT_FALSE(one_rank(1, 0, false)->crowded());
+  EXPECT_TRUE(one_rank(1, 0, true)->crowded());
 }
 
 }  // namespace

@@ -76,6 +76,15 @@ Hosts find_hosts(const BackendContext& ctx) {
   return h;
 }
 
+// `env` (through the tuning file) with `name` reading "0" where neither
+// sets it.
+config::Env zero_unless_set(const config::Env& env, const char* name) {
+  return [env = config::tuned(env), name](const char* asked) -> const char* {
+    if (const char* v = env(asked)) return v;
+    return std::strcmp(asked, name) == 0 ? "0" : nullptr;
+  };
+}
+
 // The context of a runner over `members` (ranks of ctx), this rank being
 // members[rank]. A stage of the hierarchical all-reduce (`staged`) counts
 // the threads beside it; the flat mesh runs alone, as tcp does.
@@ -95,10 +104,22 @@ BackendContext part(const BackendContext& ctx, const std::string& name, int rank
   // that makes the host look crowded: a stage polling would take turns with
   // its own rank's other stage (hier_collectives_2x2 took 44-48 s with it
   // against 20-30). Unless the user sets it (or a tuning file does).
-  c.env = [env = config::tuned(ctx.env)](const char* name) -> const char* {
-    if (const char* v = env(name)) return v;
-    return std::strcmp(name, "COLLIE_YIELD_US") == 0 ? "0" : nullptr;
-  };
+  c.env = zero_unless_set(ctx.env, "COLLIE_YIELD_US");
+  return c;
+}
+
+// The context of a stage that runs alone on crowded hosts (a small
+// all-reduce's two, an all-reduce of one piece): its waiters hand the CPU
+// over at once, never spinning (unless the user sets
+// COLLIE_SPIN_US, or a tuning file does). The job is crowded though this
+// host's ranks may fit its CPUs (hier_choose.h: a launcher's verdict, or
+// another host's): other hosts' ranks may share them unseen, and a spinner
+// holds the CPU that the rank it waits for needs. 2 hosts x 2 ranks on 2
+// cores: 8 B to 2 KiB in 15-22 us, against 22-25 with shm's spin
+// (bench/RESULTS.md, "Two hosts on a shaped link").
+BackendContext crowded(BackendContext c) {
+  c.crowded = true;
+  c.env = zero_unless_set(c.env, "COLLIE_SPIN_US");
   return c;
 }
 
@@ -166,7 +187,10 @@ class HierRunner final : public HostRunner {
       : hosts_(find_hosts(ctx)),
         me_(ctx.launch.rank),
         n_(ctx.launch.world_size),
-        piece_bytes_(config::hier_piece_bytes(ctx.env)),
+        // Crowded hosts: one piece, the whole message, unless the user sets
+        // COLLIE_HIER_PIECE (hier_choose.h).
+        piece_bytes_(hosts_.crowded ? config::hier_piece_bytes(ctx.env, hier::kCrowdedPieceBytes)
+                                    : config::hier_piece_bytes(ctx.env)),
         failure_(ctx.failure) {
     // The same order on every rank: the mesh of all ranks, then the host's
     // segment, then the mesh across hosts.
@@ -188,11 +212,25 @@ class HierRunner final : public HostRunner {
           "tcp", part(ctx, "x" + std::to_string(hosts_.local_index), hosts_.index, hosts_.across));
       across_name_ = "across hosts (ranks " + ctx.names.list(hosts_.across) + ")";
     }
+    if (across_ && hosts_.crowded) {
+      // For the stages that run alone on crowded hosts (hier_choose.h): the
+      // small all-reduces' two, and an all-reduce of one piece.
+      alone_local_ =
+          make_host_runner("shm", crowded(part(ctx, "s" + std::to_string(hosts_.index),
+                                               hosts_.local_index, hosts_.local, false)));
+      alone_across_ =
+          make_host_runner("tcp", crowded(part(ctx, "y" + std::to_string(hosts_.local_index),
+                                               hosts_.index, hosts_.across, false)));
+    }
   }
 
  private:
   void run_collective(const Op& op, Deadline dl) override {
     if (!flat_) return local_->run_collective(op, dl);  // one host
+    if (two_stage(op)) {
+      trace::algorithm(op, "two stages");  // all-reduce inside hosts, then across
+      return two_stage_allreduce(op, dl);
+    }
     if (hierarchical(op)) {
       trace::algorithm(op, "hierarchical");  // shm inside hosts, tcp across
       return allreduce(op, dl);
@@ -209,15 +247,18 @@ class HierRunner final : public HostRunner {
   // the executor searches this rank's input before them.
   bool searches_nonfinite(const Op& op) const override {
     if (!flat_) return local_->searches_nonfinite(op);
-    if (hierarchical(op)) return false;
+    if (two_stage(op) || hierarchical(op)) return false;
     return flat_->searches_nonfinite(op);
   }
 
-  // Whether `op` runs the hierarchical all-reduce (several hosts): not an
-  // all-reduce, or one hier_choose.h sends over the flat mesh, runs there.
+  // Whether `op` is an all-reduce across hosts of equal rank counts, and
+  // which way it goes (hier_choose.h); any other op runs on the flat mesh.
+  bool two_stage(const Op& op) const {
+    return op.desc.op == OpKind::allreduce && alone_across_ &&
+           hier::two_stage_allreduce(op.in.nbytes(), hosts_.crowded);
+  }
   bool hierarchical(const Op& op) const {
-    return op.desc.op == OpKind::allreduce && across_ &&
-           !flat_allreduce(op.in.nbytes(), hosts_.crowded);
+    return op.desc.op == OpKind::allreduce && across_ && !two_stage(op);
   }
 
   void abort_peers(const Error& e) noexcept override {
@@ -232,7 +273,7 @@ class HierRunner final : public HostRunner {
 
   std::vector<HostRunner*> runners() const {
     std::vector<HostRunner*> v;
-    for (const auto* r : {&flat_, &local_, &across_})
+    for (const auto* r : {&flat_, &local_, &across_, &alone_local_, &alone_across_})
       if (*r) v.push_back(r->get());
     return v;
   }
@@ -257,6 +298,20 @@ class HierRunner final : public HostRunner {
     }
   }
 
+  // A small all-reduce on crowded hosts: every rank of a host ends with the
+  // host's sum (the same bits on each), then the ranks of each local index
+  // all-reduce those across hosts: the same inputs on every comm across, so
+  // the same bits everywhere.
+  void two_stage_allreduce(const Op& op, Deadline dl) {
+    const ReduceOp red = op.desc.redop == ReduceOp::avg ? ReduceOp::sum : op.desc.redop;
+    stage(*alone_local_, alone_local_seq_, local_name_, op, OpKind::allreduce, op.in, op.out, red,
+          dl);
+    stage(*alone_across_, alone_across_seq_, across_name_, op, OpKind::allreduce, op.out, op.out,
+          red, dl);
+    if (op.desc.redop == ReduceOp::avg)
+      kernels::divide(op.out.dtype, op.out.data, op.out.data, op.out.numel, n_);
+  }
+
   // Pieces of whole multiples of L elements, pipelined: reduce-scatter of
   // piece k, then (while piece k crosses the network beside) all-gather of
   // piece k - 1. The last count % L elements go after, in one step.
@@ -276,11 +331,18 @@ class HierRunner final : public HostRunner {
     auto finish = [&](TensorView v) {
       if (op.desc.redop == ReduceOp::avg) kernels::divide(v.dtype, v.data, v.data, v.numel, n_);
     };
+    // One piece runs its stages in this thread, none beside it: on crowded
+    // hosts, on the runners that run alone (hier_choose.h).
+    const bool alone = pieces <= 1 && alone_local_;
+    HostRunner& inside = alone ? *alone_local_ : *local_;
+    HostRunner& between = alone ? *alone_across_ : *across_;
+    uint32_t& inside_seq = alone ? alone_local_seq_ : local_seq_;
+    uint32_t& between_seq = alone ? alone_across_seq_ : across_seq_;
     auto local = [&](OpKind kind, TensorView in, TensorView out) {
-      stage(*local_, local_seq_, local_name_, op, kind, in, out, red, dl);
+      stage(inside, inside_seq, local_name_, op, kind, in, out, red, dl);
     };
     auto across = [&](TensorView v) {
-      stage(*across_, across_seq_, across_name_, op, OpKind::allreduce, v, v, red, dl);
+      stage(between, between_seq, across_name_, op, OpKind::allreduce, v, v, red, dl);
     };
     auto gather = [&](size_t k) {
       finish(mine(k));
@@ -342,9 +404,9 @@ class HierRunner final : public HostRunner {
   const size_t piece_bytes_;
   const std::shared_ptr<FailureLatch> failure_;
   Beside beside_;  // after the runners: its thread ends before they go
-  std::unique_ptr<HostRunner> flat_, local_, across_;
+  std::unique_ptr<HostRunner> flat_, local_, across_, alone_local_, alone_across_;
   std::string local_name_, across_name_;
-  uint32_t local_seq_ = 0, across_seq_ = 0;
+  uint32_t local_seq_ = 0, across_seq_ = 0, alone_local_seq_ = 0, alone_across_seq_ = 0;
 };
 
 std::unique_ptr<HostRunner> make_runner(const BackendContext& ctx) {

@@ -12,8 +12,10 @@
 //    hold slice i, and an all-gather inside each host over shm. Each host
 //    sends 2 (H-1)/H of the message over the network, against 2 (N-1)/N for
 //    a flat ring of the N = H L ranks (1 against 1.5 for 2 hosts of 2), over
-//    L connections at once. Every other operation runs on the tcp mesh of
-//    all ranks.
+//    L connections at once. On crowded hosts small all-reduces take two
+//    stages instead (hier_choose.h): an all-reduce inside each host, then
+//    one across hosts of each host's sum; larger ones go in one piece.
+//    Every other operation runs on the tcp mesh of all ranks.
 //
 // The all-reduce runs in pieces (COLLIE_HIER_PIECE), the cross-host stage of
 // one on a second thread beside the shm stages of the next and the previous.

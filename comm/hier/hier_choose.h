@@ -1,8 +1,9 @@
-// comm/hier/hier_choose.h: the hier backend's one choice: which all-reduces
+// comm/hier/hier_choose.h: the hier backend's choices: which all-reduces
 // go the hierarchical way (reduce-scatter inside each host, all-reduce
-// across, all-gather inside) and which the flat tcp mesh of all ranks
-// takes. Every rank must choose alike: `crowded` is the job's (any host's)
-// answer, agreed on through the store (hier_backend.cc).
+// across, all-gather inside), pipelined or in one piece, and which take two
+// stages (all-reduce inside, all-reduce across). Every rank must choose
+// alike: `crowded` is the job's (any host's) answer, agreed on through the
+// store (hier_backend.cc).
 #pragma once
 
 #include <cstddef>
@@ -13,18 +14,31 @@
 namespace collie::hier {
 
 // Up to this size, on crowded hosts (more busy threads than CPUs: each rank
-// and its stage across hosts), an all-reduce takes the flat mesh: its
-// waiters hand the CPU over, where the three stages' waiters sleep, each
-// hand-off a wake-up. 2 hosts x 2 ranks sharing 2 cores, 10 Gbit/s link:
-// hier 106-149 us up to 32 KiB against 37-68 flat (2.0-2.8 x); 128 KiB at
-// par; from 512 KiB hier ahead (bench/RESULTS.md, "Two hosts on a shaped
-// link").
-constexpr size_t kFlatCrowdedBytes = 32 * 1024;
+// and its stage across hosts), an all-reduce runs in two stages in the
+// caller's thread, on runners of their own that run alone and never spin:
+// an all-reduce inside each host over shm, then one across hosts among the
+// ranks of the same local index over tcp (each host's sum, whole). 2 hosts
+// x 2 ranks sharing 2 cores over a 10 Gbit/s link: 10-53 us from 8 B to
+// 32 KiB, 1.0-2.0 x Open MPI's best; the three stages of the pipeline
+// (their waiters asleep, each hand-off a wake-up) took 106-170 us, the flat
+// mesh of all ranks 22-58 (bench/RESULTS.md, "Two hosts on a shaped link").
+constexpr size_t kTwoStageCrowdedBytes = 32 * 1024;
 
-// Whether an all-reduce of `bytes` runs on the flat mesh rather than the
-// hierarchy.
-inline bool flat_allreduce(size_t bytes, bool crowded) {
-  return crowded && bytes <= kFlatCrowdedBytes;
+// On crowded hosts, larger all-reduces go the hierarchical way in one piece
+// (unless COLLIE_HIER_PIECE is set): its three stages in the caller's
+// thread, on the runners that run alone, as the two stages above. With the
+// pipeline's thread beside them the stages took turns for the same CPUs:
+// 2 hosts x 2 ranks on 2 cores, 10 Gbit/s, one piece ran 1.15-1.2 x faster
+// from 2 to 8 MiB and 1.1-2.4 x from 64 KiB to 1 MiB (where the message was
+// one piece before too, on the pipeline's runners, whose waiters sleep),
+// and at par from 16 to 256 MiB (bench/RESULTS.md, "Two hosts on a shaped
+// link").
+constexpr size_t kCrowdedPieceBytes = size_t{1} << 62;
+
+// Whether an all-reduce of `bytes` runs the two stages rather than the
+// hierarchical way.
+inline bool two_stage_allreduce(size_t bytes, bool crowded) {
+  return crowded && bytes <= kTwoStageCrowdedBytes;
 }
 
 // While the pipeline runs, each rank of a host has a thread beside the

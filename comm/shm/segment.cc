@@ -233,7 +233,7 @@ Segment::Segment(const BackendContext& ctx, const config::ShmTuning& wanted, Spi
   CPU_ZERO(&all);
   for (int q = 0; q < n_; ++q) CPU_OR(&all, &all, &info(q).cpus);
   cpus_ = std::max(CPU_COUNT(&all), 1);
-  crowded_ = n_ > cpus_;
+  crowded_ = n_ > cpus_ || ctx.crowded;
   // Threads busy beside the ranks on their CPUs: hier's part inside a host
   // runs beside each rank's stage across hosts (comm/hier/hier_backend.cc).
   // A waiter spins only where they all fit: 2 hosts x 2 ranks sharing 2

@@ -204,7 +204,8 @@ class Segment {
   // Yama or a container's seccomp profile may forbid it), and
   // COLLIE_SHM_CMA allows it.
   bool can_read_peers() const { return read_peers_; }
-  // More ranks than CPUs (the same answer on every rank).
+  // More ranks than CPUs, or the caller says the host is crowded
+  // (BackendContext::crowded); the same answer on every rank.
   bool crowded() const { return crowded_; }
   // Whether a waiter may spin now: the awake ranks fit their CPUs, beside
   // the threads busy beside them (BackendContext::beside_per_rank: hier's
