@@ -99,8 +99,12 @@ struct BackendContext {
   std::shared_ptr<Store> store;      // rendezvous, shared by every communicator of the job
   bool store_is_launchers = false;   // `store` is collie-run's (not the caller's, not a file)
   std::shared_ptr<void> keep_alive;  // the store server, when this rank serves it
-  std::string key;                   // unique per communicator: prefix store keys with it
-  std::string listen_host;           // the address this rank's peers reach it on
+  // This process serves the store (keep_alive), or may: rank 0 of a job
+  // whose store was passed in (PyTorch's TCPStore lives in rank 0 outside
+  // torchrun). It alone waits for the others' setups (done_with_store).
+  bool serves_store = false;
+  std::string key;          // unique per communicator: prefix store keys with it
+  std::string listen_host;  // the address this rank's peers reach it on
   std::shared_ptr<FailureLatch> failure;
   config::Env env;  // for the backend's own settings, read through base/config.h
   RankNames names;  // for messages

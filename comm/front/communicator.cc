@@ -7,7 +7,9 @@
 #include <climits>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "base/config.h"
 #include "base/log.h"
@@ -16,6 +18,7 @@
 #include "collie/comm.h"
 #include "comm/backend.h"
 #include "comm/cuda/staged_backend.h"
+#include "comm/front/context.h"
 #include "comm/front/front.h"
 #include "comm/front/grow.h"
 
@@ -60,6 +63,7 @@ void make_rendezvous(const Options& options, BackendContext& ctx) {
     ctx.store = options.store
                     ? options.store
                     : std::shared_ptr<Store>(make_file_store(launch.store_file, launch.timeout));
+    ctx.serves_store = options.store && launch.rank == 0;
     // Peers find this rank by the address it publishes: loopback when every
     // rank is on this host, else this host's name.
     if (launch.local_world_size < launch.world_size) {
@@ -84,6 +88,7 @@ void make_rendezvous(const Options& options, BackendContext& ctx) {
     ctx.listen_host = client->local_address();
     ctx.store = std::move(client);
     ctx.keep_alive = server;
+    ctx.serves_store = server != nullptr;
     ctx.store_is_launchers = launch.launcher_store;
   }
   if (ctx.store && !options.store && !launch.store_prefix.empty())
@@ -114,7 +119,7 @@ int connect_number(const Options& options, const config::Launch& launch) {
 // too, staged through pinned memory, where this build has CUDA (the device
 // is touched only when one comes). Where NCCL is built, they go to an NCCL
 // communicator made beside it.
-std::unique_ptr<Backend> make_backend(const BackendEntry& entry, const BackendContext& ctx) {
+std::unique_ptr<Backend> made_backend(const BackendEntry& entry, const BackendContext& ctx) {
   std::unique_ptr<Backend> backend = entry.create(ctx);
   if (backend->accepts(Device::cpu()))
     if (auto api = cuda::device_api()) {
@@ -123,6 +128,18 @@ std::unique_ptr<Backend> make_backend(const BackendEntry& entry, const BackendCo
         if (std::string_view(e.name) == "nccl" && e.built) nccl = e.create;
       backend = cuda::make_staged(std::move(backend), std::move(api), ctx, std::move(nccl));
     }
+  return backend;
+}
+
+std::unique_ptr<Backend> make_backend(const BackendEntry& entry, const BackendContext& ctx) {
+  std::unique_ptr<Backend> backend;
+  try {
+    backend = made_backend(entry, ctx);
+  } catch (const Error& e) {
+    done_with_store(ctx, &e);
+    throw;
+  }
+  done_with_store(ctx, nullptr);
   return backend;
 }
 

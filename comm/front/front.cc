@@ -215,8 +215,15 @@ class Front final : public Communicator {
                      core_->ctx.key + "/s" + std::to_string(split_no) + "c" + std::to_string(color),
                      plan.new_rank, static_cast<int>(plan.members.size()), false);
     }
-    auto b = core_->backend->split(plan);
+    std::unique_ptr<Backend> b;
+    try {
+      b = core_->backend->split(plan);
+    } catch (const Error& e) {
+      if (color >= 0) done_with_store(plan.context, &e);
+      throw;
+    }
     if (color < 0) return nullptr;
+    done_with_store(plan.context, nullptr);
     return make_front(plan.context, std::move(b));
   }
 
