@@ -1,8 +1,10 @@
 // tests/test_faults_setup.cc: a job set up wrong is an error naming what to
 // change: a wrong secret, ranks whose connection counts, shm sizes or
 // direct-read permissions differ, a segment rank 0 cannot make, strangers
-// on the store's port, a port in use, bad launch variables. Real rank
-// processes (tests/faults_harness.h).
+// on the store's port, a port in use, bad launch variables; and a setup
+// that succeeds is not undone by rank 0, which serves the store, ending
+// as soon as its own part is done. Real rank processes
+// (tests/faults_harness.h).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
