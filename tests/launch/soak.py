@@ -319,9 +319,11 @@ while time.monotonic() - start < args.duration:
             rr = [rss_kib(q) for q in group]
             if now - round_began[rnd] >= settle and None not in [lf, lr] + rf + rr:
                 most = group[rf.index(max(rf))]
+                kinds = [fd_kinds(q, work) for q in group]
                 job["samples"].append({"round": rnd, "launcher_fds": lf, "launcher_rss": lr,
                                        "rank_fds": max(rf), "rank_rss": max(rr),
-                                       "rank_fd_kinds": fd_kinds(most, work)})
+                                       "rank_fd_kinds": kinds[group.index(most)],
+                                       "ranks_connected": all("socket" in k for k in kinds)})
         shm_max = max(shm_max, shm_entries())
         shm_ours |= shm_used([p.pid] + list(ranks.values()) + list(SPARES.values()))
         time.sleep(args.sample_every)

@@ -13,6 +13,13 @@ MIN_FD_SAMPLES samples are judged: one sample cannot tell a moment from a
 round. (The CI of 4a51d9e failed on "tcp: rank fds grew from 8 to 9" with
 the most common count of two samples, the larger of a tie.)
 
+A sample counts only once every rank holds a socket (it has reached the
+job's store): the settling time is a guess, and a round started again under
+load can spend it all importing PyTorch. The CI of 30ba1c9 failed on "the
+launcher's fds changed across restarts: [23, 15]": every sample of a later
+round was taken while its four new ranks held 3 descriptors each, before
+any had connected, and the launcher 8 fewer (their store connections).
+
 A rank's RSS climbs for its first seconds as it warms up (a PyTorch rank's
 from 460 to 714 MiB in 5 s here, longer under CI's load), so a round whose
 samples are still climbing past the growth margin, or that has one sample,
@@ -35,12 +42,14 @@ def rss_margin(kib):
 
 def steady(samples):
     """{round: {metric: value}} from samples ({"round", metric...,
-    "rank_fd_kinds"}, in the order taken): the fewest descriptors of the
+    "rank_fd_kinds", "ranks_connected"}, in the order taken; those whose
+    ranks had not all connected left out): the fewest descriptors of the
     round's samples (None with fewer than MIN_FD_SAMPLES of them), the
     median RSS (the ranks': None with fewer than MIN_RSS_SAMPLES, or while
     the last exceeds the first by more than rss_margin), and what the
     fewest descriptors were ("rank_fd_kinds")."""
     out = {}
+    samples = [x for x in samples if x.get("ranks_connected", True)]
     for rnd in sorted({x["round"] for x in samples}):
         mine = [x for x in samples if x["round"] == rnd]
         v = {}
@@ -99,6 +108,15 @@ def _self_test():
     # The launcher's count is read the same way.
     st = steady([sample(0, 8, 12), sample(0, 8, 13)])
     assert st[0]["launcher_fds"] == 12, st
+    # Samples taken before every rank had connected are not the round's:
+    # the round whose ranks were still importing is not there at all.
+    def early(rnd, launcher_fds):
+        return dict(sample(rnd, 3, launcher_fds), ranks_connected=False)
+    st = steady([sample(2, 12, 23), sample(2, 12, 23), early(5, 15), early(5, 15)])
+    assert list(st) == [2] and st[2]["launcher_fds"] == 23, st
+    st = steady([sample(2, 12, 23), sample(2, 12, 23), early(5, 15), sample(5, 12, 23),
+                 sample(5, 12, 23)])
+    assert st[5]["launcher_fds"] == 23 and st[5]["rank_fds"] == 12, st
     # Ranks' RSS: a round still warming up (or of one sample) is not
     # judged; settled rounds are, and one settled higher is growth.
     def rss(rnd, kib):
