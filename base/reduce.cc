@@ -193,6 +193,90 @@ __attribute__((target("avx2"))) void narrow_bf16_avx2(const float* s, uint16_t* 
 const bool kHasAvx2 = __builtin_cpu_supports("avx2");
 #endif
 
+#if defined(__x86_64__)
+// f16 and bf16 sums (and an average's last step) in one pass: eight
+// elements of each side widened in registers, added (then divided),
+// rounded once and stored; the same f32 operations and roundings as the
+// blocks of combine16, which widened both sides into arrays, combined them
+// in SSE2 and narrowed: 5-6 GB/s of output in L1, against 33 for f32
+// (bench_kernels), the cost of every f16 all-reduce's reduction
+// (bench/RESULTS.md, "f16 and bf16 sums in one pass"). The tails go
+// through the scalar conversions, as combine16's do.
+#define COLLIE_F16C __attribute__((target("avx2,f16c"), always_inline)) inline
+#define COLLIE_AVX2 __attribute__((target("avx2"), always_inline)) inline
+COLLIE_F16C __m256 load_half8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+COLLIE_F16C void store_half8(uint16_t* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+__attribute__((target("avx2,f16c"))) void sum_half_fused(uint16_t* dst, const uint16_t* a,
+                                                         const uint16_t* b, size_t n, int divisor) {
+  size_t i = 0;
+  if (divisor > 0) {
+    const __m256 d = _mm256_set1_ps(static_cast<float>(divisor));
+    for (; i + 8 <= n; i += 8)
+      store_half8(dst + i, _mm256_div_ps(_mm256_add_ps(load_half8(a + i), load_half8(b + i)), d));
+    for (; i < n; ++i)
+      dst[i] =
+          float_to_half((half_to_float(a[i]) + half_to_float(b[i])) / static_cast<float>(divisor));
+  } else {
+    for (; i + 16 <= n; i += 16) {
+      const __m256 x = _mm256_add_ps(load_half8(a + i), load_half8(b + i));
+      const __m256 y = _mm256_add_ps(load_half8(a + i + 8), load_half8(b + i + 8));
+      store_half8(dst + i, x);
+      store_half8(dst + i + 8, y);
+    }
+    for (; i + 8 <= n; i += 8)
+      store_half8(dst + i, _mm256_add_ps(load_half8(a + i), load_half8(b + i)));
+    for (; i < n; ++i) dst[i] = float_to_half(half_to_float(a[i]) + half_to_float(b[i]));
+  }
+}
+
+// bf16: widened by a shift, narrowed as narrow_bf16_loop does (round to
+// nearest even; a NaN kept quiet), sixteen elements a step so that one
+// pack fills a register.
+COLLIE_AVX2 __m256 load_bf16x8(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+COLLIE_AVX2 __m256i round_bf16x8(__m256 v) {
+  const __m256i x = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+__attribute__((target("avx2"))) void sum_bf16_fused(uint16_t* dst, const uint16_t* a,
+                                                    const uint16_t* b, size_t n, int divisor) {
+  const bool div = divisor > 0;
+  const __m256 d = _mm256_set1_ps(div ? static_cast<float>(divisor) : 1.0f);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 x = _mm256_add_ps(load_bf16x8(a + i), load_bf16x8(b + i));
+    __m256 y = _mm256_add_ps(load_bf16x8(a + i + 8), load_bf16x8(b + i + 8));
+    if (div) {
+      x = _mm256_div_ps(x, d);
+      y = _mm256_div_ps(y, d);
+    }
+    // packus works within 128-bit lanes (x0-3 y0-3 x4-7 y4-7): put in order.
+    const __m256i packed = _mm256_packus_epi32(round_bf16x8(x), round_bf16x8(y));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0)));
+  }
+  for (; i < n; ++i) {
+    const float v = bf16_to_float(a[i]) + bf16_to_float(b[i]);
+    dst[i] = float_to_bf16(div ? v / static_cast<float>(divisor) : v);
+  }
+}
+#undef COLLIE_F16C
+#undef COLLIE_AVX2
+const bool kFusedHalf = kHasF16C && kHasAvx2;
+#endif
+
 using Widen = void (*)(const uint16_t*, float*, size_t);
 using Narrow = void (*)(const float*, uint16_t*, size_t);
 
@@ -284,10 +368,20 @@ void dispatch(DType t, void* dst, const void* a, const void* b, size_t n, int di
       return combine<Op>(static_cast<double*>(dst), static_cast<const double*>(a),
                          static_cast<const double*>(b), n);
     case DType::f16:
+#if defined(__x86_64__)
+      if (std::is_same_v<Op, Sum> && kFusedHalf)
+        return sum_half_fused(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                              static_cast<const uint16_t*>(b), n, divisor);
+#endif
       return combine16<Op>(kWidenHalf, kNarrowHalf, static_cast<uint16_t*>(dst),
                            static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n,
                            divisor);
     case DType::bf16:
+#if defined(__x86_64__)
+      if (std::is_same_v<Op, Sum> && kHasAvx2)
+        return sum_bf16_fused(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                              static_cast<const uint16_t*>(b), n, divisor);
+#endif
       return combine16<Op>(kWidenBf16, kNarrowBf16, static_cast<uint16_t*>(dst),
                            static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n,
                            divisor);
