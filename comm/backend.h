@@ -194,9 +194,10 @@ class Backend {
 };
 
 // Waits until the store holds keys[q] for every rank q whose key is not
-// empty (each rank publishes its own). A timeout or the loss of the store is
-// an error naming the ranks that never joined ("ranks 3, 5 of 6 never
-// joined"); `timeout` is the setting `deadline` came from, for the message.
+// empty (each rank publishes its own). A timeout is an error naming the
+// ranks that never joined ("ranks 3, 5 of 6 never joined"), the loss of the
+// store one naming those not seen yet ("... had not joined yet"); `timeout`
+// is the setting `deadline` came from, for the message.
 void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
                     std::chrono::steady_clock::time_point deadline,
                     std::chrono::milliseconds timeout, const std::string& who,

@@ -28,12 +28,16 @@ void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
   const int n = static_cast<int>(keys.size());
   std::vector<bool> seen(n);
   for (int q = 0; q < n; ++q) seen[q] = keys[q].empty();
-  auto missing_ranks = [&] {
+  // "rank 2 of 4 never joined" at the deadline; on a lost store "rank 2 of
+  // 4 had not joined yet": all this rank knows is that it had not seen them
+  // (in a flaky CI run, "ranks 0, 1 of 2 never joined" named two ranks that
+  // had joined and gone on, the store's server among them).
+  auto missing_ranks = [&](const char* verb) {
     std::vector<int> missing;
     for (int q = 0; q < n; ++q)
       if (!seen[q]) missing.push_back(q);
     return (missing.size() > 1 ? "ranks " : "rank ") + names.list(missing) + " of " +
-           std::to_string(n) + " never joined";
+           std::to_string(n) + verb;
   };
   // The wait goes in slices, noting who has arrived after each, so that a
   // timeout can name the missing ranks without asking the store again: by
@@ -48,7 +52,7 @@ void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
     if (left.count() <= 0) {
       throw Error(ErrorCode::timeout,
                   "rendezvous timed out on " + who + " after " + log::seconds(timeout) + ": " +
-                      missing_ranks() +
+                      missing_ranks(" never joined") +
                       " (not started, crashed before connecting, or pointed at another "
                       "MASTER_ADDR/MASTER_PORT)");
     }
@@ -62,7 +66,7 @@ void wait_for_ranks(Store& store, const std::vector<std::string>& keys,
                         " lost the rendezvous store (did rank 0, or the collie-run "
                         "of node 0, that serves it exit, perhaps at its own "
                         "deadline?) while " +
-                        missing_ranks() + ": " + e.what());
+                        missing_ranks(" had not joined yet") + ": " + e.what());
       if (e.code() != ErrorCode::timeout) throw;
       try {
         for (int q = 0; q < n; ++q)
