@@ -210,27 +210,62 @@ COLLIE_F16C __m256 load_half8(const uint16_t* p) {
 COLLIE_F16C void store_half8(uint16_t* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
+// With `test`, each f32 result's exponent field plus one exponent unit is
+// ORed into *test: its sign bit ends set only for NaN or Inf, the test of
+// sum_test_loop, so that the watched reduction (reduce16_watching) runs in
+// the same pass.
+COLLIE_AVX2 __m256i exponent_carry(__m256 v) {
+  return _mm256_add_epi32(_mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7f800000)),
+                          _mm256_set1_epi32(0x00800000));
+}
+COLLIE_AVX2 uint32_t or_lanes(__m256i v) {
+  alignas(32) uint32_t x[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(x), v);
+  return x[0] | x[1] | x[2] | x[3] | x[4] | x[5] | x[6] | x[7];
+}
+inline uint32_t exponent_carry(float v) {
+  uint32_t x;
+  std::memcpy(&x, &v, sizeof x);
+  return (x & 0x7f800000u) + 0x00800000u;
+}
 __attribute__((target("avx2,f16c"))) void sum_half_fused(uint16_t* dst, const uint16_t* a,
-                                                         const uint16_t* b, size_t n, int divisor) {
+                                                         const uint16_t* b, size_t n, int divisor,
+                                                         uint32_t* test = nullptr) {
   size_t i = 0;
+  __m256i acc = _mm256_setzero_si256();
+  uint32_t tail = 0;
   if (divisor > 0) {
     const __m256 d = _mm256_set1_ps(static_cast<float>(divisor));
-    for (; i + 8 <= n; i += 8)
-      store_half8(dst + i, _mm256_div_ps(_mm256_add_ps(load_half8(a + i), load_half8(b + i)), d));
-    for (; i < n; ++i)
-      dst[i] =
-          float_to_half((half_to_float(a[i]) + half_to_float(b[i])) / static_cast<float>(divisor));
+    for (; i + 8 <= n; i += 8) {
+      const __m256 x = _mm256_div_ps(_mm256_add_ps(load_half8(a + i), load_half8(b + i)), d);
+      if (test) acc = _mm256_or_si256(acc, exponent_carry(x));
+      store_half8(dst + i, x);
+    }
+    for (; i < n; ++i) {
+      const float v = (half_to_float(a[i]) + half_to_float(b[i])) / static_cast<float>(divisor);
+      tail |= exponent_carry(v);
+      dst[i] = float_to_half(v);
+    }
   } else {
     for (; i + 16 <= n; i += 16) {
       const __m256 x = _mm256_add_ps(load_half8(a + i), load_half8(b + i));
       const __m256 y = _mm256_add_ps(load_half8(a + i + 8), load_half8(b + i + 8));
+      if (test) acc = _mm256_or_si256(acc, _mm256_or_si256(exponent_carry(x), exponent_carry(y)));
       store_half8(dst + i, x);
       store_half8(dst + i + 8, y);
     }
-    for (; i + 8 <= n; i += 8)
-      store_half8(dst + i, _mm256_add_ps(load_half8(a + i), load_half8(b + i)));
-    for (; i < n; ++i) dst[i] = float_to_half(half_to_float(a[i]) + half_to_float(b[i]));
+    for (; i + 8 <= n; i += 8) {
+      const __m256 x = _mm256_add_ps(load_half8(a + i), load_half8(b + i));
+      if (test) acc = _mm256_or_si256(acc, exponent_carry(x));
+      store_half8(dst + i, x);
+    }
+    for (; i < n; ++i) {
+      const float v = half_to_float(a[i]) + half_to_float(b[i]);
+      tail |= exponent_carry(v);
+      dst[i] = float_to_half(v);
+    }
   }
+  if (test) *test |= or_lanes(acc) | tail;
 }
 
 // bf16: widened by a shift, narrowed as narrow_bf16_loop does (round to
@@ -251,9 +286,12 @@ COLLIE_AVX2 __m256i round_bf16x8(__m256 v) {
   return _mm256_blendv_epi8(rounded, quiet, nan);
 }
 __attribute__((target("avx2"))) void sum_bf16_fused(uint16_t* dst, const uint16_t* a,
-                                                    const uint16_t* b, size_t n, int divisor) {
+                                                    const uint16_t* b, size_t n, int divisor,
+                                                    uint32_t* test = nullptr) {
   const bool div = divisor > 0;
   const __m256 d = _mm256_set1_ps(div ? static_cast<float>(divisor) : 1.0f);
+  __m256i acc = _mm256_setzero_si256();
+  uint32_t tail = 0;
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m256 x = _mm256_add_ps(load_bf16x8(a + i), load_bf16x8(b + i));
@@ -262,15 +300,19 @@ __attribute__((target("avx2"))) void sum_bf16_fused(uint16_t* dst, const uint16_
       x = _mm256_div_ps(x, d);
       y = _mm256_div_ps(y, d);
     }
+    if (test) acc = _mm256_or_si256(acc, _mm256_or_si256(exponent_carry(x), exponent_carry(y)));
     // packus works within 128-bit lanes (x0-3 y0-3 x4-7 y4-7): put in order.
     const __m256i packed = _mm256_packus_epi32(round_bf16x8(x), round_bf16x8(y));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
                         _mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0)));
   }
   for (; i < n; ++i) {
-    const float v = bf16_to_float(a[i]) + bf16_to_float(b[i]);
-    dst[i] = float_to_bf16(div ? v / static_cast<float>(divisor) : v);
+    float v = bf16_to_float(a[i]) + bf16_to_float(b[i]);
+    if (div) v /= static_cast<float>(divisor);
+    tail |= exponent_carry(v);
+    dst[i] = float_to_bf16(v);
   }
+  if (test) *test |= or_lanes(acc) | tail;
 }
 #undef COLLIE_F16C
 #undef COLLIE_AVX2
@@ -424,6 +466,27 @@ void reduce16_watching(DType t, ReduceOp op, void* dst, const void* a, const voi
   if ((t != DType::f16 && t != DType::bf16) || (op != ReduceOp::sum && op != ReduceOp::avg))
     throw Error(ErrorCode::internal, "reduce16_watching takes f16 or bf16 sums and averages");
   const bool half = t == DType::f16;
+#if defined(__x86_64__)
+  if (half ? kFusedHalf : kHasAvx2) {
+    // One pass a block (reduce's); in place, into a block of L1 first: the
+    // watcher searches the operands, which the result would overwrite.
+    constexpr size_t kBlock = 1024;
+    uint16_t out[kBlock];
+    const int d = op == ReduceOp::avg ? divisor : 0;
+    auto* pd = static_cast<uint16_t*>(dst);
+    auto *pa = static_cast<const uint16_t*>(a), *pb = static_cast<const uint16_t*>(b);
+    const bool in_place = pd == pa || pd == pb;
+    auto* sum = half ? sum_half_fused : sum_bf16_fused;
+    for (size_t base = 0; base < n; base += kBlock) {
+      const size_t m = std::min(kBlock, n - base);
+      uint32_t test = 0;
+      sum(in_place ? out : pd + base, pa + base, pb + base, m, d, &test);
+      if (test & 0x80000000u) watch(ctx, base, m);
+      if (in_place) std::memcpy(pd + base, out, m * sizeof(uint16_t));
+    }
+    return;
+  }
+#endif
   combine16<Sum>(half ? kWidenHalf : kWidenBf16, half ? kNarrowHalf : kNarrowBf16,
                  static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
                  static_cast<const uint16_t*>(b), n, op == ReduceOp::avg ? divisor : 0, watch, ctx);

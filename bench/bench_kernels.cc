@@ -132,9 +132,17 @@ BENCHMARK_CAPTURE(BM_Sum, f32_in_place_plain, collie::DType::f32, true, false)
 BENCHMARK_CAPTURE(BM_Sum, f32_in_place_searching, collie::DType::f32, true, true)
     ->Arg(1 << 14)
     ->Arg(1 << 22);
-BENCHMARK_CAPTURE(BM_Sum, bf16_plain, collie::DType::bf16, false, false)->Arg(1 << 22);
-BENCHMARK_CAPTURE(BM_Sum, bf16_searching, collie::DType::bf16, false, true)->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, bf16_plain, collie::DType::bf16, false, false)
+    ->Arg(1 << 14)
+    ->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, bf16_searching, collie::DType::bf16, false, true)
+    ->Arg(1 << 14)
+    ->Arg(1 << 22);
 BENCHMARK_CAPTURE(BM_Sum, bf16_in_place_plain, collie::DType::bf16, true, false)->Arg(1 << 22);
 BENCHMARK_CAPTURE(BM_Sum, bf16_in_place_searching, collie::DType::bf16, true, true)->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, f16_plain, collie::DType::f16, false, false)->Arg(1 << 14)->Arg(1 << 22);
+BENCHMARK_CAPTURE(BM_Sum, f16_searching, collie::DType::f16, false, true)
+    ->Arg(1 << 14)
+    ->Arg(1 << 22);
 
 BENCHMARK_MAIN();

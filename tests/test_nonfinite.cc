@@ -73,13 +73,18 @@ TEST(Nonfinite, FindsWhatAnElementByElementSearchFindsInEveryFloatType) {
 // reduce_searching: the same result as kernels::reduce, bit for bit (in
 // place too), and in `seen` each searched operand's non-finite elements by
 // tensor, as an element-by-element reference finds them; an operand given
-// no rank (-1) is not searched.
+// no rank (-1) is not searched. Sums and averages. The lengths put a
+// non-finite element alone in its block of 1024 at every kind of place the
+// f16/bf16 kernels have: a vector's first or second eight of sixteen
+// (n=3000: element 1500), the eight after them, the scalar tail (n=1, 17).
 TEST(Nonfinite, TheSearchInsideAReductionFindsWhatTheReferenceFinds) {
   const double kBad[] = {std::numeric_limits<double>::quiet_NaN(), INFINITY, -INFINITY};
   for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16})
-    for (size_t n : {1ul, 1023ul, 1024ul, 1025ul, 5000ul})
-      for (int who = 0; who < 4; ++who)                // searched: both, a only, b only, neither
-        for (int alias = 0; alias < 2; ++alias) {      // dst is a
+    for (size_t n : {1ul, 17ul, 1023ul, 1024ul, 1025ul, 3000ul, 5000ul})
+      for (int who = 0; who < 4; ++who)            // searched: both, a only, b only, neither
+        for (int alias = 0; alias < 4; ++alias) {  // dst is a (odd); a sum (from 2) or an average
+          const ReduceOp op = alias < 2 ? ReduceOp::avg : ReduceOp::sum;
+          const int divisor = alias < 2 ? 3 : 0;
           const size_t es = dtype_size(t), at = 1000;  // the operands' place in the buffer
           std::vector<uint8_t> a(n * es), b(n * es), want(n * es), got(n * es);
           for (size_t i = 0; i < n; ++i) {
@@ -89,17 +94,18 @@ TEST(Nonfinite, TheSearchInsideAReductionFindsWhatTheReferenceFinds) {
           put_element(t, a.data(), n / 2, kBad[0]);
           put_element(t, a.data(), n - 1, kBad[1]);
           put_element(t, b.data(), n / 3, kBad[2]);
-          kernels::reduce(t, ReduceOp::avg, want.data(), a.data(), b.data(), n, 3);
+          kernels::reduce(t, op, want.data(), a.data(), b.data(), n, divisor);
           const int a_rank = (who == 0 || who == 1) ? 4 : -1;
           const int b_rank = (who == 0 || who == 2) ? 7 : -1;
           kernels::NonFiniteSeen seen;
           seen.starts = {0, at + n / 2};  // two tensors: the buffer's first `at` elements and more
           std::vector<uint8_t> a_copy = a;
-          void* dst = alias ? a.data() : got.data();
-          kernels::reduce_searching(t, ReduceOp::avg, dst, a.data(), b.data(), n, 3, seen, at,
-                                    a_rank, b_rank);
+          void* dst = alias % 2 ? a.data() : got.data();
+          kernels::reduce_searching(t, op, dst, a.data(), b.data(), n, divisor, seen, at, a_rank,
+                                    b_rank);
           const std::string where = std::string(to_string(t)) + " n=" + std::to_string(n) +
-                                    " who=" + std::to_string(who) + (alias ? " in place" : "");
+                                    " who=" + std::to_string(who) + " " +
+                                    std::string(to_string(op)) + (alias % 2 ? " in place" : "");
           EXPECT_TRUE(seen.searched) << where;
           // The result: NaN where kernels::reduce gives NaN, else the same bits.
           for (size_t i = 0; i < n; ++i) {
