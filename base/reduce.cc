@@ -532,10 +532,15 @@ void convert(DType st, const void* src, DType dt, void* dst, size_t n, int divis
     }
     return;
   }
-  constexpr size_t kBlock = 1024;
-  float f[kBlock];
   Widen widen = st == DType::f16 ? kWidenHalf : kWidenBf16;
   Narrow narrow = dt == DType::f16 ? kNarrowHalf : kNarrowBf16;
+  if (st != DType::f32 && dt == DType::f32 && divisor == 1) {
+    // A decompression: widened straight into place, not through a block.
+    widen(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
+    return;
+  }
+  constexpr size_t kBlock = 1024;
+  float f[kBlock];
   for (size_t base = 0; base < n; base += kBlock) {
     size_t m = std::min(kBlock, n - base);
     const float* in = f;
