@@ -13,6 +13,7 @@
 #include <string>
 
 #include "base/config.h"
+#include "base/reduce.h"
 #include "capi/c_api_internal.h"
 
 namespace collie::capi {
@@ -414,6 +415,35 @@ collie_status collie_mem_free(void* ptr) {
     a.live.erase(it);
   }
   return COLLIE_OK;
+}
+
+collie_status collie_convert(collie_tensor src, collie_tensor dst, int divisor) {
+  return guarded([&] {
+    const collie::TensorView s = to_view(src, "src"), d = to_view(dst, "dst");
+    if (!s.device.is_cpu() || !d.device.is_cpu())
+      throw collie::Error(collie::ErrorCode::invalid_argument,
+                          "collie_convert: src and dst must be host tensors");
+    if (!collie::is_floating(s.dtype) || !collie::is_floating(d.dtype))
+      throw collie::Error(
+          collie::ErrorCode::invalid_argument,
+          std::string("collie_convert: ") + std::string(collie::to_string(s.dtype)) + " to " +
+              std::string(collie::to_string(d.dtype)) + ": float types only (f32, f16, bf16, f64)");
+    if (s.numel != d.numel)
+      throw collie::Error(collie::ErrorCode::invalid_argument,
+                          "collie_convert: src has " + std::to_string(s.numel) + " elements, dst " +
+                              std::to_string(d.numel));
+    if (divisor < 1)
+      throw collie::Error(collie::ErrorCode::invalid_argument,
+                          "collie_convert: divisor " + std::to_string(divisor) + " is below 1");
+    if (s.numel && (!s.data || !d.data))
+      throw collie::Error(collie::ErrorCode::invalid_argument, "collie_convert: a NULL buffer");
+    const auto* sb = static_cast<const uint8_t*>(s.data);
+    const auto* db = static_cast<const uint8_t*>(d.data);
+    if (sb < db + d.nbytes() && db < sb + s.nbytes())
+      throw collie::Error(collie::ErrorCode::invalid_argument,
+                          "collie_convert: src and dst overlap");
+    collie::kernels::convert(s.dtype, s.data, d.dtype, d.data, s.numel, divisor);
+  });
 }
 
 collie_status collie_work_wait(collie_work* w) {

@@ -4,7 +4,8 @@
  * structs, and for engines: gradients that move (set_to_none), the layout
  * generation with stale views refused, bucket memory from the engine's
  * allocator, and DDP's semantics (gradients that arrive twice, unused ones
- * exchanged, a joined rank, the error for a gradient that never came). Results against exact
+ * exchanged, a joined rank, the error for a gradient that never came); and
+ * collie_convert, the kernel of compression hooks. Results against exact
  * references. Run under collie-run at 2 and 3 ranks. */
 #define _POSIX_C_SOURCE 199309L /* nanosleep */
 #include <stdatomic.h>
@@ -179,6 +180,44 @@ int main(void) {
     float local = 0;
     CHECK(collie_mem_free(&local) == COLLIE_ERR_INVALID_ARGUMENT, "a stack pointer was freed");
     OK(collie_mem_free(NULL));
+  }
+
+  /* collie_convert: f32 to f16 and bf16 divided by 3 and back, against
+   * known answers (whole numbers, exact in both; 1/3 rounded to nearest
+   * even: f16 0x3555, bf16 0x3eab); and the errors. */
+  {
+    enum { N = 1029 };
+    static float src[N], back[N];
+    static uint16_t half[N];
+    for (int i = 0; i < N; ++i) src[i] = (float)(3 * (i % 512 - 256));
+    src[N - 1] = 1.0f;
+    const int32_t types[2] = {COLLIE_F16, COLLIE_BF16};
+    const uint16_t third[2] = {0x3555, 0x3eab};
+    for (int k = 0; k < 2; ++k) {
+      collie_tensor h = {half, N, types[k], COLLIE_CPU, 0};
+      OK(collie_convert(f32(src, N), h, 3));
+      OK(collie_convert(h, f32(back, N), 1));
+      int wrong = 0;
+      for (int i = 0; i + 1 < N; ++i) wrong += back[i] != (float)(i % 512 - 256);
+      CHECK(wrong == 0, "%d wrong conversions to dtype %d and back", wrong, types[k]);
+      CHECK(half[N - 1] == third[k], "1/3 as dtype %d: 0x%04x", types[k], half[N - 1]);
+    }
+    collie_tensor h = {half, N - 1, COLLIE_F16, COLLIE_CPU, 0};
+    CHECK(collie_convert(f32(src, N), h, 1) == COLLIE_ERR_INVALID_ARGUMENT &&
+              strstr(collie_last_error(), "src has 1029 elements, dst 1028") != NULL,
+          "lengths: %s", collie_last_error());
+    h.numel = N;
+    CHECK(collie_convert(f32(src, N), h, 0) == COLLIE_ERR_INVALID_ARGUMENT &&
+              strstr(collie_last_error(), "divisor 0 is below 1") != NULL,
+          "divisor: %s", collie_last_error());
+    collie_tensor inside = {src + 1, 8, COLLIE_F16, COLLIE_CPU, 0};
+    CHECK(collie_convert(f32(src, 8), inside, 1) == COLLIE_ERR_INVALID_ARGUMENT &&
+              strstr(collie_last_error(), "overlap") != NULL,
+          "overlap: %s", collie_last_error());
+    collie_tensor ints = {half, N / 2, COLLIE_I32, COLLIE_CPU, 0};
+    CHECK(collie_convert(f32(src, N / 2), ints, 1) == COLLIE_ERR_INVALID_ARGUMENT &&
+              strstr(collie_last_error(), "float types only") != NULL,
+          "ints: %s", collie_last_error());
   }
 
   /* split by parity; then abort the odd-free group on rank 0 and see every

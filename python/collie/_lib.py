@@ -170,6 +170,7 @@ def _load():
         "collie_comm_get_async_error": (c_int, [c_void_p]),
         "collie_comm_mem_alloc": (c_int, [c_void_p, c_size_t, POINTER(c_void_p)]),
         "collie_mem_free": (c_int, [c_void_p]),
+        "collie_convert": (c_int, [T, T, c_int]),
         "collie_work_wait": (c_int, [c_void_p]),
         "collie_work_wait_for": (c_int, [c_void_p, c_double]),
         "collie_work_query": (c_int, [c_void_p]),
