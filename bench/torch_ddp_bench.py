@@ -6,7 +6,9 @@ by side in one run: step time, the all-reduce alone, exposed communication.
         [--backend] [--cpp] [--checks]
 
 --backend adds PyTorch's own DDP over the torch.distributed backend
-"collie" (collie.distributed), against the same over Gloo; where PyTorch's
+"collie" (collie.distributed), against the same over Gloo (with the fp16
+rows, also with collie.distributed.fp16_compress_hook in place of
+PyTorch's); where PyTorch's
 DDP takes its buckets' memory from the backend (2.15; not 1.13, 2.1), also over
 "collie_plain", the same backend offering none (its buckets in PyTorch's
 memory). --cpp adds it
@@ -103,6 +105,9 @@ def main():
             m = TorchDDP(m, gradient_as_bucket_view=True, process_group=collie_group)
             if fp16:
                 m.register_comm_hook(collie_group, default_hooks.fp16_compress_hook)
+        elif kind == "torch@collie+hook":
+            m = TorchDDP(m, gradient_as_bucket_view=True, process_group=collie_group)
+            m.register_comm_hook(collie_group, collie.distributed.fp16_compress_hook)
         elif kind == "torch@collie_plain":
             m = TorchDDP(m, gradient_as_bucket_view=True, process_group=plain_group)
             if fp16:
@@ -129,6 +134,8 @@ def main():
         configs += [("collie+replicas@1", False), ("collie+nonfinite", False)]
     if args.backend:
         configs += [("torch@collie", h) for h in hooks]
+        if True in hooks:
+            configs.append(("torch@collie+hook", True))
         if plain_group is not None:
             configs += [("torch@collie_plain", h) for h in hooks]
     if args.cpp:
@@ -187,6 +194,11 @@ def main():
                     print(f"{batch:>5}  {'fp16' if h else '-':<5} {local:>9.1f} {t:>9.1f} {b:>10.1f} "
                           f"{t / b:>7.2f}x  {t - local:>11.1f}ms {b - local:>12.1f}ms   "
                           "PyTorch's DDP over the collie backend")
+                if args.backend and h:
+                    b = ms[(batch, ("torch@collie+hook", h))]
+                    print(f"{batch:>5}  {'fp16':<5} {local:>9.1f} {t:>9.1f} {b:>10.1f} "
+                          f"{t / b:>7.2f}x  {t - local:>11.1f}ms {b - local:>12.1f}ms   "
+                          "the same, collie.distributed.fp16_compress_hook")
                 if plain_group is not None:
                     b = ms[(batch, ("torch@collie_plain", h))]
                     print(f"{batch:>5}  {'fp16' if h else '-':<5} {local:>9.1f} {t:>9.1f} "

@@ -163,11 +163,15 @@ def _map_tensors(obj, fn):
 
 
 def _builtin_spec(state, hook):
-    """collie's spec for one of PyTorch's built-in hooks, or None."""
+    """collie's spec for one of PyTorch's built-in hooks (or
+    collie.distributed's, which are theirs for PyTorch's own DDP), or None."""
     module = getattr(hook, "__module__", "") or ""
+    name = getattr(hook, "__name__", "")
+    if module == "collie._torch_hooks" and name.startswith("collie_"):
+        return {"collie_fp16_compress_hook": "fp16",
+                "collie_bf16_compress_hook": "bf16"}.get(name)
     if not module.startswith("torch.distributed.algorithms.ddp_comm_hooks"):
         return None
-    name = getattr(hook, "__name__", "")
     simple = {"allreduce_hook": "allreduce", "fp16_compress_hook": "fp16",
               "bf16_compress_hook": "bf16", "noop_hook": "noop"}
     if name in simple:

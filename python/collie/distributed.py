@@ -41,7 +41,10 @@ from . import torch_dtype_code
 from ._backend_work import (_OP_NAMES, _allreduce_now, _async, _coalesced, _current_stream,
                             _make_work, _routed)
 
-__all__ = ["ProcessGroupCollie", "BACKEND", "backend_of", "init_process_group", "launcher_env"]
+from ._torch_hooks import bf16_compress_hook, fp16_compress_hook
+
+__all__ = ["ProcessGroupCollie", "BACKEND", "backend_of", "init_process_group", "launcher_env",
+           "fp16_compress_hook", "bf16_compress_hook"]
 
 BACKEND = "collie"
 

@@ -568,6 +568,62 @@ def case_pytorch_ddp():
             f"(worst {worst:.1e})")
 
 
+def case_collie_compress_hooks():
+    """collie.distributed's fp16 and bf16 compression hooks on PyTorch's own
+    DDP, against PyTorch's own hooks over Gloo: the parameters after 5
+    steps within the narrow type's rounding (PyTorch rounds the conversion
+    and then the division by the world size, collie once); over a collie
+    group on shm the compressed buckets lie in collie's memory; over the
+    Gloo group too (collie's conversions, Gloo's all-reduce). On 1.13 and
+    2.1, whose Gloo has no bf16 (and whose DDP takes PyTorch's bf16 hook only
+    with CUDA), the bf16 reference is that hook's code over the collie group."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def written_out(dtype):
+        # PyTorch's bf16_compress_hook, as its source reads: DDP refuses
+        # PyTorch's by name without CUDA and NCCL.
+        def hook(group, bucket):
+            group = group if group is not None else dist.group.WORLD
+            buffer = bucket.buffer()
+            small = buffer.to(dtype).div_(dist.get_world_size(group))
+            fut = dist.all_reduce(small, group=group, async_op=True).get_future()
+            return fut.then(lambda f: buffer.copy_(f.value()[0]))
+        return hook
+
+    # 1.13 and 2.1: Gloo has no bf16, and PyTorch's bf16 hook wants CUDA.
+    old_torch = not gloo_has(lambda: dist.all_reduce(torch.ones(2, dtype=torch.bfloat16),
+                                                     group=GLOO))
+    # At 2 ranks the division by 2 is exact and the sum one addition: the
+    # same to the bit. At 3, within the narrow type's rounding.
+    hooks = {"fp16": (collie.distributed.fp16_compress_hook, default_hooks.fp16_compress_hook,
+                      0.0 if WORLD == 2 else 2e-4),
+             "bf16": (collie.distributed.bf16_compress_hook,
+                      written_out(torch.bfloat16) if old_torch else default_hooks.bf16_compress_hook,
+                      0.0 if WORLD == 2 else 2e-3)}
+    worst = {}
+    for name, (ours_hook, torch_hook, tolerance) in hooks.items():
+        # Without bf16 in Gloo the reference is PyTorch's hook over the
+        # collie group (PyTorch's conversions, collie's all-reduce).
+        no_gloo = old_torch and name == "bf16"
+        theirs = train(None if no_gloo else GLOO, hook=lambda g: (g, torch_hook),
+                       find_unused_parameters=True)
+        for where, group in (("the collie group", None), ("the Gloo group", GLOO))[:1 + (not no_gloo)]:
+            ours = train(group, hook=lambda g: (g, ours_hook), find_unused_parameters=True)
+            for a, b in zip(ours, theirs):
+                diff = (a - b).abs().max().item()
+                worst[name] = max(worst.get(name, 0.0), diff)
+                check(diff <= tolerance, f"collie's {name} hook over {where}: {diff} from "
+                      f"PyTorch's over Gloo")
+    group = collie.distributed.backend_of(None)
+    kept = group.__dict__.get("_hook_scratch", {})
+    check(len(kept) > 0, "no compressed bucket kept by the collie group")
+    if group.comm.backend == "shm":
+        check(all(in_collie_memory(t) for t in kept.values()),
+              "a compressed bucket outside collie's memory on shm")
+    return ("collie's fp16 and bf16 hooks on PyTorch's DDP over collie and over Gloo: within "
+            f"{worst['fp16']:.1e} and {worst['bf16']:.1e} of PyTorch's hooks over Gloo")
+
+
 def in_collie_memory(t):
     """Whether t's first byte lies in collie's communication memory: a
     mapping of a memfd named collie-buf (comm/shm/region.cc), read from
@@ -731,7 +787,8 @@ CASES = {"all_reduce": case_all_reduce, "all_reduce_shortcut": case_all_reduce_s
          "objects": case_objects,
          "point_to_point": case_point_to_point, "all_to_all": case_all_to_all,
          "monitored_barrier": case_monitored_barrier, "launcher_env": case_launcher_env, "pytorch_ddp": case_pytorch_ddp,
-         "ddp_comm_memory": case_ddp_comm_memory, "bad_input": case_bad_input}
+         "ddp_comm_memory": case_ddp_comm_memory, "collie_compress_hooks": case_collie_compress_hooks,
+         "bad_input": case_bad_input}
 
 
 def main():

@@ -419,7 +419,18 @@ def scenario_fp16():
           f"fp16 hook sent {b.reducer_stats()['hook_bytes']} bytes for "
           f"{b.reducer_stats()['gradient_bytes']} of gradients")
     b.close()
-    return "fp16 hook within fp16 rounding of the exact average and of PyTorch's fp16_compress_hook"
+    # collie.distributed's hook (for PyTorch's own DDP) on collie's wrapper
+    # is collie's "fp16", to the bit.
+    import collie.distributed
+    c = ct.DistributedDataParallel(seeded(MLP), bucket_cap_mb=CAP_MB, first_bucket_cap_mb=CAP_MB)
+    c.register_comm_hook(None, collie.distributed.fp16_compress_hook)
+    gc = []
+    train(c, 6, keep_grads=gc)
+    check(all(torch.equal(x, y) for step_c, step_b in zip(gc, gb) for x, y in zip(step_c, step_b)),
+          "collie.distributed.fp16_compress_hook on collie's DDP is not collie's fp16")
+    c.close()
+    return ("fp16 hook within fp16 rounding of the exact average and of PyTorch's "
+            "fp16_compress_hook; collie.distributed's the same as 'fp16'")
 
 
 def regression_batch(step, rank, n=16):
