@@ -57,6 +57,17 @@ def _broadcast_buffers(comm, module, root):
                 at += n
 
 
+def comm_memory(comm, nbytes):
+    """`nbytes` of `comm`'s communication memory (collie_comm_mem_alloc:
+    zeroed, 64-byte aligned; on shm the peers map it and an all-reduce runs
+    in place) as a uint8 tensor, freed when the last tensor over it goes."""
+    ptr = ctypes.c_void_p()
+    check(lib.collie_comm_mem_alloc(comm.handle, nbytes, ctypes.byref(ptr)))
+    buf = (ctypes.c_uint8 * nbytes).from_address(ptr.value)
+    weakref.finalize(buf, lib.collie_mem_free, ptr.value)
+    return torch.frombuffer(buf, dtype=torch.uint8)
+
+
 class _Arenas:
     """Bucket memory as torch tensors, so param.grad can be a view of it and a
     hook gets the bucket as a tensor on its device. Host buckets come from
@@ -76,13 +87,9 @@ class _Arenas:
     def _allocate(self, _user, nbytes, _dtype, device_type, device_index):
         try:
             if device_type == _lib.CPU and self.comm is not None:
-                ptr = ctypes.c_void_p()
-                check(lib.collie_comm_mem_alloc(self.comm.handle, nbytes, ctypes.byref(ptr)))
-                buf = (ctypes.c_uint8 * nbytes).from_address(ptr.value)
-                weakref.finalize(buf, lib.collie_mem_free, ptr.value)
-                t = torch.frombuffer(buf, dtype=torch.uint8)  # zeroed and 64-byte aligned
-                self.live[ptr.value] = (t, 0)
-                return ptr.value
+                t = comm_memory(self.comm, nbytes)
+                self.live[t.data_ptr()] = (t, 0)
+                return t.data_ptr()
             device = "cpu" if device_type == _lib.CPU else f"cuda:{device_index}"
             t = torch.zeros(nbytes + 64, dtype=torch.uint8, device=device)
             off = (-t.data_ptr()) % 64

@@ -15,9 +15,6 @@ own hook spends most of its time in its conversions on the CPU
 collie's and the all-reduce the group's; CUDA buckets go to PyTorch's own
 hook.
 """
-import ctypes
-import weakref
-
 import torch
 import torch.distributed as dist
 
@@ -44,13 +41,9 @@ def _scratch(group, index, numel, dtype):
     kept = pg.__dict__.setdefault("_hook_scratch", {})
     t = kept.get((index, dtype))
     if t is None or t.numel() != numel:
+        from ._ddp_parts import comm_memory
         size = torch.empty((), dtype=dtype).element_size()
-        nbytes = max(1, numel * size)
-        ptr = ctypes.c_void_p()
-        check(lib.collie_comm_mem_alloc(pg.comm.handle, nbytes, ctypes.byref(ptr)))
-        buf = (ctypes.c_uint8 * nbytes).from_address(ptr.value)
-        weakref.finalize(buf, lib.collie_mem_free, ptr.value)
-        t = torch.frombuffer(buf, dtype=torch.uint8)[:numel * size].view(dtype)
+        t = comm_memory(pg.comm, max(1, numel * size))[:numel * size].view(dtype)
         kept[(index, dtype)] = t
     return t
 
@@ -93,4 +86,3 @@ def bf16_compress_hook(state, bucket):
 # buckets' device: these go by names of their own, also in DDP's logs.
 for _hook in (fp16_compress_hook, bf16_compress_hook):
     _hook.__name__ = _hook.__qualname__ = "collie_" + _hook.__name__
-
