@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define COLLIE_ABI_VERSION 4
+#define COLLIE_ABI_VERSION 5
 /* struct_tag of the structs of this header: "CL" and the ABI version. */
 #define COLLIE_STRUCT_TAG (0x434C0000u | COLLIE_ABI_VERSION)
 
@@ -232,7 +232,8 @@ collie_status collie_mem_free(void* ptr);
  * f16, bf16; f64 too, slower), computed in f32 and rounded once to nearest
  * even: a compression hook's two conversions (divisor 1: a plain one),
  * with the F16C instructions where the CPU has them. Host tensors of the
- * same length that do not overlap; divisor >= 1. Not collective. */
+ * same length that do not overlap; divisor >= 1. Not collective. From
+ * ABI 5. */
 collie_status collie_convert(collie_tensor src, collie_tensor dst, int divisor);
 
 /* ---- operations in flight ---- */

@@ -1,4 +1,4 @@
-"""ctypes bindings of collie's C ABI (include/collie/collie.h, ABI 2).
+"""ctypes bindings of collie's C ABI (include/collie/collie.h, ABI_VERSION below).
 
 Loading libcollie: $COLLIE_LIBRARY (a path) if set; else the library that
 meson install put in <prefix>/<libdir> with this package; else one in a lib
@@ -13,7 +13,7 @@ import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_int, c_int32,
                     c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
-ABI_VERSION = 4
+ABI_VERSION = 5  # collie_convert
 STRUCT_TAG = 0x434C0000 | ABI_VERSION
 
 # collie_status
@@ -209,12 +209,24 @@ def _load():
         "collie_averager_load_state": (c_int, [c_void_p, c_void_p, c_size_t]),
         "collie_averager_destroy": (c_int, [c_void_p]),
     }
-    for name, (res, args) in sig.items():
-        f = getattr(lib, name)
-        f.restype, f.argtypes = res, args
+    # The version first: an older library lacks the newer calls, and its
+    # version says so better than the first missing name would.
+    try:
+        lib.collie_abi_version.restype, lib.collie_abi_version.argtypes = c_int, []
+    except AttributeError:
+        raise ImportError(f"collie: {path} is not a collie library (it has no "
+                          "collie_abi_version); point COLLIE_LIBRARY at libcollie.so.0") from None
     if lib.collie_abi_version() < ABI_VERSION:
         raise ImportError(f"collie: {path} has ABI {lib.collie_abi_version()}; this package needs "
-                          f"{ABI_VERSION} or later")
+                          f"{ABI_VERSION} or later: install the library and the package of one "
+                          "release (README.md, 'Using it')")
+    for name, (res, args) in sig.items():
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            raise ImportError(f"collie: {path} says ABI {lib.collie_abi_version()} but has no "
+                              f"{name}: a library built from other sources than this package") from None
+        f.restype, f.argtypes = res, args
     return lib
 
 
