@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -492,6 +493,25 @@ void reduce16_watching(DType t, ReduceOp op, void* dst, const void* a, const voi
                  static_cast<const uint16_t*>(b), n, op == ReduceOp::avg ? divisor : 0, watch, ctx);
 }
 
+namespace {
+
+// v rounded to f32 by round-to-odd (toward zero, the last bit set where
+// inexact): narrowed from there to f16 or bf16 (at least 2 bits fewer) with
+// round-to-nearest-even, v is rounded once. A plain cast first would round
+// twice: 1 + 2^-11 + 2^-40 would become the f16 tie 1 + 2^-11, then 1.
+float to_f32_odd(double v) {
+  float f = static_cast<float>(v);
+  if (!std::isfinite(v) || static_cast<double>(f) == v) return f;
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(v)) --bits;  // toward zero (inf: FLT_MAX)
+  bits |= 1;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+}  // namespace
+
 void convert(DType st, const void* src, DType dt, void* dst, size_t n, int divisor) {
   auto is16or32 = [](DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; };
   if (!is16or32(st) || !is16or32(dt)) {
@@ -523,10 +543,10 @@ void convert(DType st, const void* src, DType dt, void* dst, size_t n, int divis
           static_cast<float*>(dst)[i] = static_cast<float>(v);
           break;
         case DType::f16:
-          static_cast<uint16_t*>(dst)[i] = float_to_half(static_cast<float>(v));
+          static_cast<uint16_t*>(dst)[i] = float_to_half(to_f32_odd(v));
           break;
         default:
-          static_cast<uint16_t*>(dst)[i] = float_to_bf16(static_cast<float>(v));
+          static_cast<uint16_t*>(dst)[i] = float_to_bf16(to_f32_odd(v));
           break;
       }
     }

@@ -226,6 +226,78 @@ TEST(Kernels, HalfSumsAndAveragesAgreeWithScalarConversionsAtEveryLength) {
   }
 }
 
+// The f16 or bf16 nearest to v, ties to the even pattern: found among
+// every pattern's value, not by a conversion (independent of the kernels'
+// rounding). Positive finite patterns grow with their value; the one
+// after the largest finite is inf, standing at the next step of the top
+// binade (65536 for f16, 2^128 for bf16).
+uint16_t nearest_16(DType t, double v) {
+  const bool half = t == DType::f16;
+  const uint16_t inf = half ? 0x7c00 : 0x7f80, sign = std::signbit(v) ? 0x8000 : 0;
+  if (std::isnan(v)) return half ? 0x7e00 : 0x7fc0;
+  const double a = std::fabs(v);
+  auto value = [&](uint16_t p) -> double {
+    if (p == inf) return half ? 65536.0 : std::ldexp(1.0, 128);
+    return half ? kernels::half_to_float(p) : kernels::bf16_to_float(p);
+  };
+  if (a >= value(inf)) return sign | inf;
+  uint16_t lo = 0, hi = inf;  // value(lo) <= a < value(hi)
+  while (hi - lo > 1) {
+    const auto mid = static_cast<uint16_t>((lo + hi) / 2);
+    (value(mid) <= a ? lo : hi) = mid;
+  }
+  const double below = a - value(lo), above = value(hi) - a;
+  const uint16_t p = below < above ? lo : above < below ? hi : (lo % 2 == 0 ? lo : hi);
+  return sign | p;
+}
+
+// A float64 goes to f16 and bf16 rounded once, not through a float32 that
+// may fall on their tie: the known answers, and 40000 values near and on
+// the midpoints between neighbours and at random, with and without a
+// divisor, against nearest_16.
+TEST(Kernels, ConvertRoundsAFloat64OnceIntoHalfAndBf16) {
+  auto one = [](DType t, double v, int div = 1) {
+    uint16_t out = 0;
+    kernels::convert(DType::f64, &v, t, &out, 1, div);
+    return out;
+  };
+  EXPECT_EQ(one(DType::f16, 1.0 + 0x1p-11 + 0x1p-40), 0x3c01);  // a cast first: 0x3c00
+  EXPECT_EQ(one(DType::f16, 1.0 + 0x1p-11), 0x3c00);            // the tie itself: to even
+  EXPECT_EQ(one(DType::f16, -(1.0 + 0x1p-11 + 0x1p-40)), 0xbc01);
+  EXPECT_EQ(one(DType::bf16, 1.0 + 0x1p-8 + 0x1p-40), 0x3f81);  // a cast first: 0x3f80
+  EXPECT_EQ(one(DType::f16, 65520.0 - 0x1p-30), 0x7bff);        // just below overflow's tie
+  EXPECT_EQ(one(DType::f16, 1e300), 0x7c00);                    // beyond f32: inf
+  EXPECT_EQ(one(DType::bf16, 1e300), 0x7f80);
+  EXPECT_EQ(one(DType::f16, 0x1p-25 + 0x1p-60), 0x0001);  // above the smallest subnormal's tie
+  EXPECT_EQ(one(DType::f16, 3.0 * (1.0 + 0x1p-11 + 0x1p-40), 3), 0x3c01);
+  std::mt19937_64 g(11);
+  for (DType t : {DType::f16, DType::bf16}) {
+    const bool half = t == DType::f16;
+    const uint16_t top = half ? 0x7bff : 0x7f7f;
+    size_t wrong = 0, n = 0;
+    for (int i = 0; i < 20000; ++i) {
+      const auto p = static_cast<uint16_t>(g() % top);  // p and p + 1 finite
+      const double lo = half ? kernels::half_to_float(p) : kernels::bf16_to_float(p);
+      const double hi = half ? kernels::half_to_float(static_cast<uint16_t>(p + 1))
+                             : kernels::bf16_to_float(static_cast<uint16_t>(p + 1));
+      const double mid = (lo + hi) / 2,
+                   nudge = std::ldexp(hi - lo, -30 - static_cast<int>(g() % 20));
+      double v = i % 4 == 0   ? mid
+                 : i % 4 == 1 ? mid + nudge
+                 : i % 4 == 2 ? mid - nudge
+                              : std::ldexp(static_cast<double>(g() >> 11) * 0x1p-53,
+                                           static_cast<int>(g() % 60) - 30);
+      if (g() % 2) v = -v;
+      for (int div : {1, 3}) {
+        const double x = v * div;
+        ++n;
+        wrong += one(t, x, div) != nearest_16(t, x / div);
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << to_string(t) << ": " << wrong << " of " << n;
+  }
+}
+
 // convert (the compression hooks' kernel) agrees with the scalar reference
 // for every pair of float types, with and without a divisor.
 TEST(Kernels, ConvertMatchesScalarReference) {
@@ -247,6 +319,12 @@ TEST(Kernels, ConvertMatchesScalarReference) {
           double want = (st == DType::f64 || dt == DType::f64)
                             ? testing::rounded(dt, v / div)
                             : testing::rounded(dt, static_cast<float>(v) / static_cast<float>(div));
+          // From f64 to f16 or bf16, once from the double (the reference's
+          // float cast would round twice).
+          if (st == DType::f64 && (dt == DType::f16 || dt == DType::bf16)) {
+            const uint16_t p = nearest_16(dt, v / div);
+            want = dt == DType::f16 ? kernels::half_to_float(p) : kernels::bf16_to_float(p);
+          }
           wrong += testing::get(dt, dst.data(), i) != want;
         }
         EXPECT_EQ(wrong, 0u) << to_string(st) << " -> " << to_string(dt) << " / " << div;

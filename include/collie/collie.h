@@ -229,11 +229,11 @@ collie_status collie_comm_mem_alloc(collie_comm* comm, size_t bytes, void** out)
 collie_status collie_mem_free(void* ptr);
 
 /* dst[i] = src[i] / divisor for i < numel, between the float types (f32,
- * f16, bf16; f64 too, slower), computed in f32 and rounded once to nearest
- * even: a compression hook's two conversions (divisor 1: a plain one),
- * with the F16C instructions where the CPU has them. Host tensors of the
- * same length that do not overlap; divisor >= 1. Not collective. From
- * ABI 5. */
+ * f16, bf16; f64 too, slower), computed in f32 (in f64 where either side
+ * is f64) and rounded once to nearest even: a compression hook's two
+ * conversions (divisor 1: a plain one), with the F16C instructions where
+ * the CPU has them. Host tensors of the same length that do not overlap;
+ * divisor >= 1. Not collective. From ABI 5. */
 collie_status collie_convert(collie_tensor src, collie_tensor dst, int divisor);
 
 /* ---- operations in flight ---- */
