@@ -15,6 +15,8 @@ own hook spends most of its time in its conversions on the CPU
 collie's and the all-reduce the group's; CUDA buckets go to PyTorch's own
 hook.
 """
+import threading
+
 import torch
 import torch.distributed as dist
 
@@ -30,22 +32,37 @@ def _convert(src, dst, divisor=1):
     check(lib.collie_convert(as_tensor(src), as_tensor(dst), divisor))
 
 
+_scratch_lock = threading.Lock()
+
+
 def _scratch(group, index, numel, dtype):
-    """The compressed bucket `index`: over a collie group, a tensor in the
-    group's communication memory kept for the next step (made again when
-    DDP rebuilds its buckets with another size); else a new tensor."""
+    """A compressed bucket for bucket `index` and a function that gives it
+    back once its all-reduce has ended. Over a collie group, a tensor in the
+    group's communication memory, kept for the next step: one per bucket in
+    flight, so that DDP models reducing in the same backward pass (each with
+    a bucket 0 of its size) do not share one. Over other groups a new
+    tensor each time."""
     from .distributed import backend_of
     pg = backend_of(group)
     if pg is None:
-        return torch.empty(numel, dtype=dtype)
-    kept = pg.__dict__.setdefault("_hook_scratch", {})
-    t = kept.get((index, dtype))
-    if t is None or t.numel() != numel:
-        from ._ddp_parts import comm_memory
-        size = torch.empty((), dtype=dtype).element_size()
-        t = comm_memory(pg.comm, max(1, numel * size))[:numel * size].view(dtype)
-        kept[(index, dtype)] = t
-    return t
+        return torch.empty(numel, dtype=dtype), lambda: None
+    with _scratch_lock:
+        # (index, dtype, numel) -> [[tensor, in flight], ...]; a layout DDP
+        # rebuilt leaves its first buckets' entries, one set per layout.
+        pool = pg.__dict__.setdefault("_hook_scratch", {}).setdefault((index, dtype, numel), [])
+        entry = next((e for e in pool if not e[1]), None)
+        if entry is None:
+            from ._ddp_parts import comm_memory
+            size = torch.empty((), dtype=dtype).element_size()
+            entry = [comm_memory(pg.comm, max(1, numel * size))[:numel * size].view(dtype), False]
+            pool.append(entry)
+        entry[1] = True
+
+    def release():
+        with _scratch_lock:
+            entry[1] = False
+
+    return entry[0], release
 
 
 def _compress_hook(dtype, torch_hook, state, bucket):
@@ -54,12 +71,19 @@ def _compress_hook(dtype, torch_hook, state, bucket):
     if not buffer.is_cpu or buffer.dtype != torch.float32:
         return torch_hook(state, bucket)
     world = dist.get_world_size(group)
-    small = _scratch(group, bucket.index(), buffer.numel(), dtype)
-    _convert(buffer, small, world)
-    fut = dist.all_reduce(small, group=group, async_op=True).get_future()
+    small, release = _scratch(group, bucket.index(), buffer.numel(), dtype)
+    try:
+        _convert(buffer, small, world)
+        fut = dist.all_reduce(small, group=group, async_op=True).get_future()
+    except BaseException:
+        release()
+        raise
 
     def decompress(f):
-        _convert(f.value()[0], buffer)
+        try:
+            _convert(f.value()[0], buffer)
+        finally:
+            release()
         return buffer
 
     return fut.then(decompress)
@@ -86,3 +110,5 @@ def bf16_compress_hook(state, bucket):
 # buckets' device: these go by names of their own, also in DDP's logs.
 for _hook in (fp16_compress_hook, bf16_compress_hook):
     _hook.__name__ = _hook.__qualname__ = "collie_" + _hook.__name__
+# Pickled by those names, as PyTorch's hooks are by theirs.
+collie_fp16_compress_hook, collie_bf16_compress_hook = fp16_compress_hook, bf16_compress_hook

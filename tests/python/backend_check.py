@@ -568,6 +568,16 @@ def case_pytorch_ddp():
             f"(worst {worst:.1e})")
 
 
+# collie's compression hooks against PyTorch's. At 2 ranks the sum is one
+# addition and halving is exact, but where half a gradient is an f16
+# subnormal (below 6.1e-5) PyTorch rounds twice (the conversion, then the
+# division) and collie once: up to one subnormal step, 2^-24, a gradient
+# element a step, times lr 0.1 over 5 steps, 3e-8 (bf16's subnormals lie
+# below f32's normals: none here). At 3 ranks, within the narrow type's
+# rounding of a sum in another order.
+HOOK_TOLERANCE = {"fp16": 1e-7 if WORLD == 2 else 2e-4, "bf16": 1e-7 if WORLD == 2 else 2e-3}
+
+
 def case_collie_compress_hooks():
     """collie.distributed's fp16 and bf16 compression hooks on PyTorch's own
     DDP, against PyTorch's own hooks over Gloo: the parameters after 5
@@ -593,13 +603,11 @@ def case_collie_compress_hooks():
     # 1.13 and 2.1: Gloo has no bf16, and PyTorch's bf16 hook wants CUDA.
     old_torch = not gloo_has(lambda: dist.all_reduce(torch.ones(2, dtype=torch.bfloat16),
                                                      group=GLOO))
-    # At 2 ranks the division by 2 is exact and the sum one addition: the
-    # same to the bit. At 3, within the narrow type's rounding.
     hooks = {"fp16": (collie.distributed.fp16_compress_hook, default_hooks.fp16_compress_hook,
-                      0.0 if WORLD == 2 else 2e-4),
+                      HOOK_TOLERANCE["fp16"]),
              "bf16": (collie.distributed.bf16_compress_hook,
                       written_out(torch.bfloat16) if old_torch else default_hooks.bf16_compress_hook,
-                      0.0 if WORLD == 2 else 2e-3)}
+                      HOOK_TOLERANCE["bf16"])}
     worst = {}
     for name, (ours_hook, torch_hook, tolerance) in hooks.items():
         # Without bf16 in Gloo the reference is PyTorch's hook over the
@@ -618,10 +626,59 @@ def case_collie_compress_hooks():
     kept = group.__dict__.get("_hook_scratch", {})
     check(len(kept) > 0, "no compressed bucket kept by the collie group")
     if group.comm.backend == "shm":
-        check(all(in_collie_memory(t) for t in kept.values()),
+        check(all(in_collie_memory(t) for pool in kept.values() for t, _ in pool),
               "a compressed bucket outside collie's memory on shm")
     return ("collie's fp16 and bf16 hooks on PyTorch's DDP over collie and over Gloo: within "
             f"{worst['fp16']:.1e} and {worst['bf16']:.1e} of PyTorch's hooks over Gloo")
+
+
+def train_pair(group, hook, steps=5):
+    """Two models of one architecture (buckets of the same sizes), each its
+    own DDP with `hook` on the same group, in one backward pass: a GAN's
+    generator step is so. Their losses differ, so do their gradients."""
+    torch.manual_seed(0)
+    models = [Branchy(), Branchy()]
+    ddps = [torch.nn.parallel.DistributedDataParallel(m, process_group=group,
+                                                      find_unused_parameters=True)
+            for m in models]
+    for d in ddps:
+        d.register_comm_hook(*hook(group))
+    opt = torch.optim.SGD([p for m in models for p in m.parameters()], lr=0.1)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + RANK)
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddps[0](x), y)
+        (loss + torch.nn.functional.mse_loss(ddps[1](x), -2 * y)).backward()
+        opt.step()
+    return [p.detach().clone() for m in models for p in m.parameters()]
+
+
+def case_compress_hooks_two_models():
+    """collie's fp16 hook on two DDP models that reduce in the same backward
+    pass over one collie group, against PyTorch's hook over Gloo: each
+    bucket in flight has a compressed buffer of its own (they shared one
+    when their buckets had the same index and size), and the hook pickles
+    by name as PyTorch's do."""
+    import pickle
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    for h in (collie.distributed.fp16_compress_hook, collie.distributed.bf16_compress_hook):
+        check(pickle.loads(pickle.dumps(h)) is h, f"{h.__name__} does not pickle by name")
+    group = collie.distributed.backend_of(None)
+    group.__dict__.pop("_hook_scratch", None)
+    ours = train_pair(None, lambda g: (g, collie.distributed.fp16_compress_hook))
+    theirs = train_pair(GLOO, lambda g: (g, default_hooks.fp16_compress_hook))
+    worst = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
+    check(worst <= HOOK_TOLERANCE["fp16"],
+          f"two models with collie's fp16 hook: {worst} from PyTorch's over Gloo")
+    # Whether both models' buckets are in flight at once is PyTorch's
+    # timing (on 2.15 and 1.13 they were, and a shared buffer put them 0.09
+    # off; on 2.1 not): the result is what is checked.
+    kept = group.__dict__.get("_hook_scratch", {})
+    check(not any(busy for pool in kept.values() for _, busy in pool),
+          "a compressed buffer still marked in flight after the steps")
+    return (f"two models in one backward: within {worst:.1e} of PyTorch's hook over Gloo "
+            f"({sum(map(len, kept.values()))} compressed buffers for {len(kept)} buckets)")
 
 
 def in_collie_memory(t):
@@ -788,6 +845,7 @@ CASES = {"all_reduce": case_all_reduce, "all_reduce_shortcut": case_all_reduce_s
          "point_to_point": case_point_to_point, "all_to_all": case_all_to_all,
          "monitored_barrier": case_monitored_barrier, "launcher_env": case_launcher_env, "pytorch_ddp": case_pytorch_ddp,
          "ddp_comm_memory": case_ddp_comm_memory, "collie_compress_hooks": case_collie_compress_hooks,
+         "compress_hooks_two_models": case_compress_hooks_two_models,
          "bad_input": case_bad_input}
 
 
