@@ -373,7 +373,8 @@ const auto kSumTest = sum_test;
 // f16/bf16: widen, combine in f32, round once. Done in blocks so that the
 // widened values stay in L1 and the loops vectorise. With `watch`, a
 // block whose f32 results are not all finite is reported before it is
-// stored (reduce16_watching).
+// stored (reduce16_watching; its fused path stores first where dst is not
+// an operand).
 template <typename Op>
 void combine16(Widen widen, Narrow narrow, uint16_t* dst, const uint16_t* a, const uint16_t* b,
                size_t n, int divisor, NonFiniteBlock watch = nullptr, void* ctx = nullptr) {

@@ -24,10 +24,12 @@ void reduce(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_
             int divisor = 0);
 
 // reduce() for f16 and bf16 sums and averages that calls watch(ctx, i, m)
-// before it stores elements [i, i + m) of a block whose results, in f32,
-// are not all finite: a non-finite operand there (f16 sums cannot overflow
-// f32; bf16 ones can, which calls it too), its operands still whole. For
-// the search for NaN and Inf inside a reduction (base/nonfinite.h).
+// for each block of elements [i, i + m) whose results, in f32, are not all
+// finite: a non-finite operand there (f16 sums cannot overflow f32; bf16
+// ones can, which calls it too), its operands still whole (where dst
+// aliases an operand, the block is stored after the call; elsewhere it may
+// be stored before). For the search for NaN and Inf inside a reduction
+// (base/nonfinite.h), whose watcher reads the operands and records.
 using NonFiniteBlock = void (*)(void* ctx, size_t first, size_t count);
 void reduce16_watching(DType t, ReduceOp op, void* dst, const void* a, const void* b, size_t n,
                        int divisor, NonFiniteBlock watch, void* ctx);
