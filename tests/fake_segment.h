@@ -117,6 +117,11 @@ class FakeSegment {
     blame_peer(r, what);
     std::memcpy(reinterpret_cast<void*>(remote), local, len);
   }
+  // In one process no rank's buffer goes back to its caller while a peer
+  // writes (the threads share the test's buffers until all have ended):
+  // the bracket only looks for an abort, as Segment's does.
+  void begin_writes() { check(); }
+  void end_writes() noexcept {}
 
   // The region mapped a second time in this process, as a peer would map
   // it (through /proc/<pid>/fd), and kept until the segment goes.

@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -287,12 +288,16 @@ bool Segment::pinnable(const void* a, size_t a_len, const void* b, size_t b_len)
 }
 
 // One copy between this process and rank r's, `len` bytes: a read
-// (process_vm_readv) or a write (process_vm_writev).
+// (process_vm_readv) or a write (process_vm_writev). A write goes in pieces
+// of kWritePiece, each after a look for an abort: a peer that failed must
+// not find its buffer changing after its op returned (begin_writes).
 void Segment::copy_with_peer(int r, void* local, uint64_t remote, size_t len, bool write,
                              const What& what) {
   auto* at = static_cast<uint8_t*>(local);
   while (len > 0) {
-    iovec l{at, len}, rem{reinterpret_cast<void*>(remote), len};
+    if (write) check();
+    const size_t part = write ? std::min(len, kWritePiece) : len;
+    iovec l{at, part}, rem{reinterpret_cast<void*>(remote), part};
     const ssize_t got = write ? process_vm_writev(pids_[r], &l, 1, &rem, 1, 0)
                               : process_vm_readv(pids_[r], &l, 1, &rem, 1, 0);
     if (got <= 0) {

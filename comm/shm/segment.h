@@ -144,6 +144,9 @@ struct alignas(kLine) RankInfo {
   // COLLIE_SHM_CMA): 0 not known yet, 1 yes, 2 no. A sender hands a large
   // message to a receiver that may by its address instead of through slots.
   std::atomic<uint32_t> reads_peers;
+  // 1 while this rank writes into its peers' buffers (the all-reduces that
+  // push their reduced slices: Segment::begin_writes).
+  std::atomic<uint32_t> writing;
 };
 
 // One direction of a point-to-point channel: a ring of slots.
@@ -286,6 +289,19 @@ class Segment {
   // Throws what a wait would: another rank's abort, or this communicator's
   // failure (another thread aborted it).
   void check();
+  // This rank's writes into its peers' buffers, bracketed (the direct and
+  // in-place all-reduces push their reduced slices). begin_writes says so
+  // in the rank's RankInfo::writing and then throws as check() does if a
+  // rank has aborted; end_writes clears it. A rank that fails an op waits
+  // in abort() until no peer is inside the bracket, or kWriterGrace has
+  // passed, so that no peer writes into its buffers after its op has
+  // returned them to the caller; a writer looks for an abort before each
+  // piece (write_peer) and each round. Either the writer sees the abort or
+  // the aborting rank sees the writer (a fence on each side).
+  void begin_writes();
+  void end_writes() noexcept;
+  static constexpr std::chrono::seconds kWriterGrace{3};
+  static constexpr size_t kWritePiece = size_t{1} << 20;
   // Whether some rank has aborted (one load: for ops about to start, which
   // may not wait at all when every other rank's part is there already).
   bool aborted() const { return abort_word_->load(std::memory_order_relaxed) != 0; }
@@ -312,6 +328,8 @@ class Segment {
            (static_cast<size_t>(from) * n_ + to) * (2 * kLine + lay_.p2p_slots * slot_stride());
   }
   bool dead(int r);
+  // abort()'s wait for the peers inside begin_writes' bracket.
+  void drain_writers() noexcept;
   int awake() const;  // ranks of this segment not asleep in a wait
   // Wakes every sleeper on `c`, counting them awake first (in `local` too,
   // when given: the asleep count of the CPU line `c` belongs to); `bump`

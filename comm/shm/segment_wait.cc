@@ -15,6 +15,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/log.h"
@@ -419,6 +420,45 @@ void Segment::abort(const Error& e) noexcept {
     abort_word_->compare_exchange_strong(expected, static_cast<uint32_t>(me_ + 1));
   }
   wake_all();
+  drain_writers();
+}
+
+void Segment::begin_writes() {
+  info(me_).writing.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  try {
+    check();
+  } catch (...) {
+    end_writes();
+    throw;
+  }
+}
+
+void Segment::end_writes() noexcept {
+  info(me_).writing.store(0, std::memory_order_release);
+}
+
+void Segment::drain_writers() noexcept {
+  // This rank's op is failing: a peer still pushing its slices may be
+  // writing into this rank's buffers. It stops at its next piece, having
+  // seen the abort (or finishes); wait for that before the op returns.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const auto until = std::chrono::steady_clock::now() + kWriterGrace;
+  for (;;) {
+    std::vector<int> writing;
+    for (int q = 0; q < n_; ++q)
+      if (q != me_ && info(q).writing.load(std::memory_order_acquire) &&
+          !info(q).closed.load(std::memory_order_acquire) && !dead(q))
+        writing.push_back(q);
+    if (writing.empty()) return;
+    if (std::chrono::steady_clock::now() >= until) {
+      log::warn(names_(me_) + ": " + names_.list(writing) + " still writing into this rank's " +
+                "buffers " + std::to_string(kWriterGrace.count()) +
+                " s after the failure (stalled?): the failed op's buffers may still change");
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 void Segment::close() noexcept {

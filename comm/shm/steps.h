@@ -25,6 +25,11 @@
 //                        rank r's registered region named by its descriptor
 //   check(), aborted(), blame_peer(r, what)
 //                        a peer's abort or death raised as its error
+//   write_peer(r, addr, from, len, what), begin_writes(), end_writes()
+//                        len bytes into rank r's memory; the bracket around
+//                        a rank's writes into its peers' buffers, which a
+//                        failing peer waits out before it returns its own
+//                        (PeerWrites)
 //
 // Phases. Every rank advances its counter the same number of times for a
 // given operation, so a phase number means the same step on every rank.
@@ -50,6 +55,20 @@
 #include "comm/shm/shm_choose.h"
 
 namespace collie::shm {
+
+// A rank's writes into its peers' buffers, bracketed for as long as the
+// object lives (Segment::begin_writes).
+template <class Seg>
+class PeerWrites {
+ public:
+  explicit PeerWrites(Seg& seg) : seg_(seg) { seg_.begin_writes(); }
+  ~PeerWrites() { seg_.end_writes(); }
+  PeerWrites(const PeerWrites&) = delete;
+  PeerWrites& operator=(const PeerWrites&) = delete;
+
+ private:
+  Seg& seg_;
+};
 
 // What a rank's segment offers the choices (rank 0's settings, the
 // segment's layout, whether every rank may read its peers' memory).

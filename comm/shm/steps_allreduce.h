@@ -122,10 +122,13 @@ inline void ShmSteps<Seg>::allreduce_direct(const Op& op, const What& what, Dead
   // own slice of every input, and in place that slice is one this rank
   // never writes.
   const size_t len = sl.lo(me_ + 1) - lo;
-  for (int k = 0; k < n_; ++k)
-    if (k != me_ && len)
-      seg_.write_peer(k, seg_.desc(k, d.seq).large.out_addr + lo * es, out + lo * es, len * es,
-                      what);
+  if (len) {
+    PeerWrites<Seg> writes(seg_);  // a failing peer waits for it to end
+    for (int k = 0; k < n_; ++k)
+      if (k != me_)
+        seg_.write_peer(k, seg_.desc(k, d.seq).large.out_addr + lo * es, out + lo * es, len * es,
+                        what);
+  }
   seg_.advance();
   seg_.wait_all(what, dl);
 }
@@ -206,6 +209,8 @@ inline void ShmSteps<Seg>::allreduce_shared(const Op& op, const What& what, Dead
   // slice is this machine's L2, where it stays between its reduction and
   // its copies.
   const size_t per_round = std::max<size_t>(kSharedSlice / es, 1) * n_;
+  std::optional<PeerWrites<Seg>> writes;
+  writes.emplace(seg_);  // a failing peer waits for it to end
   for (size_t off = 0; off < count; off += per_round) {
     const Slices sl = slices(std::min(per_round, count - off), es);
     reduce_own_slice([&](int q) { return buf[q] + off * es; }, sl, es, t, d.redop, op.seen, off);
@@ -217,9 +222,11 @@ inline void ShmSteps<Seg>::allreduce_shared(const Op& op, const What& what, Dead
     // or writes another's slice, so the rounds need no wait: only the last
     // one, before any rank returns its buffer.
     const size_t lo = off + sl.lo(me_), len = sl.lo(me_ + 1) - sl.lo(me_);
+    seg_.check();  // a peer that failed: its buffer is its caller's again
     for (int k = 0; k < n_; ++k)
       if (k != me_ && len) std::memcpy(buf[k] + lo * es, buf[me_] + lo * es, len * es);
   }
+  writes.reset();
   seg_.advance();
   seg_.wait_all(what, dl);
 }
