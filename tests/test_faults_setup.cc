@@ -400,6 +400,39 @@ TEST(Faults, ARankThatEndsRightAfterSetupLeavesTheStoreToThoseStillSettingUp) {
     }
 }
 
+// The same where the rank that serves the store is in none of the others'
+// split communicators (color -1, or a color of its own): it ends as soon as
+// its split returns, and ranks 1 and 2, rank 2 slow in the store, must
+// still set theirs up (before, both lost the store in every run: "lost the
+// connection to the store ... rank 0 serves it: did it exit?"; found in
+// review).
+TEST(Faults, TheStoreOutlastsTheSplitsOfColorsItsServerIsNotIn) {
+  for (const char* backend : {"shm", "tcp", "hier"})
+    for (int own : {-1, 1}) {
+      auto out = run_ranks(
+          3,
+          [&](int rank, Options opt) {
+            opt.backend = backend;
+            if (rank == 2) {
+              const config::Launch launch = config::resolve_launch(opt, config::process_env());
+              opt.store = std::make_shared<SlowStore>(
+                  TcpStore::connect(opt.master_addr, opt.master_port, {opt.secret, launch.job},
+                                    launch.timeout, "rank 2"),
+                  20ms);
+            }
+            auto c = connect(opt);
+            auto s = c->split(rank == 0 ? own : 0, rank);
+            if (!s) return std::string("none");
+            return std::to_string(s->rank()) + "/" + std::to_string(s->size());
+          },
+          10s);
+      const std::string where = std::string(backend) + ", rank 0's color " + std::to_string(own);
+      EXPECT_EQ(out[0].report, own < 0 ? "OK none" : "OK 0/1") << where << "\n" << describe(out);
+      EXPECT_EQ(out[1].report, "OK 0/2") << where << "\n" << describe(out);
+      EXPECT_EQ(out[2].report, "OK 1/2") << where << "\n" << describe(out);
+    }
+}
+
 TEST(Faults, StrayClientsOnTheStorePortDoNotDisturbTheJob) {
   // The strays connect before the ranks start: one sends garbage, one sends
   // nothing and stays connected through the whole job.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/arrivals.h"
+#include "base/log.h"
 #include "comm/stall_inspector.h"
 
 namespace collie {
@@ -56,6 +57,17 @@ void done_with_store(const BackendContext& ctx, const Error* failed) {
     throw Error(static_cast<ErrorCode>(code),
                 who + ": " + ctx.names(q) + " failed to set up its part: " +
                     (space == std::string::npos ? said : said.substr(space + 1)));
+  }
+}
+
+void outlast_setups(const BackendContext& ctx, const std::vector<std::string>& keys) {
+  if (!ctx.store || keys.empty()) return;
+  try {
+    wait_for_ranks(*ctx.store, keys, std::chrono::steady_clock::now() + ctx.launch.timeout,
+                   ctx.launch.timeout, ctx.names(ctx.launch.rank) + " (serving the store)");
+  } catch (const Error& e) {
+    log::warn(std::string("the split's other communicators did not all finish their setup: ") +
+              e.what());
   }
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "comm/backend.h"
 
@@ -31,5 +32,12 @@ BackendContext renumbered(const BackendContext& ctx, const std::string& key, int
 // joiner).
 // `failed`: this rank's own setup failed with it (then only said).
 void done_with_store(const BackendContext& ctx, const Error* failed);
+
+// For the process that serves the store, after a split: waits until every
+// key of `keys` (the set-up words of the colors it is not in, as
+// done_with_store writes them) is set, up to the timeout, so that it may
+// end right after its split. A color whose setup never ends is that
+// color's error, not this rank's: a warning, and it returns.
+void outlast_setups(const BackendContext& ctx, const std::vector<std::string>& keys);
 
 }  // namespace collie

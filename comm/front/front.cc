@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -222,8 +223,21 @@ class Front final : public Communicator {
       if (color >= 0) done_with_store(plan.context, &e);
       throw;
     }
+    if (color >= 0) done_with_store(plan.context, nullptr);
+    if (core_->ctx.serves_store) {
+      // This process may end right after its split: the colors it is not
+      // in must be done with the store first (its own waited above).
+      std::map<int64_t, int> sizes;
+      for (int q = 0; q < n; ++q)
+        if (all[2 * q] >= 0 && all[2 * q] != color) ++sizes[all[2 * q]];
+      std::vector<std::string> keys;
+      for (const auto& [c, m] : sizes)
+        for (int i = 0; i < m; ++i)
+          keys.push_back(core_->ctx.key + "/s" + std::to_string(split_no) + "c" +
+                         std::to_string(c) + "/set-up/" + std::to_string(i));
+      outlast_setups(core_->ctx, keys);
+    }
     if (color < 0) return nullptr;
-    done_with_store(plan.context, nullptr);
     return make_front(plan.context, std::move(b));
   }
 
