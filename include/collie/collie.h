@@ -240,9 +240,11 @@ collie_status collie_convert(collie_tensor src, collie_tensor dst, int divisor);
 
 collie_status collie_work_wait(collie_work* work); /* the op's status */
 /* As collie_work_wait, giving up with COLLIE_ERR_TIMEOUT after `seconds`
- * (the op goes on). On a host backend the waiting thread first runs the
- * queued ops up to this one (each within the communicator's timeout), and
- * `seconds` counts from then. */
+ * (the op goes on). On a host backend, where `seconds` is at least the
+ * communicator's timeout, the waiting thread first runs the queued ops up
+ * to this one (each within that timeout) and `seconds` counts from then;
+ * a shorter wait leaves them to the communicator's progress thread and
+ * gives up after `seconds`. */
 collie_status collie_work_wait_for(collie_work* work, double seconds);
 /* COLLIE_IN_PROGRESS while the op runs, then its status. Never blocks. */
 collie_status collie_work_query(collie_work* work);

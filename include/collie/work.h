@@ -58,7 +58,9 @@ class Completion {
   virtual bool wait_until(Clock::time_point deadline);
   // The same with a timeout: an operation that has ended by the time this
   // is called reads no clock. A backend whose waiter runs the operation
-  // itself (the host executor) counts the timeout from the end of that run.
+  // itself (the host executor) does so when `timeout` is at least the
+  // operation's own deadline, counting it from the end of that run; a
+  // shorter wait runs nothing and ends at `timeout`.
   virtual bool wait_for(std::chrono::milliseconds timeout);
   // Makes `stream` (a cudaStream_t) wait for the operation. A host
   // operation has no stream work: this waits for it on the host.

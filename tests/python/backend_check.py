@@ -252,7 +252,31 @@ def case_async():
         w = dist.all_reduce(t, async_op=True)
     w.wait()
     exact(t, want, "an all_reduce rank 0 issued before the others called theirs")
-    return "wait, is_completed, get_future, then; issued before the other ranks call"
+    # wait(timeout) gives up at the timeout while the others have not
+    # called yet (Gloo's does): rank 0's wait raises, and only then are the
+    # others told to call; the op then ends with the sum. Before, the waiter
+    # ran the op itself within the group's deadline and blocked past the
+    # timeout (a review found it): here it hung until that deadline.
+    t = values(RANK, n=1000)
+    if RANK == 0:
+        w = dist.all_reduce(t, async_op=True)
+        try:
+            w.wait(timeout=datetime.timedelta(seconds=0.2))
+            raise Failed("wait(timeout) returned while the other ranks had not called")
+        except Failed:
+            raise
+        except Exception as e:  # noqa: BLE001 - PyTorch's or collie's timeout type
+            check("timed out" in str(e) or "did not complete" in str(e),
+                  f"wait(timeout) raised something else: {e}")
+        check(not w.is_completed(), "the op ended though the other ranks had not called")
+        store.set("backend_check/waited", "1")
+    else:
+        store.wait(["backend_check/waited"], datetime.timedelta(seconds=30))
+        w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    exact(t, want, "an all_reduce after a wait(timeout) that gave up")
+    return ("wait, is_completed, get_future, then; issued before the other ranks call; "
+            "wait(timeout) gives up at its timeout")
 
 
 def case_coalesced_and_broadcast():
