@@ -20,11 +20,14 @@ backend for "collie", through PyTorch's ProcessGroupNCCL for
 "cpu:collie,cuda:nccl" (see _routed). Served on CPU tensors: all_reduce (SUM, AVG, MIN, MAX, PRODUCT),
 all_reduce_coalesced, broadcast, all_gather, all_gather_into_tensor,
 reduce_scatter, reduce_scatter_tensor, all_to_all, all_to_all_single
-(even or uneven splits), reduce, gather, scatter, barrier, send and recv.
+(even or uneven splits), reduce, gather, scatter, barrier, send and recv;
+BAND, BOR and BXOR in all_reduce and reduce (gathered and folded); tensors
+of any layout (through a contiguous copy).
 monitored_barrier (PyTorch's dist.monitored_barrier where the group has
 its memory backend for the CPU, 2.15 here; else the group's method: PyTorch
 takes Gloo only on 1.13 and 2.1).
-Refused, naming what is missing: the bitwise ops, recv from any source.
+Refused, naming what is missing: the bitwise ops elsewhere, recv from
+any source, split_group (PyTorch's refusal).
 On a recent PyTorch (2.15 here) PyTorch's DDP over a collie group allocates its
 host buckets in collie's memory, all-reduced in place on shm
 (_comm_memory).
@@ -52,12 +55,50 @@ def _refuse(what):
     return _lib.error("invalid_argument", f"the collie backend does not do {what}")
 
 
+def _op_label(op):
+    """PyTorch's name of a ReduceOp ("BAND"): its RedOpType's, where the
+    ReduceOp object's own repr is only its address."""
+    return str(getattr(op, "op", op)).rsplit(".", 1)[-1]
+
+
 def _op_name(op):
     """collie's name of a torch.distributed.ReduceOp."""
     for value, name in _OP_NAMES:
         if op == value:
             return name
-    raise _refuse(f"reduce op {op} (it reduces with SUM, AVG, MIN, MAX and PRODUCT)")
+    raise _refuse(f"reduce op {_op_label(op)} (it reduces with SUM, AVG, MIN, MAX and PRODUCT; "
+                  "all_reduce and reduce also with BAND, BOR and BXOR)")
+
+
+# The bitwise ops, which collie's reductions do not have: all_reduce and
+# reduce gather every rank's tensor and fold it locally (as Gloo takes
+# them, on integer and bool tensors).
+_BITWISE = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
+
+
+def _bitwise(opts):
+    """The fold of a bitwise op in opts (an options object or a ReduceOp),
+    else None."""
+    if opts is None:
+        return None
+    return _BITWISE.get(_op_label(getattr(opts, "reduceOp", opts)))
+
+
+def _overlap(a, b):
+    """Whether tensors a and b may share a byte of memory."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _span(t):
+    """[first, end) of the bytes t may touch: its own where it is
+    contiguous, else its whole storage's."""
+    if t.is_contiguous():
+        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
 
 
 def _list(x):
@@ -202,6 +243,39 @@ class ProcessGroupCollie(dist.ProcessGroup):
             raise self._refused(what, "a non-contiguous tensor")
         return t
 
+    def _staged(self, t, what):
+        """t checked (_tensor) and, where it is not contiguous (a
+        transposed or channels_last tensor, a strided view), a contiguous
+        copy to run the op on and the copy back into t once it has ended:
+        (tensor, after). Each rank's elements meet by their logical place,
+        whatever each rank's layout."""
+        if t.is_contiguous():
+            return self._tensor(t, what), None
+        c = self._tensor(t.contiguous(), what)
+        return c, lambda: t.copy_(c)
+
+    def _bitwise_reduce(self, t, fold, what, root=None):
+        """all_reduce (root None) or reduce with a bitwise op: every rank's
+        tensor gathered, folded in rank order here, written into t (on the
+        root only for reduce)."""
+        if t.is_floating_point() or t.is_complex():
+            raise self._refused(what, f"a bitwise op on {t.dtype} tensors (integer and bool "
+                                "tensors only)")
+        src, back = self._staged(t, what)
+        flat = torch.empty(src.numel() * self.size(), dtype=src.dtype, device=src.device)
+
+        def after():
+            if root is not None and self.rank() != root:
+                return
+            parts = flat.view(self.size(), -1)
+            acc = parts[0].clone()
+            for p in parts[1:]:
+                acc = fold(acc, p)
+            src.copy_(acc.view_as(src))
+            if back is not None:
+                back()
+        return _make_work(self._comm.allgather(src, flat, async_op=_async()), [t], after)
+
     def _one(self, tensors, what):
         if type(tensors) is list and len(tensors) == 1:  # the usual call, at once
             return tensors[0]
@@ -235,9 +309,13 @@ class ProcessGroupCollie(dist.ProcessGroup):
     # ---- collectives -------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        t = self._tensor(self._one(tensors, "all_reduce"), "all_reduce")
+        given = self._one(tensors, "all_reduce")
+        fold = _bitwise(opts)
+        if fold is not None:
+            return self._bitwise_reduce(given, fold, "all_reduce")
+        t, back = self._staged(given, "all_reduce")
         op = _reduce_op(opts)
-        return _make_work(self._comm.allreduce(t, op=op, async_op=_async()), [t])
+        return _make_work(self._comm.allreduce(t, op=op, async_op=_async()), [given], back)
     allreduce = _routed(allreduce, now=_allreduce_now)  # dist.all_reduce(t): a shortcut
 
     @_routed
@@ -253,15 +331,18 @@ class ProcessGroupCollie(dist.ProcessGroup):
 
     @_routed
     def broadcast(self, tensors, opts):
-        t = self._tensor(self._one(tensors, "broadcast"), "broadcast")
+        given = self._one(tensors, "broadcast")
+        t, back = self._staged(given, "broadcast")
         root = opts if isinstance(opts, int) else opts.rootRank
-        return _make_work(self._comm.broadcast(t, root=root, async_op=_async()), [t])
+        return _make_work(self._comm.broadcast(t, root=root, async_op=_async()), [given], back)
 
     @_routed
     def _allgather_base(self, output, input, opts=None):
-        self._tensor(input, "all_gather_into_tensor")
-        self._tensor(output, "all_gather_into_tensor")
-        return _make_work(self._comm.allgather(input, output, async_op=_async()), [output])
+        input = self._tensor(input.contiguous(), "all_gather_into_tensor")
+        out, back = self._staged(output, "all_gather_into_tensor")
+        # The future's value is each rank's piece of the output, as Gloo's.
+        return _make_work(self._comm.allgather(input, out, async_op=_async()),
+                          list(output.chunk(self.size())) if output.dim() else [output], back)
 
     @_routed
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -269,7 +350,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
 
     @_routed
     def allgather(self, output_lists, inputs, opts=None):
-        t = self._tensor(self._one(inputs, "all_gather"), "all_gather")
+        t = self._tensor(self._one(inputs, "all_gather").contiguous(), "all_gather")
         if output_lists and isinstance(output_lists[0], torch.Tensor):
             output_lists = [output_lists]  # allgather(outputs, input)
         outs = self._one_per_rank(self._one(output_lists, "all_gather"), "all_gather", "output")
@@ -279,15 +360,17 @@ class ProcessGroupCollie(dist.ProcessGroup):
                                  f"output tensor of {o.numel()} {o.dtype} for an input of "
                                  f"{t.numel()} {t.dtype}")
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype, device=t.device)
-        return _make_work(self._comm.allgather(t, flat, async_op=_async()), [outs],
+        # The future's value is the list of outputs, as Gloo's (not nested).
+        return _make_work(self._comm.allgather(t, flat, async_op=_async()), outs,
                           lambda: _unflatten(flat, outs))
 
     @_routed
     def _reduce_scatter_base(self, output, input, opts=None):
-        self._tensor(input, "reduce_scatter_tensor")
-        self._tensor(output, "reduce_scatter_tensor")
+        input = self._tensor(input.contiguous(), "reduce_scatter_tensor")
+        out, back = self._staged(output, "reduce_scatter_tensor")
         op = _reduce_op(opts)
-        return _make_work(self._comm.reduce_scatter(input, output, op=op, async_op=_async()), [output])
+        return _make_work(self._comm.reduce_scatter(input, out, op=op, async_op=_async()),
+                          [output], back)
 
     @_routed
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -295,38 +378,47 @@ class ProcessGroupCollie(dist.ProcessGroup):
 
     @_routed
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        out = self._tensor(self._one(outputs, "reduce_scatter"), "reduce_scatter")
+        given = self._one(outputs, "reduce_scatter")
+        out, back = self._staged(given, "reduce_scatter")
         if input_lists and isinstance(input_lists[0], torch.Tensor):
             input_lists = [input_lists]  # reduce_scatter(output, inputs)
         ins = self._one_per_rank(self._one(input_lists, "reduce_scatter"), "reduce_scatter",
                                  "input")
         flat = torch.cat([i.reshape(-1) for i in ins])
         op = _reduce_op(opts)
-        return _make_work(self._comm.reduce_scatter(flat, out, op=op, async_op=_async()), [out])
+        return _make_work(self._comm.reduce_scatter(flat, out, op=op, async_op=_async()), [given],
+                          back)
 
     @_routed
     def reduce(self, tensors, opts):
-        t = self._tensor(self._one(tensors, "reduce"), "reduce")
-        op = _reduce_op(opts)
+        given = self._one(tensors, "reduce")
         root = opts.rootRank
+        fold = _bitwise(opts)
+        if fold is not None:
+            return self._bitwise_reduce(given, fold, "reduce", root)
+        t, back = self._staged(given, "reduce")
+        op = _reduce_op(opts)
         if self.rank() == root:
-            return _make_work(self._comm.allreduce(t, op=op, async_op=_async()), [t])
+            return _make_work(self._comm.allreduce(t, op=op, async_op=_async()), [given], back)
         scratch = t.clone()  # every rank's result but the root's is left alone
-        return _make_work(self._comm.allreduce(scratch, op=op, async_op=_async()), [t])
+        return _make_work(self._comm.allreduce(scratch, op=op, async_op=_async()), [given])
 
     @_routed
     def gather(self, output_lists, inputs, opts):
-        t = self._tensor(self._one(inputs, "gather"), "gather")
+        t = self._tensor(self._one(inputs, "gather").contiguous(), "gather")
         root = opts.rootRank
         flat = torch.empty(t.numel() * self.size(), dtype=t.dtype, device=t.device)
         outs = (self._one_per_rank(output_lists[0], "gather", "output")
                 if self.rank() == root else [])
-        return _make_work(self._comm.allgather(t, flat, async_op=_async()), output_lists,
+        # The future's value: the root's outputs, as Gloo's (not nested).
+        return _make_work(self._comm.allgather(t, flat, async_op=_async()),
+                          outs if self.rank() == root else output_lists,
                           lambda: _unflatten(flat, outs))
 
     @_routed
     def scatter(self, outputs, input_lists, opts):
-        out = self._tensor(self._one(outputs, "scatter"), "scatter")
+        out = self._one(outputs, "scatter")  # written by copy_: any layout
+        self._tensor(out.contiguous() if not out.is_contiguous() else out, "scatter")
         root = opts.rootRank
         flat = torch.empty(out.numel() * self.size(), dtype=out.dtype, device=out.device)
         if self.rank() == root:
@@ -385,13 +477,14 @@ class ProcessGroupCollie(dist.ProcessGroup):
 
     @_routed
     def send(self, tensors, dst, tag):
-        t = self._tensor(self._one(tensors, "send"), "send")
+        t = self._tensor(self._one(tensors, "send").contiguous(), "send")
         return _make_work(self._comm.send(t, dst, tag=tag, async_op=_async()), [t])
 
     @_routed
     def recv(self, tensors, src, tag):
-        t = self._tensor(self._one(tensors, "recv"), "recv")
-        return _make_work(self._comm.recv(t, src, tag=tag, async_op=_async()), [t])
+        given = self._one(tensors, "recv")
+        t, back = self._staged(given, "recv")
+        return _make_work(self._comm.recv(t, src, tag=tag, async_op=_async()), [given], back)
 
     # PyTorch 2.x's newer names, which its Python front calls on the group.
     def reduce_scatter_single(self, output, input, opts=None):
@@ -406,15 +499,25 @@ class ProcessGroupCollie(dist.ProcessGroup):
         return self
 
     supports_coalescing = False
+    # PyTorch's split_group splits a group's C++ backends, which a Python
+    # group has none of: it says so (new_group serves), and DeviceMesh and
+    # init_process_group(device_id=...) take new_group's way. Without the
+    # attribute they raised AttributeError.
+    supports_splitting = False
 
     def recv_anysource(self, tensors, tag):
         raise _refuse("recv from any source (name the source rank)")
 
     @_routed
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        """all_to_all_single: split sizes count rows (dim 0); none: equal."""
-        self._tensor(input, "all_to_all_single")
-        self._tensor(output, "all_to_all_single")
+        """all_to_all_single: split sizes count rows (dim 0); none: equal.
+        In place (input and output the same memory, as Gloo takes it): the
+        input copied first."""
+        if _overlap(input, output):
+            input = input.clone()
+        input = self._tensor(input.contiguous(), "all_to_all_single")
+        given = output
+        output, back = self._staged(output, "all_to_all_single")
         if input.dtype != output.dtype:
             raise _lib.error("invalid_argument", f"all_to_all_single on rank {self.rank()}: "
                              f"input is {input.dtype} but output is {output.dtype}")
@@ -436,18 +539,19 @@ class ProcessGroupCollie(dist.ProcessGroup):
             if len(set(kw["send_counts"] + kw["recv_counts"])) == 1:
                 kw = {}  # even splits: collie's alltoall, one collective on shm, tcp and mpi
         if input.device.type == "cpu" and output.device.type == "cpu":
-            return _make_work(self._comm.alltoall(input, output, async_op=_async(), **kw), [output])
+            return _make_work(self._comm.alltoall(input, output, async_op=_async(), **kw), [given],
+                              back)
         # collie's all-to-all moves host memory: device tensors go through it.
         host_out = torch.empty(output.shape, dtype=output.dtype)
         return _make_work(self._comm.alltoall(input.cpu(), host_out, async_op=_async(), **kw),
-                          [output], lambda: output.copy_(host_out))
+                          [given], lambda: given.copy_(host_out))
 
     @_routed
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """all_to_all: tensor j of the inputs goes to rank j."""
         for kind, ts in (("input", input_tensors), ("output", output_tensors)):
-            for t in self._one_per_rank(ts, "all_to_all", kind):
-                self._tensor(t, "all_to_all")
+            for t in self._one_per_rank(ts, "all_to_all", kind):  # any layout: cat and copy_
+                self._tensor(t if t.is_contiguous() else t.contiguous(), "all_to_all")
         dtypes = {t.dtype for t in list(input_tensors) + list(output_tensors)}
         if len(dtypes) != 1:
             raise _lib.error("invalid_argument", f"all_to_all on rank {self.rank()}: tensors "

@@ -279,6 +279,49 @@ def case_async():
             "wait(timeout) gives up at its timeout")
 
 
+def case_future_values():
+    """An async op's get_future() value has the shape of Gloo's, where
+    Gloo's op has a future: the list of outputs for all_gather and gather
+    (collie's were nested in a list), each rank's piece for
+    all_gather_into_tensor (collie's was the whole output); the values
+    equal (found in an edge-case hunt against Gloo)."""
+    def shape(v):
+        if isinstance(v, (list, tuple)):
+            return [shape(x) for x in v]
+        return (tuple(v.shape), v.tolist()) if isinstance(v, torch.Tensor) else repr(v)
+
+    x = lambda: torch.full((2,), float(RANK + 1))  # noqa: E731
+    ops = {
+        "all_gather": lambda g: dist.all_gather([torch.zeros(2) for _ in range(WORLD)], x(),
+                                                group=g, async_op=True),
+        "gather": lambda g: dist.gather(x(), [torch.zeros(2) for _ in range(WORLD)]
+                                        if RANK == 0 else None, dst=0, group=g, async_op=True),
+        "all_gather_into_tensor": lambda g: dist.all_gather_into_tensor(
+            torch.zeros(2 * WORLD), x(), group=g, async_op=True),
+        "broadcast": lambda g: dist.broadcast(x(), src=0, group=g, async_op=True),
+        "reduce": lambda g: dist.reduce(x(), dst=0, group=g, async_op=True),
+        "scatter": lambda g: dist.scatter(torch.zeros(2), [x() for _ in range(WORLD)]
+                                          if RANK == 0 else None, src=0, group=g, async_op=True),
+        "all_to_all": lambda g: dist.all_to_all([torch.zeros(2) for _ in range(WORLD)],
+                                                [x() for _ in range(WORLD)], group=g,
+                                                async_op=True),
+        "all_reduce": lambda g: dist.all_reduce(x(), group=g, async_op=True),
+    }
+    compared = []
+    for name, op in ops.items():
+        try:
+            theirs = shape(op(GLOO).get_future().wait())
+        except Exception:  # noqa: BLE001 - Gloo has no such op or future on this PyTorch
+            continue
+        ours = shape(op(None).get_future().wait())
+        if name == "reduce" and RANK != 0:  # the tensor is left undefined off the root
+            ours, theirs = [len(ours)], [len(theirs)]
+        check(ours == theirs, f"{name}'s future value: {ours}, Gloo's {theirs}")
+        compared.append(name)
+    check("all_gather" in compared, "all_gather's future was not compared")
+    return "future values as Gloo's: " + ", ".join(compared)
+
+
 def case_coalesced_and_broadcast():
     ts = [values(RANK, n) for n in (3, 5, 1)]
     dist.all_reduce_coalesced(ts)
@@ -815,16 +858,31 @@ def case_ddp_comm_memory():
 
 def case_bad_input():
     errors = (RuntimeError,) + ((dist.DistError,) if TORCH2 else ())
-    try:
-        dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.BAND)
-        raise Failed("BAND: no error")
-    except errors as e:
-        check("BAND" in str(e) or "reduce op" in str(e), f"the error does not name the op: {e}")
-    # A dtype collie does not move, a device it does not serve, a strided
-    # view: refused at the call, naming the op, the rank and the reason.
+    # A bitwise op where collie has none (a reduce-scatter), and on floats:
+    # refused, naming the op (its repr was only an address) or the dtype.
+    for call, name in ((lambda: dist.reduce_scatter_tensor(
+                            torch.ones(2, dtype=torch.int32), torch.ones(2 * WORLD, dtype=torch.int32),
+                            op=dist.ReduceOp.BAND), "reduce op BAND"),
+                       (lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BXOR),
+                        "bitwise op on torch.float32")):
+        try:
+            call()
+            raise Failed(f"{name}: no error")
+        except errors as e:
+            check(name in str(e), f"the error does not say {name}: {e}")
+    # PyTorch's split_group splits C++ backends, which collie's Python group
+    # has none of: PyTorch's own refusal (it raised AttributeError reading
+    # supports_splitting; found in an edge-case hunt against Gloo).
+    if hasattr(dist, "split_group"):
+        try:
+            dist.split_group(split_ranks=[list(range(WORLD))])
+            raise Failed("split_group: no error")
+        except RuntimeError as e:
+            check("does not support splitting" in str(e), f"split_group: {e}")
+    # A dtype collie does not move, a device it does not serve: refused at
+    # the call, naming the op, the rank and the reason.
     for bad, why in ((torch.ones(3, dtype=torch.int16), "torch.int16"),
-                     (torch.ones(3, device="meta"), "meta tensors"),
-                     (torch.ones(6)[::2], "non-contiguous")):
+                     (torch.ones(3, device="meta"), "meta tensors")):
         try:
             dist.all_reduce(bad)
             raise Failed(f"{why}: no error")
@@ -840,6 +898,80 @@ def case_bad_input():
         msg = str(e)
         check("rank" in msg and "allreduce" in msg, f"the error names no op and rank: {msg}")
     return f"refused: {msg[:120]}"
+
+
+def case_layouts_bitwise_in_place():
+    """What Gloo takes and collie refused (found in an edge-case hunt
+    against Gloo), against serial references: tensors that are not
+    contiguous (transposed, channels_last, a strided view, whose other
+    elements stay untouched) in all_reduce, broadcast, reduce, all_gather,
+    reduce_scatter_tensor and recv, each rank's elements met by their
+    logical place; BAND, BOR and BXOR on integer and bool tensors in
+    all_reduce and reduce; all_to_all_single in place."""
+    def base(r, dtype=torch.float32):
+        return (torch.arange(24, dtype=torch.float64).reshape(4, 6) * (r + 1) + r).to(dtype)
+    total = sum(base(r) for r in range(WORLD))
+    t = base(RANK).t()  # transposed
+    dist.all_reduce(t)
+    exact(t, total.t(), "all_reduce of a transposed tensor")
+    img = base(RANK).reshape(1, 2, 3, 4).to(memory_format=torch.channels_last)
+    dist.all_reduce(img)
+    exact(img, total.reshape(1, 2, 3, 4), "all_reduce of a channels_last tensor")
+    big = torch.zeros(48)
+    view = big[::2]
+    view.copy_(base(RANK).reshape(-1))
+    dist.all_reduce(view)
+    exact(big[::2], total.reshape(-1), "all_reduce of a strided view")
+    exact(big[1::2], torch.zeros(24), "the elements between a strided view's")
+    root = WORLD - 1
+    t = base(RANK).t()
+    dist.broadcast(t, src=root)
+    exact(t, base(root).t(), "broadcast of a transposed tensor")
+    t = base(RANK).t()
+    dist.reduce(t, dst=root)
+    if RANK == root:
+        exact(t, total.t(), "reduce of a transposed tensor")
+    outs = [torch.zeros(6, 4) for _ in range(WORLD)]
+    dist.all_gather(outs, base(RANK).t())
+    for r in range(WORLD):
+        exact(outs[r], base(r).t(), f"all_gather of transposed tensors, rank {r}'s")
+    out = torch.zeros(4, 6).t()
+    dist.reduce_scatter_tensor(out, torch.cat([base(RANK).t().contiguous()] * WORLD))
+    exact(out, total.t(), "reduce_scatter_tensor into a transposed output")
+    if WORLD >= 2 and RANK in (0, 1):
+        if RANK == 0:
+            dist.send(base(7).t(), dst=1)
+        else:
+            got = torch.zeros(4, 6).t()
+            dist.recv(got, src=0)
+            exact(got, base(7).t(), "recv into a transposed tensor")
+    bits = lambda r, dtype: torch.tensor([0b1011 * (r + 1), 0xF0F0 ^ r, -1 - r, r * 7],  # noqa: E731
+                                         dtype=torch.int64).to(dtype)
+    for dtype in (torch.int32, torch.int64, torch.uint8, torch.int8):
+        for name, fold in (("BAND", torch.bitwise_and), ("BOR", torch.bitwise_or),
+                           ("BXOR", torch.bitwise_xor)):
+            want = bits(0, dtype)
+            for r in range(1, WORLD):
+                want = fold(want, bits(r, dtype))
+            t = bits(RANK, dtype)
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, name))
+            exact(t, want, f"all_reduce {name} {dtype}")
+            t = bits(RANK, dtype)
+            dist.reduce(t, dst=root, op=getattr(dist.ReduceOp, name))
+            exact(t, want if RANK == root else bits(RANK, dtype), f"reduce {name} {dtype}")
+    flags = torch.tensor([True, RANK % 2 == 0, RANK == 0, False])
+    for name, want in (("BAND", [True, WORLD == 1, WORLD == 1, False]),
+                       ("BOR", [True, True, True, False])):
+        t = flags.clone()
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, name))
+        exact(t, torch.tensor(want), f"all_reduce {name} bool")
+    buf = torch.arange(2 * WORLD, dtype=torch.float32) + 100 * RANK
+    dist.all_to_all_single(buf, buf)
+    want = torch.cat([torch.arange(2 * RANK, 2 * RANK + 2, dtype=torch.float32) + 100 * r
+                      for r in range(WORLD)])
+    exact(buf, want, "all_to_all_single in place")
+    return ("transposed, channels_last and strided tensors; BAND, BOR, BXOR on integers and "
+            "bool; all_to_all_single in place")
 
 
 def case_collie_ddp_on_the_backend():
@@ -863,6 +995,8 @@ def case_collie_ddp_on_the_backend():
 CASES = {"all_reduce": case_all_reduce, "all_reduce_shortcut": case_all_reduce_shortcut,
          "int8_and_bool": case_int8_and_bool,
          "collie_ddp": case_collie_ddp_on_the_backend, "async": case_async,
+         "future_values": case_future_values,
+         "layouts_bitwise_in_place": case_layouts_bitwise_in_place,
          "coalesced_and_broadcast": case_coalesced_and_broadcast,
          "gather_family": case_gather_family, "reduce_family": case_reduce_family,
          "objects": case_objects,
