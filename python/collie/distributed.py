@@ -76,12 +76,16 @@ def _op_name(op):
 _BITWISE = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
 
 
+_BITWISE_BY_HASH = {hash(getattr(dist.ReduceOp, name)): fold for name, fold in _BITWISE.items()}
+
+
 def _bitwise(opts):
     """The fold of a bitwise op in opts (an options object or a ReduceOp),
-    else None."""
+    else None: by hash(ReduceOp), its RedOpType, as the all_reduce shortcut
+    reads the op (no string on the common path)."""
     if opts is None:
         return None
-    return _BITWISE.get(_op_label(getattr(opts, "reduceOp", opts)))
+    return _BITWISE_BY_HASH.get(hash(getattr(opts, "reduceOp", opts)))
 
 
 def _overlap(a, b):
