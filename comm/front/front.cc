@@ -232,7 +232,7 @@ class Front final : public Communicator {
         if (all[2 * q] >= 0 && all[2 * q] != color) ++sizes[all[2 * q]];
       std::vector<std::string> keys;
       for (const auto& [c, m] : sizes)
-        for (int i = 0; i < m; ++i)
+        for (int i = 0; i < m && m > 1; ++i)  // (a rank alone writes no word: done_with_store)
           keys.push_back(core_->ctx.key + "/s" + std::to_string(split_no) + "c" +
                          std::to_string(c) + "/set-up/" + std::to_string(i));
       outlast_setups(core_->ctx, keys);
