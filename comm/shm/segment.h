@@ -297,7 +297,7 @@ class Segment {
   // passed, so that no peer writes into its buffers after its op has
   // returned them to the caller; a writer looks for an abort before each
   // piece (write_peer) and each round. Either the writer sees the abort or
-  // the aborting rank sees the writer (a fence on each side).
+  // the aborting rank sees the writer (seq_cst stores and loads both sides).
   void begin_writes();
   void end_writes() noexcept;
   static constexpr std::chrono::seconds kWriterGrace{3};

@@ -410,7 +410,7 @@ void Segment::abort(const Error& e) noexcept {
   // The message and code go first, then the word (seq_cst): a rank that sees
   // the word sees the message. A rank that loses the race has written its
   // own slot, which no one reads.
-  if (abort_word_->load(std::memory_order_acquire) == 0) {
+  if (abort_word_->load(std::memory_order_seq_cst) == 0) {
     RankInfo& i = info(me_);
     std::string msg = e.what();
     std::memset(i.err_msg, 0, sizeof i.err_msg);
@@ -424,8 +424,11 @@ void Segment::abort(const Error& e) noexcept {
 }
 
 void Segment::begin_writes() {
-  info(me_).writing.store(1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // seq_cst both ways, as abort()'s word and drain_writers' loads: either
+  // this load sees the abort, or the aborting rank sees this rank writing.
+  // (Operations, not fences: ThreadSanitizer refuses fences.)
+  info(me_).writing.store(1, std::memory_order_seq_cst);
+  (void)abort_word_->load(std::memory_order_seq_cst);
   try {
     check();
   } catch (...) {
@@ -442,12 +445,12 @@ void Segment::drain_writers() noexcept {
   // This rank's op is failing: a peer still pushing its slices may be
   // writing into this rank's buffers. It stops at its next piece, having
   // seen the abort (or finishes); wait for that before the op returns.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  (void)abort_word_->load(std::memory_order_seq_cst);  // after the word, in seq_cst's order
   const auto until = std::chrono::steady_clock::now() + kWriterGrace;
   for (;;) {
     std::vector<int> writing;
     for (int q = 0; q < n_; ++q)
-      if (q != me_ && info(q).writing.load(std::memory_order_acquire) &&
+      if (q != me_ && info(q).writing.load(std::memory_order_seq_cst) &&
           !info(q).closed.load(std::memory_order_acquire) && !dead(q))
         writing.push_back(q);
     if (writing.empty()) return;
