@@ -367,6 +367,16 @@ class SlowStore : public Store {
   Millis delay_;
 };
 
+// A connection to the job's store for `opt`'s rank (named `who`) that
+// pauses 20 ms before every call but set (SlowStore).
+std::shared_ptr<Store> slow_store(const Options& opt, const std::string& who) {
+  const config::Launch launch = config::resolve_launch(opt, config::process_env());
+  return std::make_shared<SlowStore>(
+      TcpStore::connect(opt.master_addr, opt.master_port, {opt.secret, launch.job}, launch.timeout,
+                        who),
+      20ms);
+}
+
 // Rank 0 serves the store and its process ends as soon as its connect
 // returns; rank 1 is slow in the store. Its setup must still succeed: rank
 // 0's connect returns only after rank 1 is done with the store (before, on
@@ -382,13 +392,7 @@ TEST(Faults, ARankThatEndsRightAfterSetupLeavesTheStoreToThoseStillSettingUp) {
           2,
           [&](int rank, Options opt) {
             opt.backend = backend;
-            if (rank == 1) {
-              const config::Launch launch = config::resolve_launch(opt, config::process_env());
-              opt.store = std::make_shared<SlowStore>(
-                  TcpStore::connect(opt.master_addr, opt.master_port, {opt.secret, launch.job},
-                                    launch.timeout, "rank 1"),
-                  20ms);
-            }
+            if (rank == 1) opt.store = slow_store(opt, "rank 1");
             auto c = connect(opt);
             if (!split) return std::to_string(c->rank()) + "/" + std::to_string(c->size());
             auto s = c->split(0, -rank);  // reversed: rank 1 is the split's rank 0
@@ -413,13 +417,7 @@ TEST(Faults, TheStoreOutlastsTheSplitsOfColorsItsServerIsNotIn) {
           3,
           [&](int rank, Options opt) {
             opt.backend = backend;
-            if (rank == 2) {
-              const config::Launch launch = config::resolve_launch(opt, config::process_env());
-              opt.store = std::make_shared<SlowStore>(
-                  TcpStore::connect(opt.master_addr, opt.master_port, {opt.secret, launch.job},
-                                    launch.timeout, "rank 2"),
-                  20ms);
-            }
+            if (rank == 2) opt.store = slow_store(opt, "rank 2");
             auto c = connect(opt);
             auto s = c->split(rank == 0 ? own : 0, rank);
             if (!s) return std::string("none");
