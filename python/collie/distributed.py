@@ -422,7 +422,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
     @_routed
     def scatter(self, outputs, input_lists, opts):
         out = self._one(outputs, "scatter")  # written by copy_: any layout
-        self._tensor(out.contiguous() if not out.is_contiguous() else out, "scatter")
+        self._tensor(out.contiguous(), "scatter")
         root = opts.rootRank
         flat = torch.empty(out.numel() * self.size(), dtype=out.dtype, device=out.device)
         if self.rank() == root:
@@ -555,7 +555,7 @@ class ProcessGroupCollie(dist.ProcessGroup):
         """all_to_all: tensor j of the inputs goes to rank j."""
         for kind, ts in (("input", input_tensors), ("output", output_tensors)):
             for t in self._one_per_rank(ts, "all_to_all", kind):  # any layout: cat and copy_
-                self._tensor(t if t.is_contiguous() else t.contiguous(), "all_to_all")
+                self._tensor(t.contiguous(), "all_to_all")
         dtypes = {t.dtype for t in list(input_tensors) + list(output_tensors)}
         if len(dtypes) != 1:
             raise _lib.error("invalid_argument", f"all_to_all on rank {self.rank()}: tensors "
